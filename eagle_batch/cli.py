@@ -1,0 +1,55 @@
+"""`eagle-batch` command line: a thin dispatcher.
+
+Each command lives next to the stage it drives and is imported only when called (vLLM and torch are
+slow to import). A command module exposes `add_arguments(parser)` and `run(args) -> int`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+
+# name -> (module, one-line help), in data-flow order.
+COMMANDS: dict[str, tuple[str, str]] = {
+    "prepare": ("eagle_batch.data.cli", "chat datasets -> token ids, loss masks and a shard plan"),
+    "extract": ("eagle_batch.launch.cli_extract", "submit the hidden-state extraction array"),
+    "status": ("eagle_batch.launch.cli_status", "show every task of a run"),
+    "resume": ("eagle_batch.launch.cli_resume", "resubmit only unfinished or failed tasks"),
+    "cancel": ("eagle_batch.launch.cli_cancel", "cancel a run's Slurm jobs"),
+    "aggregate": ("eagle_batch.store.cli_aggregate", "build one zero-copy view over all task stores"),
+    "verify": ("eagle_batch.store.cli_verify", "re-check checksums, offsets, dtypes and values"),
+    "validate": ("eagle_batch.capture.cli_validate", "compare captured states with transformers"),
+    "train": ("eagle_batch.train.cli", "train an EAGLE-3 draft on a run's hidden states"),
+    "demo": ("eagle_batch.demo", "run the whole pipeline on the embedded SmolLM2 default"),
+    "bench": ("eagle_batch.bench.cli", "benchmarks that print one JSON object"),
+}
+
+
+def main(argv: list[str] | None = None) -> int:
+    from eagle_batch.config import ConfigError
+
+    argv = list(sys.argv[1:] if argv is None else argv)
+    parser = argparse.ArgumentParser(prog="eagle-batch")
+    from eagle_batch import __version__
+
+    parser.add_argument("--version", action="version", version=f"eagle-batch {__version__}")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+    chosen = argv[0] if argv else None
+    for name, (module, help_) in COMMANDS.items():
+        p = sub.add_parser(name, help=help_, description=help_)
+        p.set_defaults(_module=module)
+        if name == chosen:
+            importlib.import_module(module).add_arguments(p)
+    args = parser.parse_args(argv)
+    try:
+        return int(importlib.import_module(args._module).run(args) or 0)
+    except ConfigError as e:
+        print(f"eagle-batch {args.command}: configuration error: {e}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,14 @@
+"""Configuration: dataclass schema + omegaconf loading. See schema.py for every key."""
+
+from .load import (ConfigError, config_dict, config_hash, load_config, load_run_config, save_config,
+                   to_yaml)
+from .model_info import ModelInfo, default_layer_ids, model_info, resolve_layer_ids
+from .schema import (ContainerConfig, DataConfig, ExtractConfig, ModelConfig, RunConfig, SlurmConfig,
+                     StoreConfig, TrainConfig)
+
+__all__ = [
+    "ConfigError", "ContainerConfig", "DataConfig", "ExtractConfig", "ModelConfig", "ModelInfo",
+    "RunConfig", "SlurmConfig", "StoreConfig", "TrainConfig", "config_dict", "config_hash",
+    "default_layer_ids", "load_config", "load_run_config", "model_info", "resolve_layer_ids",
+    "save_config", "to_yaml",
+]

@@ -1,0 +1,102 @@
+"""Load, validate, save and fingerprint a `RunConfig`.
+
+    cfg = load_config("configs/kimi-k2.5.yaml", ["extract.num_tasks=64", "run_dir=/scratch/run1"])
+
+YAML files are merged onto the dataclass schema in order, then `key=value` overrides; omegaconf
+raises on unknown keys and wrong types and we re-raise with the dotted key path and the file.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from dataclasses import asdict
+from pathlib import Path
+from typing import Iterable, Sequence
+
+from omegaconf import OmegaConf
+from omegaconf.errors import OmegaConfBaseException
+
+from .schema import RunConfig
+
+RESOLVED_NAME = "config.yaml"
+
+
+class ConfigError(ValueError):
+    """A configuration problem, with the key path or file and what to do."""
+
+
+def _format_omegaconf_error(err: OmegaConfBaseException, source: str) -> str:
+    key = getattr(err, "full_key", None) or getattr(err, "key", None) or "?"
+    msg = str(err).splitlines()[0] if str(err) else type(err).__name__
+    return f"{source}: key '{key}': {msg}. Check the key's spelling and type against eagle_batch/config/schema.py."
+
+
+def load_config(paths: str | os.PathLike | Sequence[str | os.PathLike] | None = None,
+                overrides: Iterable[str] = ()) -> RunConfig:
+    """Merge YAML file(s) and `key=value` overrides onto the schema; return a typed RunConfig."""
+    base = OmegaConf.structured(RunConfig)
+    if paths is None:
+        paths = []
+    elif isinstance(paths, (str, os.PathLike)):
+        paths = [paths]
+    for p in paths:
+        p = Path(p)
+        if not p.is_file():
+            raise ConfigError(f"config file {p} does not exist; pass the path of a YAML file (see configs/).")
+        try:
+            loaded = OmegaConf.load(p)
+        except Exception as e:  # yaml errors carry line numbers
+            raise ConfigError(f"{p}: not valid YAML: {e}") from e
+        try:
+            base = OmegaConf.merge(base, loaded)
+        except OmegaConfBaseException as e:
+            raise ConfigError(_format_omegaconf_error(e, str(p))) from e
+    overrides = list(overrides)
+    for ov in overrides:
+        if "=" not in ov:
+            raise ConfigError(f"override '{ov}' is not of the form key=value (e.g. extract.num_tasks=8).")
+    try:
+        if overrides:
+            base = OmegaConf.merge(base, OmegaConf.from_dotlist(overrides))
+        cfg = OmegaConf.to_object(base)
+    except OmegaConfBaseException as e:
+        raise ConfigError(_format_omegaconf_error(e, "overrides" if overrides else "config")) from e
+    assert isinstance(cfg, RunConfig)
+    return cfg
+
+
+def to_yaml(cfg: RunConfig) -> str:
+    return OmegaConf.to_yaml(OmegaConf.structured(cfg))
+
+
+def config_dict(cfg: RunConfig) -> dict:
+    return asdict(cfg)
+
+
+def config_hash(cfg: RunConfig, sections: Sequence[str] = ("model", "data", "extract", "store")) -> str:
+    """Fingerprint of the sections that determine the extracted data (not Slurm or training knobs)."""
+    d = config_dict(cfg)
+    payload = json.dumps({k: d[k] for k in sections}, sort_keys=True, default=str)
+    return hashlib.sha256(payload.encode()).hexdigest()[:16]
+
+
+def save_config(cfg: RunConfig, run_dir: str | os.PathLike, name: str = RESOLVED_NAME) -> Path:
+    """Write the resolved config into the run directory (atomically)."""
+    run_dir = Path(run_dir)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    out = run_dir / name
+    tmp = out.with_suffix(out.suffix + ".tmp")
+    tmp.write_text(to_yaml(cfg))
+    os.replace(tmp, out)
+    return out
+
+
+def load_run_config(run_dir: str | os.PathLike, overrides: Iterable[str] = ()) -> RunConfig:
+    """The resolved config a run was created with (RUN/config.yaml), plus overrides."""
+    p = Path(run_dir) / RESOLVED_NAME
+    if not p.is_file():
+        raise ConfigError(f"{run_dir} is not an eagle-batch run directory (no {RESOLVED_NAME}); "
+                          "run `eagle-batch prepare CONFIG run_dir=...` first.")
+    return load_config(p, overrides)

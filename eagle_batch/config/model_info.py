@@ -1,0 +1,89 @@
+"""What we need to know about the target model, read from its config.json (no weights loaded).
+
+Layer-id semantics live here and in `eagle_batch/capture/layers.py`: id k is the residual stream after
+k decoder layers (transformers' `output_hidden_states[k]`); id N (= num_hidden_layers) is the last
+layer's output BEFORE the final norm.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+from .load import ConfigError
+from .schema import ModelConfig
+
+
+@dataclass(frozen=True)
+class ModelInfo:
+    architecture: str
+    model_type: str
+    num_hidden_layers: int
+    hidden_size: int
+    vocab_size: int
+    num_attention_heads: int
+    num_key_value_heads: int
+
+
+def _text_config(cfg: dict) -> dict:
+    # Vision-language wrappers (Kimi-K2.5, Llava, Qwen-VL ...) keep the language model's shape in a
+    # nested text config.
+    for key in ("text_config", "language_config", "llm_config"):
+        if isinstance(cfg.get(key), dict) and "num_hidden_layers" in cfg[key]:
+            return cfg[key]
+    return cfg
+
+
+def model_info(model_path: str | Path) -> ModelInfo:
+    p = Path(model_path) / "config.json"
+    if not p.is_file():
+        raise ConfigError(f"model.path={model_path}: no config.json there; point model.path at a local "
+                          "Hugging Face model folder (config.json, weights, tokenizer).")
+    try:
+        raw = json.loads(p.read_text())
+    except json.JSONDecodeError as e:
+        raise ConfigError(f"{p}: not valid JSON ({e}).") from e
+    tc = _text_config(raw)
+    missing = [k for k in ("num_hidden_layers", "hidden_size") if k not in tc]
+    if missing:
+        raise ConfigError(f"{p}: missing {', '.join(missing)}; is this a decoder-only LLM config?")
+    heads = int(tc.get("num_attention_heads", 0) or 0)
+    return ModelInfo(
+        architecture=(raw.get("architectures") or ["?"])[0],
+        model_type=str(raw.get("model_type", tc.get("model_type", "?"))),
+        num_hidden_layers=int(tc["num_hidden_layers"]),
+        hidden_size=int(tc["hidden_size"]),
+        vocab_size=int(tc.get("vocab_size", raw.get("vocab_size", 0)) or 0),
+        num_attention_heads=heads,
+        num_key_value_heads=int(tc.get("num_key_value_heads", heads) or heads),
+    )
+
+
+def default_layer_ids(num_hidden_layers: int) -> list[int]:
+    """EAGLE-3's low/mid/high aux layers plus the last layer (verifier's last hidden state)."""
+    n = num_hidden_layers
+    ids = [2, n // 2, n - 3, n]
+    # Tiny models (n < 6) would produce duplicates or negatives; keep order, drop repeats, clamp.
+    out: list[int] = []
+    for i in ids:
+        i = min(max(i, 0), n)
+        if i not in out:
+            out.append(i)
+    return out
+
+
+def resolve_layer_ids(model: ModelConfig, info: ModelInfo | None = None) -> list[int]:
+    info = info or model_info(model.path)
+    n = info.num_hidden_layers
+    ids = list(model.layer_ids) if model.layer_ids is not None else default_layer_ids(n)
+    if not ids:
+        raise ConfigError("model.layer_ids is empty; give at least one layer id or leave it unset "
+                          f"for the EAGLE-3 default {default_layer_ids(n)}.")
+    bad = [i for i in ids if i < 0 or i > n]
+    if bad:
+        raise ConfigError(f"model.layer_ids={ids}: ids {bad} are outside 0..{n} (the model has {n} "
+                          f"decoder layers; id {n} is the last layer's output before the final norm).")
+    if len(set(ids)) != len(ids):
+        raise ConfigError(f"model.layer_ids={ids} has repeated ids; list each layer once.")
+    return ids

@@ -1,0 +1,170 @@
+"""The configuration schema: plain dataclasses that omegaconf validates.
+
+One section per stage of the data flow (model -> data -> extract -> store -> slurm -> train). Every
+command loads the same `RunConfig` (see `load.py`), so one YAML file describes a whole run. Unknown keys
+and wrong types fail at load time with the key's dotted path.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Optional
+
+from omegaconf import MISSING
+
+
+@dataclass
+class ModelConfig:
+    # Local Hugging Face-style folder: config.json, weights, tokenizer files. Never a hub id at run time.
+    path: str = MISSING
+    # Name recorded in store attributes; defaults to the folder name.
+    name: str = ""
+    revision: str = ""
+    # Tokenizer folder if it differs from `path`.
+    tokenizer: str = ""
+    # Chat template override (a Jinja file path); default: the tokenizer's own template.
+    chat_template: str = ""
+    dtype: str = "bfloat16"
+    tensor_parallel_size: int = 1
+    # Hidden-state layer ids to capture; id k = residual stream after k decoder layers, id N = last
+    # layer's output before the final norm. None -> EAGLE-3 default [2, N//2, N-3, N].
+    layer_ids: Optional[list[int]] = None
+    trust_remote_code: bool = False
+    max_model_len: int = 4096
+
+
+@dataclass
+class DataConfig:
+    # Input files, folders or globs: .jsonl/.json, .parquet, .arrow, datasets.load_from_disk folders.
+    inputs: list[str] = field(default_factory=list)
+    # auto | messages | sharegpt | prompt_response
+    format: str = "auto"
+    messages_field: str = "messages"
+    conversations_field: str = "conversations"
+    prompt_field: str = "prompt"
+    response_field: str = "response"
+    system_field: str = "system"
+    max_length: int = 2048
+    min_loss_tokens: int = 1
+    dedupe: bool = True
+    # skip: count and report bad rows; error: stop at the first one (file and line named)
+    on_bad_row: str = "skip"
+    # When the chat template is not prefix-stable (e.g. it drops earlier turns' reasoning):
+    # error | per_turn (one sample per assistant turn)
+    non_prefix_stable: str = "per_turn"
+    chat_template_kwargs: dict[str, Any] = field(default_factory=dict)
+    limit: int = 0  # read at most this many rows (0 = all); for smoke runs
+
+
+@dataclass
+class ExtractConfig:
+    # Array tasks; the shard plan balances tokens across them.
+    num_tasks: int = 1
+    # native (vLLM extract_hidden_states + our KV connector) | hooks (worker extension) | hf | auto
+    backend: str = "auto"
+    max_num_seqs: int = 256
+    max_num_batched_tokens: int = 8192
+    gpu_memory_utilization: float = 0.85
+    enforce_eager: bool = False
+    enable_chunked_prefill: bool = True
+    # Samples handed to the engine per generate() call; a commit follows each batch.
+    batch_samples: int = 512
+    # Minimum seconds between commits (a commit is also forced on checkpoint / exit).
+    commit_interval_s: float = 30.0
+    check_finite: bool = True
+    # validate: thresholds against the transformers reference
+    validate_min_cosine: float = 0.999
+    validate_max_rel_err: float = 0.05
+    extra_engine_args: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class StoreConfig:
+    # blosc-zstd | zstd | none
+    codec: str = "blosc-zstd"
+    level: int = 1
+    # Blosc block size in bytes; 1 MiB keeps exponent and mantissa bytes apart after byte shuffle.
+    blocksize: int = 1 << 20
+    chunk_tokens: int = 64
+    shard_tokens: int = 4096
+    fsync: bool = True
+
+
+@dataclass
+class ContainerConfig:
+    # none | apptainer | pyxis
+    runtime: str = "none"
+    image: str = ""
+    # host:container bind mounts; the run, model and data folders are added automatically.
+    binds: list[str] = field(default_factory=list)
+    extra_args: list[str] = field(default_factory=list)
+
+
+@dataclass
+class SlurmConfig:
+    # auto (slurm when sbatch is on PATH, else local) | slurm | local
+    executor: str = "auto"
+    partition: str = ""
+    account: str = ""
+    qos: str = ""
+    constraint: str = ""
+    nodes: int = 1
+    gpus_per_node: int = 8
+    cpus_per_task: int = 32
+    mem_gb: int = 0  # 0: do not ask (exclusive nodes get all memory)
+    time_min: int = 240
+    exclusive: bool = False
+    array_parallelism: int = 64
+    # Seconds before the time limit at which tasks get the checkpoint signal.
+    signal_delay_s: int = 120
+    # Attempts per task (first run + requeues after failures) before it is reported as given up.
+    max_attempts: int = 3
+    # Requeues after time limit / preemption (submitit's max_num_timeout).
+    max_num_timeout: int = 20
+    additional_sbatch: list[str] = field(default_factory=list)
+    setup: list[str] = field(default_factory=list)  # shell lines run before each task
+    container: ContainerConfig = field(default_factory=ContainerConfig)
+
+
+@dataclass
+class TrainConfig:
+    # Where checkpoints / metrics / export go (default RUN/train/<name>).
+    output_dir: str = ""
+    name: str = "draft"
+    steps: int = 1000
+    epochs: int = 0  # >0 overrides steps
+    lr: float = 3e-4
+    min_lr_ratio: float = 0.1
+    warmup_steps: int = 50
+    weight_decay: float = 0.0
+    batch_tokens: int = 16384
+    max_length: int = 2048
+    ttt_steps: int = 7  # unrolled training-time-test steps
+    ttt_decay: float = 0.8  # loss weight decay over TTT steps
+    precision: str = "bf16"  # bf16 | fp32
+    grad_clip: float = 0.5
+    seed: int = 0
+    draft_vocab_size: int = 32000
+    num_workers: int = 4
+    prefetch_factor: int = 4
+    checkpoint_every: int = 200
+    log_every: int = 10
+    tensorboard: bool = True
+    # One Slurm array task per entry: a list of override dicts, e.g. [{train.lr: 1e-4}, {train.lr: 3e-4}]
+    sweep: list[dict[str, Any]] = field(default_factory=list)
+    # Draft shape overrides (default: from the target model).
+    draft_intermediate_size: int = 0
+    draft_num_heads: int = 0
+    draft_num_kv_heads: int = 0
+
+
+@dataclass
+class RunConfig:
+    # Run directory: everything a run writes goes below it.
+    run_dir: str = MISSING
+    model: ModelConfig = field(default_factory=ModelConfig)
+    data: DataConfig = field(default_factory=DataConfig)
+    extract: ExtractConfig = field(default_factory=ExtractConfig)
+    store: StoreConfig = field(default_factory=StoreConfig)
+    slurm: SlurmConfig = field(default_factory=SlurmConfig)
+    train: TrainConfig = field(default_factory=TrainConfig)

