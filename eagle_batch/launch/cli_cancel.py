@@ -1,0 +1,51 @@
+"""`eagle-batch cancel RUN [--task N ...]`: cancel a run's queued and running Slurm jobs."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import signal
+import subprocess
+import sys
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("run_dir", metavar="RUN", help="run directory")
+    p.add_argument("--task", type=int, action="append", default=[],
+                   help="cancel only this task (repeatable); default: every job of the run, training included")
+
+
+def run(args: argparse.Namespace) -> int:
+    from .slurm_query import is_live, job_states
+    from .state import read_submissions
+
+    subs = read_submissions(args.run_dir)
+    if not subs:
+        print(f"eagle-batch cancel: {args.run_dir} has no submissions (RUN/slurm/submissions.jsonl); nothing to cancel.",
+              file=sys.stderr)
+        return 1
+    states = job_states(s.job_id for s in subs if s.executor == "slurm")
+    targets: list[str] = []
+    for s in subs:
+        if s.executor == "local":
+            pid = s.job_id.split("-")[-1]
+            if not args.task and pid.isdigit():
+                try:
+                    os.kill(int(pid), signal.SIGTERM)
+                    print(f"sent SIGTERM to local job {s.job_id}")
+                except OSError:
+                    pass
+            continue
+        if args.task:
+            targets += [s.task_job_id(t) for t in s.tasks if t in args.task and is_live(states.get(s.task_job_id(t), ""))]
+        elif any(is_live(v) for k, v in states.items() if k == s.job_id or k.startswith(s.job_id + "_")):
+            targets.append(s.job_id)
+    if not targets:
+        print(f"no queued or running Slurm jobs for {args.run_dir}.")
+        return 0
+    r = subprocess.run(["scancel", *targets], capture_output=True, text=True)
+    if r.returncode != 0:
+        print(f"eagle-batch cancel: scancel {' '.join(targets)} failed: {r.stderr.strip()}", file=sys.stderr)
+        return 1
+    print(f"cancelled {', '.join(targets)}; committed data stays; `eagle-batch resume {args.run_dir}` continues.")
+    return 0

@@ -1,0 +1,49 @@
+"""`eagle-batch status RUN [--json]`: one row per task and totals."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("run_dir", metavar="RUN", help="run directory (run_dir of the config)")
+    p.add_argument("--json", action="store_true", help="print one JSON object: {run_dir, tasks: [...], totals}")
+    p.add_argument("--wait", action="store_true", help="follow until no task is queued or running")
+
+
+def _fmt_eta(s) -> str:
+    if s is None:
+        return "-"
+    return time.strftime("%H:%M:%S", time.gmtime(s)) if s < 86400 else f"{s / 86400:.1f}d"
+
+
+def run(args: argparse.Namespace) -> int:
+    from .status import progress_line, run_status
+    from .submit import SubmitError
+
+    try:
+        if args.wait:
+            from .follow import follow
+
+            st = follow(args.run_dir)
+        else:
+            st = run_status(args.run_dir)
+    except SubmitError as e:
+        print(f"eagle-batch status: {e}")
+        return 1
+    if args.json:
+        print(json.dumps(st, indent=1))
+        return 0
+    hdr = f"{'task':>5} {'state':<13} {'job':<12} {'samples':>13} {'progress':>8} {'tok/s':>9} {'eta':>8} {'att':>3}  log / last error"
+    print(hdr)
+    for r in st["tasks"]:
+        samples = f"{r['samples_committed']}/{r['samples_total']}"
+        line = (f"{r['task_id']:>5} {r['state']:<13} {r['job_id']:<12} {samples:>13} {r['progress'] * 100:7.1f}% "
+                f"{r['tok_s']:>9.0f} {_fmt_eta(r['eta_s']):>8} {r['attempts']:>3}  {r['log']}")
+        print(line)
+        if r["last_error"] and r["state"] != "done":
+            print(f"{'':>5} error: {r['last_error']}")
+    print(progress_line(st))
+    return 0

@@ -1,0 +1,28 @@
+"""`--wait`: follow a run until no task is pending/running, with one live progress line."""
+
+from __future__ import annotations
+
+import sys
+import time
+
+from .status import progress_line, run_status
+
+
+def follow(run_dir, interval_s: float = 5.0, out=sys.stdout) -> dict:
+    """Poll `run_status` until nothing is queued or running; returns the final status."""
+    tty = out.isatty()
+    last = ""
+    while True:
+        status = run_status(run_dir)
+        line = progress_line(status)
+        if tty:
+            out.write("\r\033[K" + line)
+        elif line != last:
+            out.write(line + "\n")
+        out.flush()
+        last = line
+        if status["totals"]["active"] == 0:
+            if tty:
+                out.write("\n")
+            return status
+        time.sleep(interval_s)

@@ -1,0 +1,154 @@
+"""Per-task state files (RUN/state/task-XXXXX.json) and the submissions log (RUN/slurm/submissions.jsonl).
+
+Only the task process that holds its store's writer lock writes its state file (atomic replace), so a
+reader never sees half a file and two writers never race. The submissions log is appended by the CLI
+(one JSON line per `sbatch`), and maps Slurm array indices back to task ids: a `resume` array holds only
+some tasks, so array index i is `tasks[i]` of that line, not task i.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, Optional
+
+STATE_DIR = "state"
+SLURM_DIR = "slurm"
+SUBMISSIONS = "submissions.jsonl"
+
+# Values of TaskState.status (written by the task itself).
+RUNNING = "running"  # an attempt is running
+CHECKPOINTED = "checkpointed"  # committed on the pre-timeout signal and requeued itself
+RETRYING = "retrying"  # an attempt raised; requeued for another attempt (failures < max_attempts)
+DONE = "done"  # every sample committed and the store finalized
+FAILED = "failed"  # an attempt raised and the task was not requeued (local executor, or requeue failed)
+GAVE_UP = "gave_up"  # failed on max_attempts attempts
+REFUSED = "refused"  # (never written to the state file: a duplicate task only logs it)
+
+
+def state_path(run_dir: str | os.PathLike, task_id: int) -> Path:
+    return Path(run_dir) / STATE_DIR / f"task-{task_id:05d}.json"
+
+
+def store_path(run_dir: str | os.PathLike, task_id: int) -> Path:
+    return Path(run_dir) / "stores" / f"task-{task_id:05d}.zarr"
+
+
+@dataclass
+class Attempt:
+    job_id: str  # Slurm "ARRAY_INDEX" id, or "local-PID"
+    restart: int  # SLURM_RESTART_COUNT
+    host: str
+    pid: int
+    started: float
+    ended: Optional[float] = None
+    outcome: str = RUNNING  # running | checkpointed | done | error | killed (seen dead by a later attempt)
+    log: str = ""  # stdout/stderr path of this attempt
+    error: str = ""  # last line of the exception, if it raised
+
+
+@dataclass
+class TaskState:
+    task_id: int
+    status: str = RUNNING
+    attempts: list[Attempt] = field(default_factory=list)
+    failures: int = 0  # attempts that raised (time-limit requeues do not count)
+    samples_total: int = 0
+    tokens_total: int = 0
+    samples_committed: int = 0
+    tokens_committed: int = 0
+    # tokens committed by the current attempt and its duration: tok/s of this attempt only, since
+    # a resumed attempt skips what earlier attempts committed.
+    attempt_tokens: int = 0
+    tok_s: float = 0.0
+    updated: float = 0.0
+    last_error: str = ""
+    last_error_log: str = ""
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def attempt(self) -> Optional[Attempt]:
+        return self.attempts[-1] if self.attempts else None
+
+    def to_json(self) -> dict:
+        return asdict(self)
+
+    @classmethod
+    def from_json(cls, d: dict) -> "TaskState":
+        d = dict(d)
+        d["attempts"] = [Attempt(**a) for a in d.get("attempts", [])]
+        known = set(cls.__dataclass_fields__)
+        return cls(**{k: v for k, v in d.items() if k in known})
+
+
+def read_state(run_dir: str | os.PathLike, task_id: int) -> Optional[TaskState]:
+    p = state_path(run_dir, task_id)
+    try:
+        return TaskState.from_json(json.loads(p.read_text()))
+    except FileNotFoundError:
+        return None
+    except (json.JSONDecodeError, TypeError) as e:
+        # Written by atomic replace, so this means someone edited it by hand.
+        raise RuntimeError(f"{p} is not a valid task state file ({e}); delete it to let the task rewrite it") from e
+
+
+def write_state(run_dir: str | os.PathLike, st: TaskState) -> None:
+    p = state_path(run_dir, st.task_id)
+    p.parent.mkdir(parents=True, exist_ok=True)
+    st.updated = time.time()
+    tmp = p.with_name(f".{p.name}.{os.getpid()}.tmp")
+    tmp.write_text(json.dumps(st.to_json(), indent=1))
+    os.replace(tmp, p)
+
+
+def new_attempt(job_id: str, restart: int, log: str) -> Attempt:
+    return Attempt(job_id=job_id, restart=restart, host=socket.gethostname(), pid=os.getpid(),
+                   started=time.time(), log=log)
+
+
+# ------------------------------------------------------------------------------------------ submissions
+@dataclass
+class Submission:
+    job_id: str  # the array's job id (Slurm) or "local-<pid>"
+    executor: str  # slurm | local
+    tasks: list[int]  # array index i runs tasks[i]
+    time: float
+    kind: str = "extract"  # extract | resume | train
+    folder: str = ""  # submitit folder (logs)
+    dependency: str = ""
+
+    def task_job_id(self, task_id: int) -> str:
+        idx = self.tasks.index(task_id)
+        return f"{self.job_id}_{idx}" if self.executor == "slurm" else f"{self.job_id}"
+
+
+def append_submission(run_dir: str | os.PathLike, sub: Submission) -> None:
+    p = Path(run_dir) / SLURM_DIR / SUBMISSIONS
+    p.parent.mkdir(parents=True, exist_ok=True)
+    # One short line with O_APPEND: concurrent CLIs never interleave inside a line.
+    with open(p, "a") as f:
+        f.write(json.dumps(asdict(sub)) + "\n")
+
+
+def read_submissions(run_dir: str | os.PathLike) -> list[Submission]:
+    p = Path(run_dir) / SLURM_DIR / SUBMISSIONS
+    if not p.is_file():
+        return []
+    out = []
+    for line in p.read_text().splitlines():
+        if line.strip():
+            d = json.loads(line)
+            out.append(Submission(**{k: v for k, v in d.items() if k in Submission.__dataclass_fields__}))
+    return out
+
+
+def latest_submission_of(subs: list[Submission], task_id: int, kind: tuple[str, ...] = ("extract", "resume")
+                         ) -> Optional[Submission]:
+    for s in reversed(subs):
+        if s.kind in kind and task_id in s.tasks:
+            return s
+    return None

@@ -1,0 +1,186 @@
+"""The state of every task of a run: what the task recorded (RUN/state) reconciled with what Slurm says.
+
+A task's own state file says how far it got; only Slurm knows whether a job is pending, was cancelled,
+hit its time limit or was killed (a killed process writes nothing). Task states:
+
+    not_submitted  no extraction job ever ran it
+    pending        queued (first time)
+    requeued       queued again after a checkpoint (time limit / preemption) or a failed attempt
+    running        a job is running it now
+    done           every sample committed, store finalized
+    failed         the job ended without finishing (raised, out of memory, node failure); resumable
+    cancelled      scancel'ed; resumable
+    timeout        killed at its time limit without requeue; resumable
+    gave_up        failed on slurm.max_attempts attempts; resumable once fixed
+    unknown        Slurm has no record of its job (e.g. a pending array task cancelled alone); resumable
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Optional
+
+from . import state as S
+from .slurm_query import is_live, job_states
+
+FINISHED_OK = {"done"}
+RESUMABLE = {"not_submitted", "failed", "cancelled", "timeout", "gave_up", "unknown"}
+
+
+@dataclass
+class TaskRow:
+    task_id: int
+    state: str
+    slurm_state: str
+    job_id: str
+    samples_committed: int
+    samples_total: int
+    tokens_committed: int
+    tokens_total: int
+    progress: float  # tokens committed / tokens total (samples if tokens unknown)
+    tok_s: float  # of the current or last attempt
+    eta_s: Optional[float]
+    attempts: int
+    failures: int
+    log: str
+    last_error: str
+
+
+def _default_log(run_dir: Path, job_id: str) -> str:
+    if not job_id:
+        return ""
+    return str(run_dir / S.SLURM_DIR / job_id / f"{job_id}_0_log.err")
+
+
+def _tail_error(path: str) -> str:
+    """Last informative line of a log (for jobs that died without recording an error)."""
+    try:
+        with open(path, "rb") as f:
+            f.seek(0, os.SEEK_END)
+            f.seek(max(0, f.tell() - 8192))
+            lines = f.read().decode(errors="replace").splitlines()
+    except OSError:
+        return ""
+    for line in reversed(lines):
+        s = line.strip()
+        if s and not s.startswith("submitit INFO"):
+            return s[:300]
+    return ""
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+        return True
+    except (OSError, ValueError):
+        return False
+
+
+def task_rows(run_dir: str | os.PathLike, num_tasks: int) -> list[TaskRow]:
+    run_dir = Path(run_dir)
+    subs = S.read_submissions(run_dir)
+    slurm_subs = [s for s in subs if s.executor == "slurm" and s.kind in ("extract", "resume")]
+    states = job_states(s.job_id for s in slurm_subs)
+    rows = []
+    for t in range(num_tasks):
+        st = S.read_state(run_dir, t)
+        sub = S.latest_submission_of(subs, t)
+        job_id = sub.task_job_id(t) if sub else ""
+        sstate = states.get(job_id, "") if sub and sub.executor == "slurm" else ""
+        state = _derive(st, sub, sstate)
+        att = st.attempt if st else None
+        if att and att.log and (att.job_id == job_id or not sub or sub.executor == "local"):
+            log = att.log
+        else:
+            log = _default_log(run_dir, job_id) if sub and sub.executor == "slurm" else ""
+        last_error = st.last_error if st else ""
+        if state in ("failed", "gave_up") and st and st.last_error and st.last_error_log:
+            log = st.last_error_log  # the log of the attempt that raised
+        elif state == "failed" and not last_error:
+            last_error = _tail_error(log)  # killed without recording an error (OOM, node failure)
+        elif state in ("cancelled", "timeout", "unknown") and not last_error:
+            last_error = f"Slurm state {sstate or 'unknown (no accounting record)'}"
+        sc, stot = (st.samples_committed, st.samples_total) if st else (0, 0)
+        tc, ttot = (st.tokens_committed, st.tokens_total) if st else (0, 0)
+        progress = tc / ttot if ttot else (sc / stot if stot else (1.0 if state == "done" else 0.0))
+        tok_s = st.tok_s if st else 0.0
+        eta = (ttot - tc) / tok_s if state == "running" and tok_s > 0 and ttot else None
+        rows.append(TaskRow(task_id=t, state=state, slurm_state=sstate, job_id=job_id, samples_committed=sc,
+                            samples_total=stot, tokens_committed=tc, tokens_total=ttot, progress=round(progress, 4),
+                            tok_s=round(tok_s, 1), eta_s=round(eta, 1) if eta is not None else None,
+                            attempts=len(st.attempts) if st else 0, failures=st.failures if st else 0,
+                            log=log, last_error=last_error))
+    return rows
+
+
+def _derive(st: Optional[S.TaskState], sub: Optional[S.Submission], sstate: str) -> str:
+    if st is not None and st.status == S.DONE:
+        return "done"
+    if sub is None:
+        return "not_submitted"
+    if sub.executor == "local":
+        att = st.attempt if st else None
+        if st is None:
+            pid = int(sub.job_id.split("-")[-1]) if sub.job_id.split("-")[-1].isdigit() else -1
+            return "pending" if pid > 0 and _pid_alive(pid) else "unknown"
+        if st.status == S.RUNNING:
+            return "running" if att and _pid_alive(att.pid) else "failed"
+        return {S.CHECKPOINTED: "cancelled", S.RETRYING: "failed"}.get(st.status, st.status)
+    if is_live(sstate):
+        if sstate in ("RUNNING", "COMPLETING", "CONFIGURING", "SIGNALING", "STAGE_OUT"):
+            return "running"
+        if st is not None and st.status in (S.CHECKPOINTED, S.RETRYING) or sstate == "REQUEUED":
+            return "requeued"
+        return "pending"
+    if st is not None and st.status == S.GAVE_UP:
+        return "gave_up"
+    if sstate == "CANCELLED":
+        return "cancelled"
+    if sstate == "TIMEOUT":
+        return "timeout"
+    if sstate in ("FAILED", "OUT_OF_MEMORY", "NODE_FAIL", "BOOT_FAIL", "DEADLINE", "PREEMPTED", "COMPLETED"):
+        # COMPLETED without `done` in the state file: the job exited cleanly but the task is unfinished.
+        return "failed"
+    return "unknown"
+
+
+def totals(rows: list[TaskRow]) -> dict:
+    by_state: dict[str, int] = {}
+    for r in rows:
+        by_state[r.state] = by_state.get(r.state, 0) + 1
+    tc = sum(r.tokens_committed for r in rows)
+    tt = sum(r.tokens_total for r in rows)
+    rate = sum(r.tok_s for r in rows if r.state == "running")
+    return {
+        "tasks": len(rows),
+        "states": dict(sorted(by_state.items())),
+        "done": by_state.get("done", 0),
+        "samples_committed": sum(r.samples_committed for r in rows),
+        "samples_total": sum(r.samples_total for r in rows),
+        "tokens_committed": tc,
+        "tokens_total": tt,
+        "progress": round(tc / tt, 4) if tt else round(by_state.get("done", 0) / max(1, len(rows)), 4),
+        "tok_s": round(rate, 1),
+        "eta_s": round((tt - tc) / rate, 1) if rate > 0 and tt else None,
+        "all_done": bool(rows) and all(r.state == "done" for r in rows),
+        "active": sum(by_state.get(s, 0) for s in ("pending", "requeued", "running")),
+        "time": time.time(),
+    }
+
+
+def run_status(run_dir: str | os.PathLike) -> dict:
+    from .submit import plan_num_tasks
+
+    rows = task_rows(run_dir, plan_num_tasks(run_dir))
+    return {"run_dir": str(run_dir), "tasks": [asdict(r) for r in rows], "totals": totals(rows)}
+
+
+def progress_line(status: dict) -> str:
+    t = status["totals"]
+    states = " ".join(f"{k}={v}" for k, v in t["states"].items())
+    eta = f" eta {t['eta_s']:.0f}s" if t["eta_s"] is not None else ""
+    return (f"{t['done']}/{t['tasks']} tasks done | {t['progress'] * 100:5.1f}% tokens "
+            f"({t['tokens_committed']}/{t['tokens_total']}) | {t['tok_s']:.0f} tok/s{eta} | {states}")

@@ -1,0 +1,284 @@
+"""Build a submitit executor from `cfg.slurm` and submit extraction arrays and dependent jobs.
+
+- `make_executor(cfg, run_dir, kind)`: Slurm or local, resources and container wrapping from the config.
+- `submit_tasks(cfg, run_dir, task_ids, kind)`: one array (`map_array`) of `ExtractTask`s; records the
+  submission in RUN/slurm/submissions.jsonl.
+- `submit_after(run_dir, fn, *args)`: one job that waits (`afterok`) for the run's unfinished extraction
+  arrays, aggregates the task stores, then calls `fn(*args)` (used by `train --after RUN` and
+  `extract --then-train`).
+
+Containers (`slurm.container.runtime`):
+- `apptainer`: submitit's `python` command becomes `apptainer exec --nv --bind ... IMAGE python3`, so the
+  task's Python runs inside the image while sbatch/srun stay on the host.
+- `pyxis`: srun gets `--container-image=IMAGE --container-mounts=...` and the task runs `python3` in it.
+The run, model, tokenizer and data folders are bound at the same path; `binds` add more. The image must
+have eagle-batch installed (see container/).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shlex
+import time
+from pathlib import Path
+from typing import Any, Callable, Optional, Sequence
+
+import submitit
+
+from . import state as S
+from .slurm_query import have_slurm, is_live, job_states
+from .task import ExtractTask
+
+
+class SubmitError(RuntimeError):
+    """A submission that must not go ahead; the message names the run and the fix."""
+
+
+def resolve_executor(cfg) -> str:
+    ex = cfg.slurm.executor
+    if ex == "auto":
+        return "slurm" if have_slurm() else "local"
+    if ex == "slurm" and not have_slurm():
+        raise SubmitError("slurm.executor=slurm but sbatch/squeue are not on PATH; run on a Slurm login node, "
+                          "or set slurm.executor=local to run the tasks on this machine.")
+    if ex not in ("slurm", "local"):
+        raise SubmitError(f"slurm.executor={ex!r} is not one of auto, slurm, local.")
+    return ex
+
+
+def _parse_sbatch_lines(lines: Sequence[str]) -> dict[str, Any]:
+    """`slurm.additional_sbatch` entries ("--mail-type=END", "#SBATCH --reservation x", "hint=nomultithread")."""
+    out: dict[str, Any] = {}
+    for raw in lines:
+        line = raw.strip()
+        if line.startswith("#SBATCH"):
+            line = line[len("#SBATCH"):].strip()
+        line = line.lstrip("-")
+        if not line:
+            continue
+        if "=" in line:
+            k, v = line.split("=", 1)
+        elif " " in line:
+            k, v = line.split(None, 1)
+        else:
+            k, v = line, True  # a flag such as --requeue
+        out[k.strip()] = v.strip() if isinstance(v, str) else v
+    return out
+
+
+def _binds(cfg, run_dir: Path) -> list[str]:
+    paths = [str(run_dir.resolve())]
+    for p in (cfg.model.path, cfg.model.tokenizer):
+        if p:
+            paths.append(str(Path(p).resolve()))
+    for p in cfg.data.inputs:
+        base = Path(p.split("*")[0] or ".")
+        paths.append(str((base if base.is_dir() else base.parent).resolve()))
+    seen, out = set(), []
+    for p in paths:
+        if p not in seen:
+            seen.add(p)
+            out.append(f"{p}:{p}")
+    return out + list(cfg.slurm.container.binds)
+
+
+def container_wrapping(cfg, run_dir: Path) -> tuple[Optional[str], list[str]]:
+    """(python command, extra srun args) for `slurm.container`."""
+    c = cfg.slurm.container
+    if c.runtime == "none":
+        return None, []
+    if not c.image:
+        raise SubmitError(f"slurm.container.runtime={c.runtime} needs slurm.container.image (an .sif file for "
+                          "apptainer, an image name or .sqsh for pyxis).")
+    binds = _binds(cfg, run_dir)
+    if c.runtime == "apptainer":
+        args = ["apptainer", "exec", "--nv"]
+        for b in binds:
+            args += ["--bind", b]
+        args += list(c.extra_args) + [c.image, "python3"]
+        return shlex.join(args), []
+    if c.runtime == "pyxis":
+        srun = [f"--container-image={c.image}", "--container-mounts=" + ",".join(binds),
+                "--no-container-mount-home"] + list(c.extra_args)
+        return "python3", srun
+    raise SubmitError(f"slurm.container.runtime={c.runtime!r} is not one of none, apptainer, pyxis.")
+
+
+def make_executor(cfg, run_dir: str | os.PathLike, kind: str = "extract", job_name: str = "",
+                  dependency: str = "", executor: Optional[str] = None):
+    run_dir = Path(run_dir)
+    which = executor or resolve_executor(cfg)
+    folder = run_dir / S.SLURM_DIR / "%j"
+    sc = cfg.slurm
+    if which == "local":
+        ex = submitit.LocalExecutor(folder=folder)
+        ex.update_parameters(timeout_min=sc.time_min)
+        return ex
+    python, srun_args = container_wrapping(cfg, run_dir)
+    ex = submitit.SlurmExecutor(folder=folder, max_num_timeout=sc.max_num_timeout, python=python)
+    params: dict[str, Any] = dict(
+        job_name=job_name or f"eb-{kind}-{run_dir.name}",
+        time=sc.time_min,
+        nodes=sc.nodes,
+        ntasks_per_node=1,  # one process per array task; vLLM starts its own TP workers
+        cpus_per_task=sc.cpus_per_task,
+        array_parallelism=sc.array_parallelism,
+        signal_delay_s=sc.signal_delay_s,
+        stderr_to_stdout=False,
+    )
+    if sc.gpus_per_node > 0:
+        params["gpus_per_node"] = sc.gpus_per_node
+    if sc.mem_gb > 0:
+        params["mem"] = f"{sc.mem_gb}GB"
+    for key in ("partition", "account", "qos", "constraint"):
+        if getattr(sc, key):
+            params[key] = getattr(sc, key)
+    if sc.exclusive:
+        params["exclusive"] = True
+    if sc.setup:
+        params["setup"] = list(sc.setup)
+    if srun_args:
+        params["srun_args"] = srun_args
+    extra = _parse_sbatch_lines(sc.additional_sbatch)
+    if dependency:
+        params["dependency"] = dependency
+    if extra:
+        params["additional_parameters"] = extra
+    ex.update_parameters(**params)
+    return ex
+
+
+def plan_num_tasks(run_dir: str | os.PathLike) -> int:
+    p = Path(run_dir) / "prepared" / "plan.json"
+    if not p.is_file():
+        raise SubmitError(f"{p} does not exist: run `eagle-batch prepare CONFIG run_dir={run_dir}` first.")
+    return int(json.loads(p.read_text())["num_tasks"])
+
+
+def live_tasks(run_dir: str | os.PathLike) -> dict[int, str]:
+    """{task_id: job id} for tasks whose latest extraction job is still pending or running in Slurm."""
+    subs = [s for s in S.read_submissions(run_dir) if s.kind in ("extract", "resume") and s.executor == "slurm"]
+    if not subs:
+        return {}
+    states = job_states(s.job_id for s in subs)
+    out: dict[int, str] = {}
+    for s in subs:
+        for t in s.tasks:
+            jid = s.task_job_id(t)
+            if is_live(states.get(jid, "")):
+                out[t] = jid
+    return out
+
+
+def submit_tasks(cfg, run_dir: str | os.PathLike, task_ids: Sequence[int], kind: str = "extract",
+                 executor: Optional[str] = None) -> S.Submission:
+    """Submit one array of ExtractTask(run_dir, t) for t in task_ids; refuse tasks already live."""
+    run_dir = Path(run_dir)
+    task_ids = sorted(int(t) for t in task_ids)
+    if not task_ids:
+        raise SubmitError(f"no tasks to submit for {run_dir}.")
+    live = live_tasks(run_dir)
+    clash = {t: live[t] for t in task_ids if t in live}
+    if clash:
+        shown = ", ".join(f"task {t} (job {j})" for t, j in list(clash.items())[:5])
+        raise SubmitError(f"{run_dir} already has {len(clash)} of these tasks queued or running: {shown}"
+                          f"{' ...' if len(clash) > 5 else ''}. Nothing was submitted. Follow them with "
+                          f"`eagle-batch status {run_dir}`, or stop them with `eagle-batch cancel {run_dir}` "
+                          "before submitting again.")
+    which = executor or resolve_executor(cfg)
+    ex = make_executor(cfg, run_dir, kind=kind, executor=which)
+    if which == "local":
+        # The local executor would start every array task at once on this one machine; one job that
+        # runs the tasks in order keeps memory bounded and is what a laptop can do.
+        job = ex.submit(_run_sequentially, str(run_dir), task_ids)
+        sub = S.Submission(job_id=f"local-{job.job_id}", executor="local", tasks=task_ids, time=time.time(),
+                           kind=kind, folder=str(job.paths.folder))
+    else:
+        # Submit task *instances* (callables without arguments): submitit checkpoints and requeues the
+        # callable it ran, which must be the Checkpointable itself. One batch = one array.
+        with ex.batch():
+            pending = [ex.submit(ExtractTask(str(run_dir), t)) for t in task_ids]
+        jobs = pending
+        array_id = jobs[0].job_id.split("_")[0]
+        sub = S.Submission(job_id=array_id, executor="slurm", tasks=task_ids, time=time.time(), kind=kind,
+                           folder=str(run_dir / S.SLURM_DIR))
+    S.append_submission(run_dir, sub)
+    return sub
+
+
+def _run_sequentially(run_dir: str, task_ids: list[int]) -> list[dict]:
+    out = []
+    errors = []
+    for t in task_ids:
+        try:
+            out.append(ExtractTask(run_dir, t)())
+        except Exception as e:  # keep going: one bad task must not block the others
+            errors.append(f"task {t}: {e}")
+    if errors:
+        raise RuntimeError("; ".join(errors))
+    return out
+
+
+def _aggregate_then(run_dir: str, fn: Callable, args: tuple, kwargs: dict, aggregate: bool):
+    if aggregate:
+        from eagle_batch.store import aggregate as agg
+
+        agg(run_dir)
+    return fn(*args, **kwargs)
+
+
+def submit_after(run_dir: str | os.PathLike, fn: Callable, *args: Any, name: str = "train",
+                 aggregate: bool = True, cfg=None, slurm_overrides: Sequence[str] = (),
+                 **kwargs: Any) -> S.Submission:
+    """Submit `fn(*args, **kwargs)` as one Slurm job that starts after the run's extraction succeeds.
+
+    For the train CLI (`eagle-batch train CONFIG --after RUN`) and `extract --then-train`:
+
+        from eagle_batch.launch import submit_after
+        sub = submit_after(run_dir, train_main, cfg_path, overrides, slurm_overrides=["slurm.gpus_per_node=8"])
+        print(f"training job {sub.job_id} waits for {sub.dependency or 'nothing (extraction is done)'}")
+
+    - Dependency: `afterok:` on the latest array job of every task not yet done (so it also follows a
+      `resume`); none if all tasks are done. If a task fails for good the job never starts (Slurm shows
+      DependencyNeverSatisfied): fix the task, `eagle-batch resume RUN`, then submit training again.
+    - In the job: `eagle_batch.store.aggregate(run_dir)` first (unless aggregate=False), then `fn`.
+    - Resources: the run's `slurm` section (RUN/config.yaml, or `cfg`) plus `slurm_overrides`
+      (`key=value`, e.g. `slurm.time_min=600`); `fn` and its arguments must be picklable.
+    - Recorded in RUN/slurm/submissions.jsonl with kind=name. Returns that Submission.
+    """
+    from eagle_batch.config import load_run_config
+
+    run_dir = Path(run_dir)
+    if cfg is None:
+        cfg = load_run_config(run_dir, slurm_overrides)
+    deps = sorted(set(_pending_arrays(run_dir)))
+    dependency = "afterok:" + ":".join(deps) if deps else ""
+    which = resolve_executor(cfg)
+    if which != "slurm":
+        raise SubmitError("chaining (train --after / extract --then-train) needs Slurm: set slurm.executor=slurm "
+                          "on a machine with sbatch, or run `eagle-batch train` after extraction finishes.")
+    ex = make_executor(cfg, run_dir, kind=name, dependency=dependency, executor=which)
+    job = ex.submit(_aggregate_then, str(run_dir), fn, tuple(args), dict(kwargs), aggregate)
+    sub = S.Submission(job_id=str(job.job_id), executor="slurm", tasks=[], time=time.time(), kind=name,
+                       folder=str(run_dir / S.SLURM_DIR), dependency=dependency)
+    S.append_submission(run_dir, sub)
+    return sub
+
+
+def _pending_arrays(run_dir: Path) -> list[str]:
+    """Array job ids whose tasks are not all done (the latest submission of each unfinished task)."""
+    subs = S.read_submissions(run_dir)
+    n = plan_num_tasks(run_dir)
+    out = []
+    for t in range(n):
+        st = S.read_state(run_dir, t)
+        if st is not None and st.status == S.DONE:
+            continue
+        s = S.latest_submission_of(subs, t)
+        if s is None:
+            raise SubmitError(f"task {t} of {run_dir} was never submitted and is not done: run "
+                              f"`eagle-batch extract` (or `resume {run_dir}`) before chaining training.")
+        if s.executor == "slurm":
+            out.append(s.job_id)
+    return out

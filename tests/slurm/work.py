@@ -1,0 +1,84 @@
+"""Test-only work functions for `EAGLE_BATCH_TEST_WORK=tests.slurm.work:NAME` (never used in production).
+
+Faults are driven by files in RUN/faults/, so a test can arm and disarm them while jobs are queued
+(environment variables are frozen at sbatch time):
+
+    RUN/faults/raise-N       task N raises on every attempt (while the file exists)
+    RUN/faults/sleep_s       seconds to sleep after each commit (default 0): lets a test act mid-way
+
+`synthetic_work` writes deterministic pseudo hidden states through the real TaskStoreWriter (lock,
+commit record, finalize), so duplicate/resume/identical-data checks exercise the real store without
+loading a model; `slow_capture` is the real pipeline (prepared samples -> run_capture -> store) with
+the same faults and delays.
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import numpy as np
+
+from eagle_batch.launch.state import store_path
+from eagle_batch.launch.task import TaskContext, _ReportingWriter, capture_work
+
+N_SAMPLES = 12
+LAYERS = [1, 2]
+HIDDEN = 16
+
+
+def _faults(ctx: TaskContext) -> float:
+    d = Path(ctx.run_dir) / "faults"
+    if (d / f"raise-{ctx.task_id}").exists():
+        raise RuntimeError(f"injected failure in task {ctx.task_id} (RUN/faults/raise-{ctx.task_id})")
+    p = d / "sleep_s"
+    return float(p.read_text()) if p.exists() else 0.0
+
+
+def synthetic_sample(task_id: int, i: int):
+    rng = np.random.default_rng(1000 * task_id + i)
+    n = 8 + (7 * i + task_id) % 24
+    ids = rng.integers(0, 1000, n, dtype=np.int32)
+    mask = (np.arange(n) % 3 != 0).astype(np.uint8)
+    hs = rng.integers(0, 1 << 15, (n, len(LAYERS), HIDDEN), dtype=np.uint16)  # finite bf16 bit patterns
+    return f"t{task_id}-s{i}", ids, mask, hs
+
+
+def synthetic_work(ctx: TaskContext) -> bool:
+    from eagle_batch.store import StoreSpec, TaskStoreWriter
+
+    sleep_s = _faults(ctx)
+    samples = [synthetic_sample(ctx.task_id, i) for i in range(N_SAMPLES)]
+    ctx.set_totals(len(samples), sum(len(s[1]) for s in samples))
+    spec = StoreSpec(layer_ids=LAYERS, hidden_size=HIDDEN, model_name="synthetic")
+    w = TaskStoreWriter.open(store_path(ctx.run_dir, ctx.task_id), spec, ctx.cfg.store)
+    try:
+        done = set(w.committed_sample_ids)
+        ctx.report(len(done), sum(len(s[1]) for s in samples if s[0] in done))
+        if w.is_complete:
+            return True
+        rw = _ReportingWriter(w, ctx, len(done), sum(len(s[1]) for s in samples if s[0] in done))
+        for sid, ids, mask, hs in samples:
+            if sid in done:
+                continue
+            if ctx.should_stop():
+                return False
+            rw.append(sid, ids, mask, hs)
+            rw.commit()
+            time.sleep(sleep_s)
+        w.finalize()
+        return True
+    finally:
+        w.close()
+
+
+def slow_capture(ctx: TaskContext) -> bool:
+    sleep_s = _faults(ctx)
+    report = ctx.report
+
+    def slow_report(samples: int, tokens: int) -> None:
+        report(samples, tokens)
+        time.sleep(sleep_s)
+
+    ctx.report = slow_report
+    return capture_work(ctx)
