@@ -1,0 +1,32 @@
+"""The hidden-state store: one Zarr v3 task store per array task, crash-safe commits, readers.
+
+- `TaskStoreWriter.open(path, spec, store_cfg)`: the single writer of a task store (writer.py).
+- `open_dataset(path)`: samples of a task store or an aggregated run (reader.py).
+- `aggregate(run_dir)`: RUN/dataset.json over the complete task stores (aggregate.py).
+- `verify(path) -> list[Problem]`: checksums, offsets, dtypes, values, metadata (verify.py).
+Format: docs/format.md; constants and the shard encoding: format.py.
+"""
+
+from .format import LAYER_SEMANTICS
+from .reader import StoreDataset, TaskStore, open_dataset, read_record
+from .spec import (StoreCorruptError, StoreError, StoreLockedError, StoreMismatchError, StoreSpec)
+from .writer import TaskStoreWriter, committed_samples_of_shard, hidden_states_to_uint16
+
+
+def aggregate(run_dir, **kwargs):
+    from .aggregate import aggregate as _aggregate
+
+    return _aggregate(run_dir, **kwargs)
+
+
+def verify(path, **kwargs):
+    from .verify import verify as _verify
+
+    return _verify(path, **kwargs)
+
+
+__all__ = [
+    "LAYER_SEMANTICS", "StoreCorruptError", "StoreDataset", "StoreError", "StoreLockedError",
+    "StoreMismatchError", "StoreSpec", "TaskStore", "TaskStoreWriter", "aggregate", "committed_samples_of_shard",
+    "hidden_states_to_uint16", "open_dataset", "read_record", "verify",
+]

@@ -1,0 +1,316 @@
+"""Read task stores and aggregated runs: `open_dataset(path)`.
+
+    ds = open_dataset(RUN)                       # RUN/dataset.json (see aggregate) or one task store
+    len(ds); x = ds[0]                           # {"input_ids", "loss_mask", "hidden_states", "sample_id"}
+    aux = open_dataset(RUN, layer_ids=[2, 15, 27])  # only those layers (by layer id)
+
+Everything comes from the committed record (`progress.json`), never from array shapes: a shape can
+be ahead of the data after a crash and zarr reads the missing region as zeros. Shard files are read
+with `pread` on descriptors opened lazily per process (a DataLoader worker opens its own after fork;
+pickling drops them), and an open descriptor keeps reading the same file even if a live writer
+replaces the tail shard, whose committed prefix is identical anyway.
+"""
+
+from __future__ import annotations
+
+import bisect
+import json
+import os
+from collections import OrderedDict
+from pathlib import Path
+from typing import Any, Sequence
+
+import numpy as np
+
+from .format import (COMPLETE_NAME, EMPTY, FORMAT_NAME, PROGRESS_NAME, TOKEN_ARRAYS, ArrayLayout, ShardError,
+                     decode_index, make_decoder)
+from .spec import StoreCorruptError, StoreError, StoreSpec
+
+DATASET_NAME = "dataset.json"
+MAX_OPEN_SHARDS = 64
+
+
+def _load_json(p: Path, what: str) -> Any:
+    try:
+        return json.loads(p.read_bytes())
+    except FileNotFoundError:
+        raise StoreError(f"{p} is missing: {what}") from None
+    except ValueError as e:
+        raise StoreCorruptError(f"{p} is not valid JSON ({e}): {what}") from None
+
+
+def read_record(store: str | os.PathLike) -> dict:
+    p = Path(store) / PROGRESS_NAME
+    r = _load_json(p, "not an eagle-batch task store (or it was never created); check the path")
+    if r.get("format") != FORMAT_NAME:
+        raise StoreError(f"{p}: format {r.get('format')!r} is not {FORMAT_NAME!r}; not an eagle-batch task store")
+    return r
+
+
+def read_attrs(store: str | os.PathLike) -> dict:
+    p = Path(store) / "zarr.json"
+    meta = _load_json(p, "the store's root group metadata; is this an eagle-batch task store?")
+    attrs = meta.get("attributes", {}).get("eagle_batch")
+    if not attrs:
+        raise StoreError(f"{p} has no 'eagle_batch' attributes; not an eagle-batch task store")
+    return attrs
+
+
+def read_layouts(store: str | os.PathLike, metas: dict | None = None) -> dict[str, ArrayLayout]:
+    out = {}
+    for name in TOKEN_ARRAYS:
+        meta = metas[name] if metas else _load_json(Path(store) / name / "zarr.json", f"metadata of array {name}")
+        out[name] = ArrayLayout.from_zarr_json(name, meta)
+    return out
+
+
+class TaskStore:
+    """Read-only view of one task store's committed samples. Picklable; opens files lazily per process."""
+
+    def __init__(self, path: str | os.PathLike, *, metas: dict | None = None, attrs: dict | None = None):
+        self.path = Path(path)
+        self._metas = metas  # consolidated array metadata from dataset.json, if any
+        self._attrs = attrs
+        self._pid = None
+
+    def __getstate__(self) -> dict:
+        return {"path": self.path, "_metas": self._metas, "_attrs": self._attrs, "_pid": None}
+
+    def _ensure(self) -> None:
+        if self._pid == os.getpid():
+            return
+        self._pid = os.getpid()
+        self.record = read_record(self.path)
+        attrs = self._attrs or read_attrs(self.path)
+        self.spec = StoreSpec.from_attributes(attrs)
+        self.layouts = read_layouts(self.path, self._metas)
+        self._decoders = {n: make_decoder(lay.codec) for n, lay in self.layouts.items()}
+        lengths = np.asarray(self.record["lengths"], dtype=np.int64)
+        self._offsets = np.zeros(len(lengths) + 1, np.int64)
+        np.cumsum(lengths, out=self._offsets[1:])
+        if int(self._offsets[-1]) != int(self.record["num_tokens"]):
+            raise StoreCorruptError(f"{self.path / PROGRESS_NAME}: lengths sum to {self._offsets[-1]} but "
+                                    f"num_tokens is {self.record['num_tokens']}; run `eagle-batch verify`.")
+        self._shards: OrderedDict[tuple[str, int], tuple[int, np.ndarray]] = OrderedDict()
+
+    # ----- metadata -----
+
+    def __len__(self) -> int:
+        self._ensure()
+        return int(self.record["num_samples"])
+
+    @property
+    def num_tokens(self) -> int:
+        self._ensure()
+        return int(self.record["num_tokens"])
+
+    @property
+    def offsets(self) -> np.ndarray:
+        self._ensure()
+        return self._offsets
+
+    @property
+    def lengths(self) -> np.ndarray:
+        return np.diff(self.offsets)
+
+    @property
+    def sample_ids(self) -> list[str]:
+        self._ensure()
+        return self.record["sample_ids"]
+
+    @property
+    def layer_ids(self) -> list[int]:
+        self._ensure()
+        return self.spec.layer_ids
+
+    @property
+    def is_complete(self) -> bool:
+        return (self.path / COMPLETE_NAME).is_file()
+
+    # ----- data -----
+
+    def _shard(self, name: str, k: int) -> tuple[int, np.ndarray]:
+        key = (name, k)
+        hit = self._shards.get(key)
+        if hit is not None:
+            self._shards.move_to_end(key)
+            return hit
+        lay = self.layouts[name]
+        f = lay.shard_path(self.path, k)
+        try:
+            fd = os.open(f, os.O_RDONLY)
+        except FileNotFoundError:
+            raise StoreCorruptError(f"{f} is missing but the committed record covers it; run "
+                                    f"`eagle-batch verify {self.path}`.") from None
+        size = os.fstat(fd).st_size
+        n = lay.index_nbytes()
+        try:
+            index = decode_index(os.pread(fd, n, size - n), lay.chunks_per_shard, str(f)) if size >= n else None
+            if index is None:
+                raise ShardError(f"{f}: file is shorter ({size} bytes) than its shard index")
+        except ShardError as e:
+            os.close(fd)
+            raise StoreCorruptError(f"{e}; run `eagle-batch verify {self.path}`.") from None
+        self._shards[key] = (fd, index)
+        if len(self._shards) > MAX_OPEN_SHARDS:
+            old_fd, _ = self._shards.popitem(last=False)[1]
+            os.close(old_fd)
+        return fd, index
+
+    def read_rows(self, name: str, start: int, stop: int, layers: Sequence[int] | None = None) -> np.ndarray:
+        """Rows [start, stop) of a token array as stored (hidden_states: uint16 bits), optionally some layers
+        (positions along axis 1)."""
+        self._ensure()
+        if not 0 <= start <= stop <= self.num_tokens:
+            raise IndexError(f"token range [{start}, {stop}) outside the {self.num_tokens} committed tokens of {self.path}")
+        lay = self.layouts[name]
+        row_shape = lay.row_shape
+        if layers is not None:
+            row_shape = (len(layers), *lay.row_shape[1:])
+        out = np.empty((stop - start, *row_shape), lay.np_dtype)
+        dec = self._decoders[name]
+        S, C = lay.shard_tokens, lay.chunk_tokens
+        t = start
+        while t < stop:
+            k = t // S
+            s0 = k * S
+            e = min(stop, s0 + S)
+            fd, index = self._shard(name, k)
+            c0, c1 = (t - s0) // C, (e - 1 - s0) // C
+            sel = index[c0:c1 + 1]
+            if (sel[:, 0] == EMPTY).any():
+                raise StoreCorruptError(f"{lay.shard_path(self.path, k)}: an inner chunk the committed record "
+                                        f"covers is absent; run `eagle-batch verify {self.path}`.")
+            first, last_end = int(sel[0, 0]), int(sel[-1, 0] + sel[-1, 1])
+            contiguous = bool((sel[1:, 0] == sel[:-1, 0] + sel[:-1, 1]).all())
+            blob = os.pread(fd, last_end - first, first) if contiguous else None
+            for j, c in enumerate(range(c0, c1 + 1)):
+                off, nb = int(sel[j, 0]), int(sel[j, 1])
+                enc = blob[off - first:off - first + nb] if contiguous else os.pread(fd, nb, off)
+                if len(enc) != nb:
+                    raise StoreCorruptError(f"{lay.shard_path(self.path, k)} is truncated; run `eagle-batch verify {self.path}`.")
+                chunk = np.frombuffer(dec(enc), lay.np_dtype).reshape(C, *lay.row_shape)
+                cs = s0 + c * C  # first token of this chunk
+                r0, r1 = max(t, cs), min(e, cs + C)
+                part = chunk[r0 - cs:r1 - cs]
+                if layers is not None:
+                    part = part[:, layers]
+                out[r0 - start:r1 - start] = part
+            t = e
+        return out
+
+    def sample_arrays(self, i: int, layers: Sequence[int] | None = None) -> dict[str, Any]:
+        """Sample i as numpy arrays (hidden_states as uint16 bits)."""
+        self._ensure()
+        n = len(self)
+        if i < 0:
+            i += n
+        if not 0 <= i < n:
+            raise IndexError(f"sample {i} out of range: {self.path} has {n} committed samples")
+        a, b = int(self._offsets[i]), int(self._offsets[i + 1])
+        return {"input_ids": self.read_rows("input_ids", a, b), "loss_mask": self.read_rows("loss_mask", a, b),
+                "hidden_states": self.read_rows("hidden_states", a, b, layers), "sample_id": self.sample_ids[i]}
+
+    def get(self, i: int, layers: Sequence[int] | None = None) -> dict[str, Any]:
+        import torch
+
+        x = self.sample_arrays(i, layers)
+        return {"input_ids": torch.from_numpy(x["input_ids"].astype(np.int64)),
+                "loss_mask": torch.from_numpy(x["loss_mask"]),
+                "hidden_states": torch.from_numpy(x["hidden_states"]).view(torch.bfloat16),
+                "sample_id": x["sample_id"]}
+
+    def __getitem__(self, i: int) -> dict[str, Any]:
+        return self.get(i)
+
+    def close(self) -> None:
+        for fd, _ in getattr(self, "_shards", {}).values():
+            os.close(fd)
+        if hasattr(self, "_shards"):
+            self._shards.clear()
+
+    def __del__(self) -> None:  # pragma: no cover
+        try:
+            if self._pid == os.getpid():
+                self.close()
+        except Exception:
+            pass
+
+
+class StoreDataset:  # a map-style dataset for torch's DataLoader (no torch import needed to define it)
+    """Samples of one or more task stores, in store order. `ds[i]` -> dict of torch tensors.
+
+    input_ids: int64 [T]; loss_mask: uint8 [T]; hidden_states: bfloat16 [T, L, H] where L follows
+    `layer_ids` (default: every stored layer, in stored order); sample_id: str.
+    """
+
+    def __init__(self, stores: Sequence[TaskStore], counts: Sequence[int] | None = None,
+                 layer_ids: Sequence[int] | None = None):
+        self.stores = list(stores)
+        counts = [len(s) for s in self.stores] if counts is None else list(counts)
+        self._cum = np.concatenate([[0], np.cumsum(counts, dtype=np.int64)]).tolist()
+        self._layer_ids = None if layer_ids is None else [int(x) for x in layer_ids]
+        self._positions: dict[int, list[int] | None] = {}
+
+    def __len__(self) -> int:
+        return int(self._cum[-1])
+
+    def locate(self, i: int) -> tuple[int, int]:
+        """Global sample index -> (store index, index within that store)."""
+        n = len(self)
+        if i < 0:
+            i += n
+        if not 0 <= i < n:
+            raise IndexError(f"sample {i} out of range: the dataset has {n} samples")
+        s = bisect.bisect_right(self._cum, i) - 1
+        return s, i - int(self._cum[s])
+
+    def _layer_positions(self, s: int) -> list[int] | None:
+        if self._layer_ids is None:
+            return None
+        if s not in self._positions:
+            stored = self.stores[s].layer_ids
+            missing = [x for x in self._layer_ids if x not in stored]
+            if missing:
+                raise ValueError(f"layer ids {missing} are not in {self.stores[s].path} (it holds {stored})")
+            self._positions[s] = [stored.index(x) for x in self._layer_ids]
+        return self._positions[s]
+
+    @property
+    def layer_ids(self) -> list[int]:
+        return self._layer_ids if self._layer_ids is not None else list(self.stores[0].layer_ids)
+
+    def with_layers(self, layer_ids: Sequence[int]) -> "StoreDataset":
+        """The same samples with only `layer_ids` (by layer id, in the given order)."""
+        return StoreDataset(self.stores, np.diff(self._cum).tolist(), layer_ids)
+
+    def lengths(self) -> np.ndarray:
+        """Token count of every sample (reads only the committed records): for length-bucketed batching."""
+        return np.concatenate([s.lengths for s in self.stores]) if self.stores else np.zeros(0, np.int64)
+
+    def __getitem__(self, i: int) -> dict[str, Any]:
+        s, j = self.locate(int(i))
+        return self.stores[s].get(j, self._layer_positions(s))
+
+    def get_arrays(self, i: int) -> dict[str, Any]:
+        s, j = self.locate(int(i))
+        return self.stores[s].sample_arrays(j, self._layer_positions(s))
+
+
+def open_dataset(path: str | os.PathLike, layer_ids: Sequence[int] | None = None) -> StoreDataset:
+    """A task store (`.../task-00000.zarr`) or an aggregated run directory (`RUN/dataset.json`)."""
+    p = Path(path)
+    if p.is_file() and p.name == DATASET_NAME:
+        p = p.parent
+    if (p / DATASET_NAME).is_file():
+        index = _load_json(p / DATASET_NAME, "the aggregate index; rerun `eagle-batch aggregate`")
+        stores, counts = [], []
+        for entry in index["stores"]:
+            stores.append(TaskStore(p / entry["path"], metas=entry.get("arrays"), attrs=index.get("attributes")))
+            counts.append(int(entry["num_samples"]))
+        return StoreDataset(stores, counts, layer_ids)
+    if (p / PROGRESS_NAME).is_file():
+        return StoreDataset([TaskStore(p)], None, layer_ids)
+    if (p / "stores").is_dir():
+        raise StoreError(f"{p} is a run directory without {DATASET_NAME}; run `eagle-batch aggregate {p}` first.")
+    raise StoreError(f"{p} is neither a task store (no {PROGRESS_NAME}) nor an aggregated run (no {DATASET_NAME}).")

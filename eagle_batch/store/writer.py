@@ -1,0 +1,595 @@
+"""TaskStoreWriter: append samples to one task store with crash-safe commits.
+
+    with TaskStoreWriter.open(path, spec, cfg.store) as w:
+        for s in samples:
+            if s.sample_id in w.committed_sample_ids: continue
+            w.append(s.sample_id, s.input_ids, s.loss_mask, hidden_states)  # torch bf16 [T, L, H]
+            if time_to_commit: w.commit()
+        w.finalize()
+
+Commit protocol (one writer per store, enforced by a flock):
+1. Rows are copied into per-array chunk buffers on append; full inner chunks are compressed on a thread
+   pool and full shards written by one IO thread (`<shard>.<uuid>.partial`, fsync, rename, fsync dir),
+   so the producer only waits when it runs more than a couple of shards ahead of the disk.
+2. `commit()` also writes the partially filled tail shard of each array (its already committed prefix
+   is byte-identical), waits for every write, then atomically replaces `progress.json` (the committed
+   record: samples, lengths, ids, per-shard size, crc32c of the file and of the raw rows). Only then
+   are the `zarr.json` shapes advanced, so an array's shape never covers unwritten data.
+3. `open()` of an existing store drops everything the record does not cover: `*.partial` files, shards
+   past the record, and a tail shard rewritten by an interrupted commit (restored to its committed
+   prefix after checking the prefix's raw crc32c).
+4. `finalize()` writes `offsets` and `sample_ids`, consolidates metadata, then the `complete` marker.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import threading
+import time
+from concurrent.futures import Future, ThreadPoolExecutor
+from pathlib import Path
+from typing import Any, Iterable
+
+import crc32c
+import numpy as np
+
+from .format import (BF16, COMPLETE_NAME, FORMAT_NAME, FORMAT_VERSION, PARTIAL_SUFFIX, PROGRESS_NAME,
+                     TOKEN_ARRAYS, ArrayLayout, Codec, EMPTY, ShardError, decode_index, encode_index,
+                     fsync_dir, make_decoder, makedirs_durable, write_atomic, write_json_atomic)
+from .spec import StoreCorruptError, StoreError, StoreLock, StoreMismatchError, StoreSpec
+
+
+def hidden_states_to_uint16(hidden_states: Any) -> np.ndarray:
+    """torch bf16 (any device) / numpy bf16 / numpy uint16 -> numpy uint16 bits, zero-copy when possible."""
+    # Check the type by module name so numpy-only writers never pay torch's import time.
+    if type(hidden_states).__module__.startswith("torch"):
+        import torch
+
+        if hidden_states.dtype != torch.bfloat16:
+            raise TypeError(f"hidden_states must be torch.bfloat16, got {hidden_states.dtype}; the store keeps "
+                            "the model's bf16 states bit-exactly and never converts.")
+        t = hidden_states.detach()
+        if t.device.type != "cpu":
+            t = t.cpu()
+        return t.contiguous().view(torch.uint16).numpy()
+    a = np.asarray(hidden_states)
+    if a.dtype == BF16:
+        return a.view(np.uint16)
+    if a.dtype == np.uint16:
+        return a
+    raise TypeError(f"hidden_states must be torch.bfloat16 or numpy uint16/bfloat16 bits, got {a.dtype}.")
+
+
+def _as_1d(name: str, x: Any, dtype: np.dtype) -> np.ndarray:
+    if type(x).__module__.startswith("torch"):
+        x = x.detach().cpu().numpy()
+    a = np.asarray(x)
+    if a.ndim != 1:
+        raise ValueError(f"{name} must be 1-D [T], got shape {a.shape}")
+    if a.dtype != dtype:
+        if a.size and (a.min() < np.iinfo(dtype).min or a.max() > np.iinfo(dtype).max):
+            raise ValueError(f"{name} has values outside {dtype} ({a.min()}..{a.max()})")
+        a = a.astype(dtype)
+    return np.ascontiguousarray(a)
+
+
+class _Stream:
+    """Rows of one token array on their way into shard files."""
+
+    def __init__(self, layout: ArrayLayout, writer: "TaskStoreWriter"):
+        self.layout = layout
+        self.w = writer
+        self.codec = layout.codec.numcodec()
+        self.shard = 0  # index of the shard being filled
+        self.fill = 0  # rows in that shard
+        self.chunks: list[Future | bytes] = []  # its full inner chunks, encoded or being encoded
+        self.buf = self._new_buf()
+        self.buf_fill = 0
+        self.raw_crc = 0  # crc32c of the shard's rows so far (row-major bytes)
+
+    def _new_buf(self) -> np.ndarray:
+        return np.empty((self.layout.chunk_tokens, *self.layout.row_shape), self.layout.np_dtype)
+
+    def encode(self, chunk: np.ndarray) -> bytes:
+        return chunk.tobytes() if self.codec is None else bytes(self.codec.encode(chunk))
+
+    def push(self, rows: np.ndarray) -> None:
+        lay = self.layout
+        pos = 0
+        while pos < len(rows):
+            n = min(lay.chunk_tokens - self.buf_fill, len(rows) - pos)
+            self.buf[self.buf_fill:self.buf_fill + n] = rows[pos:pos + n]
+            self.raw_crc = crc32c.crc32c(rows[pos:pos + n], self.raw_crc)
+            self.buf_fill += n
+            self.fill += n
+            pos += n
+            if self.buf_fill == lay.chunk_tokens:
+                self.chunks.append(self.w._submit_encode(self, self.buf))
+                self.buf = self._new_buf()
+                self.buf_fill = 0
+                if self.fill == lay.shard_tokens:
+                    self.w._submit_shard(self, self.shard, list(self.chunks), self.fill, self.raw_crc)
+                    self.shard += 1
+                    self.fill = 0
+                    self.chunks = []
+                    self.raw_crc = 0
+
+    def tail_chunks(self) -> list[Future | bytes]:
+        """Chunks of the partially filled shard, the last one zero-padded (the array's fill value)."""
+        out = list(self.chunks)
+        if self.buf_fill:
+            padded = np.zeros_like(self.buf)
+            padded[:self.buf_fill] = self.buf[:self.buf_fill]
+            out.append(self.encode(padded))
+        return out
+
+
+class TaskStoreWriter:
+    """The single writer of one task store. See the module docstring for the commit protocol."""
+
+    def __init__(self) -> None:  # use TaskStoreWriter.open()
+        raise TypeError("use TaskStoreWriter.open(path, spec, store_cfg)")
+
+    # ----- opening / recovery -----
+
+    @classmethod
+    def open(cls, path: str | os.PathLike, spec: StoreSpec, store_cfg: Any = None, *, threads: int | None = None,
+             repair: bool = False) -> "TaskStoreWriter":
+        """Open (creating or recovering) the store at `path` for appending.
+
+        `store_cfg`: a `StoreConfig` (codec, level, blocksize, chunk_tokens, shard_tokens, fsync); an
+        existing store keeps its own layout and codec. `repair=True` truncates the committed record to
+        the last sample before the first damaged shard instead of raising StoreCorruptError.
+        """
+        from eagle_batch.config import StoreConfig
+
+        self = object.__new__(cls)
+        self.path = Path(path)
+        self.spec = spec
+        self.cfg = store_cfg if store_cfg is not None else StoreConfig()
+        self.fsync = bool(getattr(self.cfg, "fsync", True))
+        self._closed = False
+        self._lock = None
+        makedirs_durable(self.path, self.fsync)
+        self._lock = StoreLock(self.path)
+        try:
+            self._init_state(threads, repair)
+        except BaseException:
+            self._lock.release()
+            raise
+        return self
+
+    def _init_state(self, threads: int | None, repair: bool) -> None:
+        progress = self.path / PROGRESS_NAME
+        if progress.is_file():
+            self._load_existing(repair)
+        else:
+            self._create()
+        n = threads or min(8, os.cpu_count() or 1)
+        self._encode_pool = ThreadPoolExecutor(n, thread_name_prefix="store-encode")
+        self._io_pool = ThreadPoolExecutor(1, thread_name_prefix="store-io")
+        # Bounds raw chunk buffers waiting for compression, so append() blocks instead of growing memory.
+        self._encode_slots = threading.Semaphore(2 * n + 2)
+        self._pending_io: list[Future] = []
+        self._streams = {name: _Stream(self.layouts[name], self) for name in TOKEN_ARRAYS}
+        for name, st in self._streams.items():
+            self._restore_tail(st)
+        self._complete = (self.path / COMPLETE_NAME).is_file()
+
+    def _make_layouts(self, chunk_tokens: int, shard_tokens: int, codec: Codec) -> dict[str, ArrayLayout]:
+        rows = {"hidden_states": (self.spec.num_layers, self.spec.hidden_size), "input_ids": (), "loss_mask": ()}
+        return {n: ArrayLayout(n, rows[n], chunk_tokens, shard_tokens, codec) for n in TOKEN_ARRAYS}
+
+    def _create(self) -> None:
+        c = self.cfg
+        if c.chunk_tokens <= 0 or c.shard_tokens <= 0 or c.shard_tokens % c.chunk_tokens:
+            raise ValueError(f"store.shard_tokens={c.shard_tokens} must be a positive multiple of "
+                             f"store.chunk_tokens={c.chunk_tokens}; fix the store section of the config.")
+        self.layouts = self._make_layouts(c.chunk_tokens, c.shard_tokens, Codec(c.codec, c.level, c.blocksize))
+        # A half-created store (killed before progress.json existed) holds nothing committed: start over.
+        ours = {".lock", "zarr.json", *TOKEN_ARRAYS}
+        children = list(self.path.iterdir())
+        foreign = [c.name for c in children if c.name not in ours and not c.name.endswith(PARTIAL_SUFFIX)]
+        if foreign:
+            raise StoreError(f"{self.path} is not empty and not an eagle-batch store (no {PROGRESS_NAME}; found "
+                             f"{', '.join(sorted(foreign)[:5])}); choose an empty or new path for the task store.")
+        for child in children:
+            if child.name != ".lock":
+                shutil.rmtree(child) if child.is_dir() and not child.is_symlink() else child.unlink()
+        attrs = {"eagle_batch": {"format": FORMAT_NAME, "format_version": FORMAT_VERSION, **self.spec.attributes()}}
+        write_json_atomic(self.path / "zarr.json", {"zarr_format": 3, "node_type": "group", "attributes": attrs},
+                          self.fsync)
+        for name, lay in self.layouts.items():
+            makedirs_durable(self.path / name, self.fsync)
+            write_json_atomic(self.path / name / "zarr.json", lay.zarr_json(0), self.fsync)
+        self.record = self._empty_record()
+        write_json_atomic(self.path / PROGRESS_NAME, self.record, self.fsync)  # last: marks the store as created
+        self._after_record_loaded()
+
+    def _empty_record(self) -> dict:
+        return {"format": FORMAT_NAME, "format_version": FORMAT_VERSION, "commit": 0, "committed_at": "",
+                "num_samples": 0, "num_tokens": 0, "sample_ids": [], "lengths": [],
+                "shards": {n: [] for n in TOKEN_ARRAYS}}
+
+    def _load_existing(self, repair: bool) -> None:
+        from .reader import read_attrs, read_layouts, read_record
+
+        p = self.path
+        stored = StoreSpec.from_attributes(read_attrs(p))
+        bad = self.spec.mismatches(stored)
+        if bad:
+            raise StoreMismatchError(
+                f"{p} was written for a different model/config: " + "; ".join(bad) +
+                ". Point this task at a new run directory, or delete the store to recompute it.")
+        self.spec = stored  # keep what the store says (e.g. its eagle-batch version)
+        self.layouts = read_layouts(p)
+        want = (self.cfg.chunk_tokens, self.cfg.shard_tokens, self.cfg.codec)
+        have = (self.layouts["hidden_states"].chunk_tokens, self.layouts["hidden_states"].shard_tokens,
+                self.layouts["hidden_states"].codec.name)
+        if want != have:
+            # Appending with the store's own layout is always correct; say so rather than fail a resume.
+            import warnings
+
+            warnings.warn(f"{p}: existing layout (chunk_tokens, shard_tokens, codec)={have} differs from the "
+                          f"config's {want}; keeping the store's layout.", stacklevel=3)
+        self.record = read_record(p)
+        complete = (p / COMPLETE_NAME).is_file()
+        for f in p.rglob("*" + PARTIAL_SUFFIX):
+            f.unlink()
+        if not complete:
+            for name in ("offsets", "sample_ids"):  # from an interrupted finalize(); rewritten by the next
+                if (p / name).exists():
+                    shutil.rmtree(p / name)
+            root_meta = json.loads((p / "zarr.json").read_bytes())
+            if root_meta.pop("consolidated_metadata", None) is not None:  # it describes that finalize's state
+                write_json_atomic(p / "zarr.json", root_meta, self.fsync)
+        self._after_record_loaded()
+        for name, lay in self.layouts.items():
+            self._drop_uncommitted_shards(lay)
+        damaged = self._check_committed_files()
+        if damaged:
+            if not repair:
+                raise StoreCorruptError(
+                    f"{p}: committed data is damaged: " + "; ".join(msg for _, msg in damaged) +
+                    ". Run `eagle-batch verify` on it; open with repair=True (`eagle-batch resume --repair`) "
+                    "to recompute from the first damaged shard on, or delete the store to recompute all of it.")
+            self._truncate_before(min(first_token for first_token, _ in damaged))
+        self._set_shapes(self.record["num_tokens"])
+
+    def _after_record_loaded(self) -> None:
+        r = self.record
+        self._sample_ids: list[str] = list(r["sample_ids"])
+        self._lengths: list[int] = list(r["lengths"])
+        self._id_set = set(self._sample_ids)
+        self._num_tokens = int(r["num_tokens"])
+        self._shard_tables = {n: {int(s["index"]): s for s in r["shards"][n]} for n in TOKEN_ARRAYS}
+
+    def _drop_uncommitted_shards(self, lay: ArrayLayout) -> None:
+        root = self.path / lay.name / "c"
+        if not root.is_dir():
+            return
+        keep = set(self._shard_tables[lay.name])
+        for d in list(root.iterdir()):
+            try:
+                k = int(d.name)
+            except ValueError:
+                k = -1
+            if k not in keep:
+                shutil.rmtree(d) if d.is_dir() else d.unlink()
+
+    def _check_committed_files(self) -> list[tuple[int, str]]:
+        """Cheap checks of committed shards (existence, size; full crc of tail shards). -> (first token, msg)."""
+        damaged = []
+        for name, lay in self.layouts.items():
+            for k, info in sorted(self._shard_tables[name].items()):
+                f = lay.shard_path(self.path, k)
+                first = k * lay.shard_tokens
+                if not f.is_file():
+                    damaged.append((first, f"{name} shard {k} ({f.relative_to(self.path)}) is missing"))
+                    continue
+                if info["tokens"] < lay.shard_tokens:  # tail shard: may hold an interrupted commit's rewrite
+                    data = f.read_bytes()
+                    if len(data) == info["nbytes"] and crc32c.crc32c(data) == info["crc32c"]:
+                        continue
+                    try:
+                        self._restore_tail_file(lay, k, info, data)
+                    except (ShardError, StoreCorruptError, ValueError) as e:
+                        damaged.append((first, f"{name} tail shard {k}: {e}"))
+                elif f.stat().st_size != info["nbytes"]:
+                    damaged.append((first, f"{name} shard {k} ({f.relative_to(self.path)}) has "
+                                           f"{f.stat().st_size} bytes, the record says {info['nbytes']}"))
+        return damaged
+
+    def _decode_rows(self, lay: ArrayLayout, data: bytes, tokens: int, where: str) -> np.ndarray:
+        index = decode_index(data[-lay.index_nbytes():], lay.chunks_per_shard, where)
+        dec = make_decoder(lay.codec)
+        n_chunks = -(-tokens // lay.chunk_tokens)
+        out = np.empty((n_chunks * lay.chunk_tokens, *lay.row_shape), lay.np_dtype)
+        flat = out.reshape(n_chunks, -1)
+        for c in range(n_chunks):
+            off, nb = index[c]
+            if off == EMPTY:
+                raise ShardError(f"{where}: inner chunk {c} is absent but the record covers it")
+            raw = np.frombuffer(dec(data[int(off):int(off + nb)]), lay.np_dtype)
+            if raw.size != flat.shape[1]:
+                raise ShardError(f"{where}: inner chunk {c} decodes to {raw.size} values, expected {flat.shape[1]}")
+            flat[c] = raw
+        return out[:tokens]
+
+    def _restore_tail_file(self, lay: ArrayLayout, k: int, info: dict, data: bytes) -> None:
+        """An interrupted commit replaced the tail shard: keep exactly the committed prefix if it checks out."""
+        where = str(lay.shard_path(self.path, k))
+        rows = self._decode_rows(lay, data, info["tokens"], where)
+        if crc32c.crc32c(rows) != info["raw_crc32c"]:
+            raise StoreCorruptError(f"{where}: the committed rows' crc32c does not match the record")
+        self._rewrite_prefix_shard(lay, k, rows)
+
+    def _rewrite_prefix_shard(self, lay: ArrayLayout, k: int, rows: np.ndarray) -> None:
+        st = _Stream(lay, self)
+        chunks = []
+        for c0 in range(0, len(rows), lay.chunk_tokens):
+            part = rows[c0:c0 + lay.chunk_tokens]
+            if len(part) < lay.chunk_tokens:
+                padded = np.zeros((lay.chunk_tokens, *lay.row_shape), lay.np_dtype)
+                padded[:len(part)] = part
+                part = padded
+            chunks.append(st.encode(np.ascontiguousarray(part)))
+        info = self._write_shard(lay, k, chunks, len(rows), crc32c.crc32c(rows))
+        self._shard_tables[lay.name][k] = info
+        self._update_record_tables()
+        write_json_atomic(self.path / PROGRESS_NAME, self.record, self.fsync)
+
+    def _update_record_tables(self) -> None:
+        self.record["shards"] = {n: [self._shard_tables[n][k] for k in sorted(self._shard_tables[n])]
+                                 for n in TOKEN_ARRAYS}
+
+    def _truncate_before(self, token: int) -> None:
+        """Drop committed samples from the last sample boundary <= `token` on (repair)."""
+        bounds = np.concatenate([[0], np.cumsum(self._lengths, dtype=np.int64)])
+        keep = int(np.searchsorted(bounds, token, side="right") - 1)
+        t = int(bounds[keep])
+        for name, lay in self.layouts.items():
+            table = self._shard_tables[name]
+            for k in sorted(table):
+                start = k * lay.shard_tokens
+                f = lay.shard_path(self.path, k)
+                if start >= t:
+                    del table[k]
+                    f.unlink(missing_ok=True)
+                elif start + table[k]["tokens"] > t:  # the shard holding the new end: keep its prefix
+                    data = f.read_bytes()
+                    rows = self._decode_rows(lay, data, t - start, str(f))
+                    self._rewrite_prefix_shard(lay, k, rows)
+        self._sample_ids = self._sample_ids[:keep]
+        self._lengths = self._lengths[:keep]
+        self._id_set = set(self._sample_ids)
+        self._num_tokens = t
+        self._write_record()
+
+    def _restore_tail(self, st: _Stream) -> None:
+        """Load the committed tail shard back into the stream so appending continues where it stopped."""
+        lay = st.layout
+        table = self._shard_tables[lay.name]
+        n = self._num_tokens
+        st.shard, st.fill = divmod(n, lay.shard_tokens)
+        if st.fill == 0:
+            return
+        info = table[st.shard]
+        f = lay.shard_path(self.path, st.shard)
+        data = f.read_bytes()
+        index = decode_index(data[-lay.index_nbytes():], lay.chunks_per_shard, str(f))
+        full, part = divmod(st.fill, lay.chunk_tokens)
+        st.chunks = [data[int(o):int(o + b)] for o, b in index[:full]]
+        if part:
+            rows = self._decode_rows(lay, data, st.fill, str(f))
+            st.buf[:part] = rows[full * lay.chunk_tokens:]
+            st.buf_fill = part
+        st.raw_crc = int(info["raw_crc32c"])
+
+    # ----- background work -----
+
+    def _submit_encode(self, st: _Stream, chunk: np.ndarray) -> Future:
+        self._encode_slots.acquire()
+        fut = self._encode_pool.submit(st.encode, chunk)
+        fut.add_done_callback(lambda _f: self._encode_slots.release())
+        return fut
+
+    def _submit_shard(self, st: _Stream, k: int, chunks: list, tokens: int, raw_crc: int) -> None:
+        # More than a few shards queued means the disk is the bottleneck: wait here rather than buffer.
+        while len(self._pending_io) >= 6:
+            self._record_shard(*self._pending_io.pop(0).result())
+        self._pending_io.append(self._io_pool.submit(self._write_shard_job, st.layout, k, chunks, tokens, raw_crc))
+
+    def _record_shard(self, name: str, info: dict) -> None:
+        # Tables feed the record only at the next commit; a tail rewrite replaces the older entry.
+        self._shard_tables[name][info["index"]] = info
+
+    def _write_shard_job(self, lay: ArrayLayout, k: int, chunks: list, tokens: int, raw_crc: int) -> tuple[str, dict]:
+        pieces = [c.result() if isinstance(c, Future) else c for c in chunks]
+        return lay.name, self._write_shard(lay, k, pieces, tokens, raw_crc)
+
+    def _write_shard(self, lay: ArrayLayout, k: int, pieces: list[bytes], tokens: int, raw_crc: int) -> dict:
+        index = np.full((lay.chunks_per_shard, 2), EMPTY, dtype="<u8")
+        off = 0
+        crc = 0
+        for c, b in enumerate(pieces):
+            index[c] = (off, len(b))
+            off += len(b)
+            crc = crc32c.crc32c(b, crc)
+        idx = encode_index(index)
+        crc = crc32c.crc32c(idx, crc)
+        f = lay.shard_path(self.path, k)
+        makedirs_durable(f.parent, self.fsync)
+        write_atomic(f, [*pieces, idx], fsync=self.fsync)
+        return {"index": k, "tokens": tokens, "nbytes": off + len(idx), "crc32c": crc, "raw_crc32c": int(raw_crc)}
+
+    # ----- public API -----
+
+    @property
+    def committed_sample_ids(self) -> frozenset[str]:
+        """Ids of the samples in the committed record (what survives a crash)."""
+        return frozenset(self.record["sample_ids"])
+
+    @property
+    def num_committed(self) -> int:
+        return int(self.record["num_samples"])
+
+    @property
+    def num_appended(self) -> int:
+        return len(self._sample_ids)
+
+    @property
+    def num_tokens(self) -> int:
+        return self._num_tokens
+
+    @property
+    def is_complete(self) -> bool:
+        return self._complete
+
+    def append(self, sample_id: str, input_ids: Any, loss_mask: Any, hidden_states: Any) -> None:
+        """Queue one sample; durable only after the next commit()."""
+        self._check_open()
+        if self._complete:
+            raise StoreError(f"{self.path} is finalized (complete marker present); it takes no more samples.")
+        sample_id = str(sample_id)
+        if sample_id in self._id_set:
+            raise ValueError(f"sample_id {sample_id!r} is already in {self.path}; skip samples in "
+                             "writer.committed_sample_ids before running them.")
+        ids = _as_1d("input_ids", input_ids, np.dtype(np.int32))
+        mask = _as_1d("loss_mask", loss_mask, np.dtype(np.uint8))
+        hs = hidden_states_to_uint16(hidden_states)
+        t = len(ids)
+        want = (t, self.spec.num_layers, self.spec.hidden_size)
+        if t == 0:
+            raise ValueError(f"sample {sample_id!r} has no tokens")
+        if len(mask) != t or hs.shape != want:
+            raise ValueError(f"sample {sample_id!r}: shapes disagree: input_ids {ids.shape}, loss_mask {mask.shape}, "
+                             f"hidden_states {hs.shape}; expected [T], [T] and {list(want)} "
+                             f"(layer_ids={self.spec.layer_ids}, hidden_size={self.spec.hidden_size}).")
+        self._streams["input_ids"].push(ids)
+        self._streams["loss_mask"].push(mask)
+        self._streams["hidden_states"].push(np.ascontiguousarray(hs))
+        self._sample_ids.append(sample_id)
+        self._id_set.add(sample_id)
+        self._lengths.append(t)
+        self._num_tokens += t
+
+    def commit(self) -> None:
+        """Durability barrier: on return every appended sample is on disk and in the committed record."""
+        self._check_open()
+        if len(self._sample_ids) == self.record["num_samples"]:
+            return
+        for st in self._streams.values():
+            if st.fill:
+                self._pending_io.append(self._io_pool.submit(
+                    self._write_shard_job, st.layout, st.shard, st.tail_chunks(), st.fill, st.raw_crc))
+        self._drain_io()
+        self._write_record()
+        self._set_shapes(self._num_tokens)
+
+    def _drain_io(self) -> None:
+        pending, self._pending_io = self._pending_io, []
+        for fut in pending:
+            self._record_shard(*fut.result())
+
+    def _write_record(self) -> None:
+        r = self.record
+        r.update(commit=r["commit"] + 1, committed_at=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+                 num_samples=len(self._sample_ids), num_tokens=self._num_tokens,
+                 sample_ids=list(self._sample_ids), lengths=list(self._lengths))
+        self._update_record_tables()
+        write_json_atomic(self.path / PROGRESS_NAME, r, self.fsync)
+
+    def _set_shapes(self, num_tokens: int) -> None:
+        # After the record: a plain zarr reader never sees a shape that covers unwritten shards.
+        for name, lay in self.layouts.items():
+            write_json_atomic(self.path / name / "zarr.json", lay.zarr_json(num_tokens), fsync=False)
+
+    def finalize(self) -> None:
+        """Commit, then write offsets, sample_ids, consolidated metadata and (last) the `complete` marker."""
+        self._check_open()
+        self.commit()
+        if self._complete:
+            return
+        import zarr
+
+        import warnings
+
+        with warnings.catch_warnings():
+            # zarr notes our non-Zarr files (progress.json, .lock) and that consolidation is not in the v3 spec.
+            warnings.filterwarnings("ignore", message=".*(not recognized as a component|Consolidated metadata).*")
+            self._write_index_arrays(zarr)
+        if self.fsync:
+            for d in ("offsets", "sample_ids"):
+                for f in (self.path / d).rglob("*"):
+                    if f.is_file():
+                        fd = os.open(f, os.O_RDONLY)
+                        os.fsync(fd)
+                        os.close(fd)
+                    fsync_dir(f.parent if f.is_file() else f)
+            fsync_dir(self.path)
+        write_json_atomic(self.path / COMPLETE_NAME, {
+            "num_samples": len(self._sample_ids), "num_tokens": self._num_tokens, "commit": self.record["commit"],
+            "finalized_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}, self.fsync)
+        self._complete = True
+
+    def _write_index_arrays(self, zarr) -> None:
+        offsets = np.zeros(len(self._lengths) + 1, np.int64)
+        np.cumsum(self._lengths, out=offsets[1:])
+        root = zarr.open_group(self.path, mode="r+", zarr_format=3)
+        a = root.create_array("offsets", shape=offsets.shape, dtype="int64", chunks=(max(1, min(len(offsets), 1 << 18)),),
+                              compressors=None, overwrite=True)
+        a[:] = offsets
+        ids = np.array(self._sample_ids, dtype=object)
+        s = root.create_array("sample_ids", shape=ids.shape, dtype=str, chunks=(max(1, min(len(ids), 1 << 16)),),
+                              overwrite=True)
+        if len(ids):
+            s[:] = ids
+        zarr.consolidate_metadata(self.path, zarr_format=3)
+
+    def close(self) -> None:
+        """Stop background threads and release the lock. Uncommitted samples are dropped (commit first)."""
+        if self._closed:
+            return
+        self._closed = True
+        try:
+            for fut in self._pending_io:
+                fut.cancel()
+            self._encode_pool.shutdown(wait=True, cancel_futures=True)
+            self._io_pool.shutdown(wait=True, cancel_futures=True)
+        finally:
+            if self._lock is not None:
+                self._lock.release()
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise StoreError(f"the writer of {self.path} is closed; open a new one with TaskStoreWriter.open().")
+
+    def __enter__(self) -> "TaskStoreWriter":
+        return self
+
+    def __exit__(self, exc_type, exc, tb) -> None:
+        self.close()
+
+    def __del__(self) -> None:  # pragma: no cover - best effort if a caller forgets close()
+        try:
+            if not self._closed:
+                self.close()
+        except Exception:
+            pass
+
+
+def committed_samples_of_shard(record: dict, shard_tokens: int, k: int) -> list[int]:
+    """Sample indices whose tokens overlap shard k (what a repair must recompute)."""
+    bounds = np.concatenate([[0], np.cumsum(record["lengths"], dtype=np.int64)])
+    lo, hi = k * shard_tokens, (k + 1) * shard_tokens
+    first = int(np.searchsorted(bounds, lo, side="right") - 1)
+    last = int(np.searchsorted(bounds, hi, side="left"))
+    return list(range(max(first, 0), min(last, len(record["lengths"]))))
+
+
+def iter_ids(record: dict, indices: Iterable[int]) -> list[str]:
+    ids = record["sample_ids"]
+    return [ids[i] for i in indices]
