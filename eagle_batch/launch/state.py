@@ -120,10 +120,12 @@ class Submission:
     kind: str = "extract"  # extract | resume | train
     folder: str = ""  # submitit folder (logs)
     dependency: str = ""
+    # submitit submits a batch of one as a plain job, not an array: its task's job id has no "_index".
+    array: bool = True
 
     def task_job_id(self, task_id: int) -> str:
         idx = self.tasks.index(task_id)
-        return f"{self.job_id}_{idx}" if self.executor == "slurm" else f"{self.job_id}"
+        return f"{self.job_id}_{idx}" if self.executor == "slurm" and self.array else f"{self.job_id}"
 
 
 def append_submission(run_dir: str | os.PathLike, sub: Submission) -> None:

@@ -17,6 +17,7 @@ hit its time limit or was killed (a killed process writes nothing). Task states:
 
 from __future__ import annotations
 
+import json
 import os
 import time
 from dataclasses import asdict, dataclass
@@ -79,8 +80,18 @@ def _pid_alive(pid: int) -> bool:
         return False
 
 
+def _plan_totals(run_dir: Path) -> dict[int, tuple[int, int]]:
+    """{task_id: (samples, tokens)} from prepared/plan.json: totals before a task has started."""
+    try:
+        plan = json.loads((run_dir / "prepared" / "plan.json").read_text())
+        return {int(t["task_id"]): (len(t.get("rows", [])), int(t.get("num_tokens", 0))) for t in plan["tasks"]}
+    except (OSError, ValueError, KeyError, TypeError):
+        return {}
+
+
 def task_rows(run_dir: str | os.PathLike, num_tasks: int) -> list[TaskRow]:
     run_dir = Path(run_dir)
+    plan = _plan_totals(run_dir)
     subs = S.read_submissions(run_dir)
     slurm_subs = [s for s in subs if s.executor == "slurm" and s.kind in ("extract", "resume")]
     states = job_states(s.job_id for s in slurm_subs)
@@ -105,6 +116,7 @@ def task_rows(run_dir: str | os.PathLike, num_tasks: int) -> list[TaskRow]:
             last_error = f"Slurm state {sstate or 'unknown (no accounting record)'}"
         sc, stot = (st.samples_committed, st.samples_total) if st else (0, 0)
         tc, ttot = (st.tokens_committed, st.tokens_total) if st else (0, 0)
+        stot, ttot = stot or plan.get(t, (0, 0))[0], ttot or plan.get(t, (0, 0))[1]
         progress = tc / ttot if ttot else (sc / stot if stot else (1.0 if state == "done" else 0.0))
         tok_s = st.tok_s if st else 0.0
         eta = (ttot - tc) / tok_s if state == "running" and tok_s > 0 and ttot else None

@@ -199,10 +199,9 @@ def submit_tasks(cfg, run_dir: str | os.PathLike, task_ids: Sequence[int], kind:
         # callable it ran, which must be the Checkpointable itself. One batch = one array.
         with ex.batch():
             pending = [ex.submit(ExtractTask(str(run_dir), t)) for t in task_ids]
-        jobs = pending
-        array_id = jobs[0].job_id.split("_")[0]
-        sub = S.Submission(job_id=array_id, executor="slurm", tasks=task_ids, time=time.time(), kind=kind,
-                           folder=str(run_dir / S.SLURM_DIR))
+        first = str(pending[0].job_id)
+        sub = S.Submission(job_id=first.split("_")[0], executor="slurm", tasks=task_ids, time=time.time(),
+                           kind=kind, folder=str(run_dir / S.SLURM_DIR), array="_" in first)
     S.append_submission(run_dir, sub)
     return sub
 

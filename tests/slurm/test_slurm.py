@@ -1,0 +1,296 @@
+"""Extraction arrays on a REAL Slurm (start one with `.ci/slurm-up.sh`; skipped when sbatch is missing).
+
+- the real pipeline (prepare -> extract, hf backend, tiny Llama) completes as a 4-task array and
+  `status --json` is right before, during and after;
+- a task cancelled mid-way, then `resume`: identical data to an uninterrupted run, committed samples
+  not recomputed; a duplicate submission (CLI, and a raw duplicate job) is refused, data untouched;
+- a task reaching its time limit checkpoints, is requeued and completes;
+- a task that raises on every attempt gives up after slurm.max_attempts, is reported with its error and
+  log path, and is the only task `resume` resubmits.
+
+Apart from the first, the tests use `tests/slurm/work.py:synthetic_work` (EAGLE_BATCH_TEST_WORK): the
+real ExtractTask, state files, Slurm and store writer, with deterministic states instead of a model, so
+faults can be timed and the suite stays within a few minutes on 2 cores.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+if str(REPO) not in sys.path:
+    sys.path.insert(0, str(REPO))
+
+from tests.slurm import work  # noqa: E402
+
+pytestmark = pytest.mark.slurm
+
+ACTIVE = {"pending", "requeued", "running"}
+
+
+# ------------------------------------------------------------------------------------------ helpers
+def cli(capsys, *argv: str) -> tuple[int, str, str]:
+    from eagle_batch.cli import main
+
+    capsys.readouterr()
+    rc = main([str(a) for a in argv])
+    out = capsys.readouterr()
+    return rc, out.out, out.err
+
+
+def status(capsys, run: Path) -> dict:
+    rc, out, err = cli(capsys, "status", run, "--json")
+    assert rc == 0, err
+    return json.loads(out)
+
+
+def wait_for(pred, timeout: float, what: str, interval: float = 1.0):
+    t0 = time.time()
+    while True:
+        v = pred()
+        if v:
+            return v
+        if time.time() - t0 > timeout:
+            raise AssertionError(f"timed out after {timeout:.0f} s waiting for {what}")
+        time.sleep(interval)
+
+
+def wait_idle(capsys, run: Path, timeout: float) -> dict:
+    box = {}
+
+    def idle():
+        box["s"] = status(capsys, run)
+        return box["s"]["totals"]["active"] == 0
+
+    wait_for(idle, timeout, f"no active task in {run}")
+    return box["s"]
+
+
+@pytest.fixture
+def synthetic(monkeypatch):
+    monkeypatch.setenv("EAGLE_BATCH_TEST_WORK", "tests.slurm.work:synthetic_work")
+    # Jobs inherit the environment at sbatch time: they must import tests.slurm.work too.
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")]).rstrip(os.pathsep))
+
+
+def make_synthetic_run(tmp_path: Path, name: str, num_tasks: int, **slurm) -> tuple[Path, Path]:
+    """A run directory with a plan for synthetic tasks, and its config file."""
+    run = tmp_path / name
+    (run / "prepared").mkdir(parents=True)
+    (run / "faults").mkdir()
+    tasks = [{"task_id": t, "rows": list(range(work.N_SAMPLES)),
+              "num_tokens": sum(len(work.synthetic_sample(t, i)[1]) for i in range(work.N_SAMPLES))}
+             for t in range(num_tasks)]
+    (run / "prepared" / "plan.json").write_text(json.dumps({"num_tasks": num_tasks, "tasks": tasks}))
+    s = dict(executor="slurm", gpus_per_node=1, cpus_per_task=1, time_min=5, max_attempts=2)
+    s.update(slurm)
+    cfg = tmp_path / f"{name}.yaml"
+    cfg.write_text(json.dumps({"run_dir": str(run), "model": {"path": str(tmp_path)}, "slurm": s,
+                               "store": {"chunk_tokens": 8, "shard_tokens": 64}}))
+    return run, cfg
+
+
+def reference_run(tmp_path: Path, num_tasks: int) -> Path:
+    """The same tasks run uninterrupted, in-process (no Slurm): what every Slurm run must equal."""
+    from eagle_batch.launch import ExtractTask
+
+    run, cfg = make_synthetic_run(tmp_path, "reference", num_tasks)
+    from eagle_batch.config import load_config, save_config
+
+    save_config(load_config(cfg), run)
+    for t in range(num_tasks):
+        ExtractTask(run, t)()
+    return run
+
+
+def assert_same_data(run: Path, ref: Path, num_tasks: int) -> None:
+    from eagle_batch.store import open_dataset
+
+    for t in range(num_tasks):
+        a = open_dataset(run / "stores" / f"task-{t:05d}.zarr")
+        b = open_dataset(ref / "stores" / f"task-{t:05d}.zarr")
+        assert len(a) == len(b) == work.N_SAMPLES
+        for i in range(len(b)):
+            x, y = a[i], b[i]
+            assert x["sample_id"] == y["sample_id"]
+            assert np.array_equal(np.asarray(x["input_ids"]), np.asarray(y["input_ids"]))
+            assert np.array_equal(np.asarray(x["loss_mask"]), np.asarray(y["loss_mask"]))
+            assert x["hidden_states"].view(dtype=__import__("torch").int16).equal(
+                y["hidden_states"].view(dtype=__import__("torch").int16)), f"task {t} sample {i} differs"
+
+
+# -------------------------------------------------------------------------- real pipeline completes
+@pytest.mark.slow
+def test_real_pipeline_array_completes_and_status_each_stage(tmp_path, capsys, tiny_model, monkeypatch):
+    monkeypatch.delenv("EAGLE_BATCH_TEST_WORK", raising=False)
+    model = tiny_model("llama")
+    run = tmp_path / "real"
+    cfg = tmp_path / "real.yaml"
+    cfg.write_text(json.dumps({
+        "run_dir": str(run),
+        "model": {"path": str(model), "max_model_len": 512},
+        "data": {"inputs": [str(REPO / "configs" / "data" / "demo-chat.jsonl")], "format": "messages",
+                 "max_length": 256},
+        "extract": {"num_tasks": 4, "backend": "hf", "batch_samples": 2, "commit_interval_s": 0},
+        "store": {"chunk_tokens": 16, "shard_tokens": 256},
+        "slurm": {"executor": "slurm", "gpus_per_node": 1, "cpus_per_task": 1, "time_min": 10},
+    }))
+    rc, out, err = cli(capsys, "prepare", cfg, "--workers", "1", "--no-progress")
+    assert rc == 0, err
+    plan = json.loads((run / "prepared" / "plan.json").read_text())
+    assert plan["num_tasks"] == 4
+
+    # Stage 0: prepared, nothing submitted.
+    st = status(capsys, run)
+    assert [r["state"] for r in st["tasks"]] == ["not_submitted"] * 4
+    assert st["totals"]["tokens_total"] == sum(t["num_tokens"] for t in plan["tasks"]) > 0
+
+    rc, out, err = cli(capsys, "extract", cfg)
+    assert rc == 0, err
+    array = json.loads((run / "slurm" / "submissions.jsonl").read_text().splitlines()[-1])["job_id"]
+
+    # Stage 1: queued or running, each task on its own array index.
+    st = status(capsys, run)
+    assert [r["job_id"] for r in st["tasks"]] == [f"{array}_{i}" for i in range(4)]
+    assert {r["state"] for r in st["tasks"]} <= ACTIVE | {"done"}
+    assert st["totals"]["tasks"] == 4 and st["totals"]["active"] + st["totals"]["done"] == 4
+
+    # Stage 2: the end. Every sample of the plan is in the task stores.
+    st = wait_idle(capsys, run, timeout=240)
+    assert st["totals"]["all_done"], json.dumps(st, indent=1)
+    for r, t in zip(st["tasks"], plan["tasks"]):
+        assert r["state"] == "done" and r["slurm_state"] == "COMPLETED"
+        assert r["samples_committed"] == r["samples_total"] == len(t["rows"])
+        assert r["tokens_committed"] == r["tokens_total"] == t["num_tokens"]
+        assert r["progress"] == 1.0 and r["attempts"] == 1 and r["last_error"] == ""
+        assert Path(r["log"]).is_file()
+    assert st["totals"]["tokens_committed"] == st["totals"]["tokens_total"]
+
+    from eagle_batch.data import PreparedDataset
+    from eagle_batch.store import open_dataset
+
+    prepared = PreparedDataset(run)
+    for t in range(4):
+        ds = open_dataset(run / "stores" / f"task-{t:05d}.zarr")
+        samples = prepared.task_samples(t)
+        assert len(ds) == len(samples)
+        got = {ds[i]["sample_id"]: ds[i] for i in range(len(ds))}
+        for s in samples:
+            g = got[s.sample_id]
+            assert np.array_equal(np.asarray(g["input_ids"]), s.input_ids)
+            assert g["hidden_states"].shape[0] == len(s.input_ids)
+            assert bool(g["hidden_states"].float().isfinite().all())
+
+
+# ------------------------------------------------------------- cancel mid-way, duplicate, resume
+def test_cancel_midway_duplicate_refused_resume_identical(tmp_path, capsys, synthetic):
+    from eagle_batch.config import load_run_config
+    from eagle_batch.launch import ExtractTask, make_executor
+
+    n = 4
+    ref = reference_run(tmp_path, n)
+    run, cfg = make_synthetic_run(tmp_path, "cancel", n)
+    (run / "faults" / "sleep_s").write_text("0.7")
+    rc, out, err = cli(capsys, "extract", cfg)
+    assert rc == 0, err
+
+    def midway():
+        st = status(capsys, run)
+        r = st["tasks"][1]
+        return st if r["state"] == "running" and 3 <= r["samples_committed"] < work.N_SAMPLES - 3 else None
+
+    st = wait_for(midway, 60, "task 1 half-way")
+
+    # A duplicate submission through the CLI is refused, and nothing is submitted.
+    subs_before = (run / "slurm" / "submissions.jsonl").read_text()
+    rc, out, err = cli(capsys, "extract", cfg)
+    assert rc == 1 and "already has" in err and "Nothing was submitted" in err and "eagle-batch cancel" in err
+    assert (run / "slurm" / "submissions.jsonl").read_text() == subs_before
+
+    # A raw duplicate job of task 0 (bypassing the CLI check) is refused by the store lock.
+    ex = make_executor(load_run_config(run), run, kind="dup", executor="slurm")
+    dup = ex.submit(ExtractTask(str(run), 0))
+
+    rc, out, err = cli(capsys, "cancel", run, "--task", "1")
+    assert rc == 0 and "cancelled" in out, err
+    st = wait_for(lambda: (s := status(capsys, run))["tasks"][1]["state"] == "cancelled" and s, 60,
+                  "task 1 cancelled")
+    cancelled_at = st["tasks"][1]["tokens_committed"]
+    assert 0 < cancelled_at < st["tasks"][1]["tokens_total"]
+    assert st["tasks"][1]["last_error"].startswith("Slurm state CANCELLED")
+
+    with pytest.raises(Exception) as e:
+        dup.result()
+    assert "already being written by another job" in str(e.value) and "wrote nothing" in str(e.value)
+
+    (run / "faults" / "sleep_s").write_text("0")
+    st = wait_idle(capsys, run, 90)
+    assert [r["state"] for r in st["tasks"]] == ["done", "cancelled", "done", "done"]
+    assert st["tasks"][0]["attempts"] == 1  # the duplicate never wrote task 0's state
+
+    rc, out, err = cli(capsys, "resume", run)
+    assert rc == 0 and "resubmitting 1 task(s): 1" in out, err
+    last = json.loads((run / "slurm" / "submissions.jsonl").read_text().splitlines()[-1])
+    assert last["kind"] == "resume" and last["tasks"] == [1]
+    st = wait_idle(capsys, run, 90)
+    assert st["totals"]["all_done"], json.dumps(st, indent=1)
+
+    t1 = json.loads((run / "state" / "task-00001.json").read_text())
+    assert [a["outcome"] for a in t1["attempts"]] == ["killed", "done"]
+    # The resumed attempt computed only what the cancelled one had not committed.
+    assert t1["attempt_tokens"] == t1["tokens_total"] - cancelled_at
+    assert_same_data(run, ref, n)
+
+
+# ------------------------------------------------------------------------- time limit -> requeue
+def test_time_limit_checkpoints_requeues_and_completes(tmp_path, capsys, synthetic):
+    ref = reference_run(tmp_path, 1)
+    # 1 minute limit, checkpoint signal up to 30 s before it (Slurm may send it earlier: it checks time
+    # limits periodically); 12 samples x 3 s cannot finish before the signal.
+    run, cfg = make_synthetic_run(tmp_path, "timeout", 1, time_min=1, signal_delay_s=30, max_num_timeout=10)
+    (run / "faults" / "sleep_s").write_text("3")
+    rc, out, err = cli(capsys, "extract", cfg)
+    assert rc == 0, err
+    wait_for(lambda: status(capsys, run)["tasks"][0]["state"] == "requeued", 90, "the checkpoint requeue")
+    (run / "faults" / "sleep_s").write_text("0.5")  # later attempts finish quickly
+    st = wait_idle(capsys, run, 150)
+    assert st["totals"]["all_done"], json.dumps(st, indent=1)
+    s = json.loads((run / "state" / "task-00000.json").read_text())
+    outcomes = [a["outcome"] for a in s["attempts"]]
+    assert outcomes[0] == "checkpointed" and outcomes[-1] == "done" and len(outcomes) >= 2
+    assert [a["restart"] for a in s["attempts"]] == list(range(len(outcomes)))  # requeues of one job
+    assert s["failures"] == 0
+    assert_same_data(run, ref, 1)
+
+
+# ----------------------------------------------------------- raising task: gives up, then resume
+def test_failing_task_gives_up_is_reported_and_only_it_is_resumed(tmp_path, capsys, synthetic):
+    run, cfg = make_synthetic_run(tmp_path, "raise", 4, max_attempts=2)
+    (run / "faults" / "raise-2").write_text("")
+    rc, out, err = cli(capsys, "extract", cfg)
+    assert rc == 0, err
+    st = wait_idle(capsys, run, 120)
+    states = [r["state"] for r in st["tasks"]]
+    assert states == ["done", "done", "gave_up", "done"], json.dumps(st, indent=1)
+    bad = st["tasks"][2]
+    assert bad["attempts"] == 2 and bad["failures"] == 2 and bad["slurm_state"] == "FAILED"
+    assert "injected failure in task 2" in bad["last_error"]
+    assert Path(bad["log"]).is_file() and "injected failure in task 2" in Path(bad["log"]).read_text()
+    rc, out, err = cli(capsys, "status", run)  # the table shows the error line too
+    assert "gave_up" in out and "error: RuntimeError: injected failure in task 2" in out
+
+    (run / "faults" / "raise-2").unlink()
+    rc, out, err = cli(capsys, "resume", run)
+    assert rc == 0 and "resubmitting 1 task(s): 2" in out, err
+    last = json.loads((run / "slurm" / "submissions.jsonl").read_text().splitlines()[-1])
+    assert last["tasks"] == [2]
+    st = wait_idle(capsys, run, 90)
+    assert st["totals"]["all_done"], json.dumps(st, indent=1)
+    assert st["tasks"][2]["attempts"] == 3 and st["tasks"][0]["attempts"] == 1
