@@ -1,0 +1,63 @@
+"""`eagle-batch prepare CONFIG [key=value ...]`: tokenize chat data and plan the extraction array."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+
+from eagle_batch.cli_common import add_config_arguments, config_from_args
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    add_config_arguments(p)
+    p.add_argument("--workers", type=int, default=0,
+                   help="tokenizer processes (default: min(CPU count, 8); 1 = in-process)")
+    p.add_argument("--no-progress", action="store_true", help="do not print the progress line")
+    p.add_argument("--json", action="store_true", help="print the summary as JSON on stdout")
+    p.add_argument("--force", action="store_true",
+                   help="replace the prepared data even if the run already has extracted stores")
+
+
+def _print_summary(s: dict, out_dir: str) -> None:
+    pct = s.get("length_percentiles") or {}
+    lines = [
+        f"prepared {out_dir}",
+        f"  rows: {s['rows_read']} read, {s['rows_kept']} kept, {s['rows_skipped']} skipped"
+        + (f" ({', '.join(f'{k}: {v}' for k, v in s['skipped_by_reason'].items())})" if s["skipped_by_reason"] else ""),
+        f"  samples: {s['samples']}"
+        + (f", dropped {', '.join(f'{k}: {v}' for k, v in s['samples_dropped_by_reason'].items())}"
+           if s["samples_dropped_by_reason"] else "")
+        + (f", {s['samples_truncated']} truncated to data.max_length" if s["samples_truncated"] else "")
+        + (f", {s['rows_split_per_turn']} rows split per turn" if s["rows_split_per_turn"] else ""),
+        f"  tokens: {s['tokens']:,} ({s['loss_tokens']:,} masked, {s['masked_fraction']:.1%})",
+    ]
+    if pct:
+        lines.append(f"  length: min {pct['min']}, p50 {pct['p50']:.0f}, p90 {pct['p90']:.0f}, "
+                     f"p99 {pct['p99']:.0f}, max {pct['max']}")
+    t = s["tasks"]
+    lines.append(f"  plan: {t['num_tasks']} tasks, {t['min_tokens']:,}..{t['max_tokens']:,} tokens each"
+                 + (f", {t['empty_tasks']} empty (fewer samples than tasks)" if t["empty_tasks"] else ""))
+    if s["rows_skipped"] or s["samples_dropped_by_reason"]:
+        lines.append(f"  skipped rows are listed in {os.path.join(out_dir, 'bad_rows.jsonl')}")
+    lines.append(f"  {s['elapsed_s']:.1f} s in all; processing {s['process_s']:.1f} s: {s['rows_per_s']:,.0f} rows/s, "
+                 f"{s['tokens_per_s']:,.0f} tokens/s")
+    print("\n".join(lines), file=sys.stderr)
+
+
+def run(args: argparse.Namespace) -> int:
+    from .prepare import BadRowError, prepare
+
+    cfg = config_from_args(args)
+    workers = args.workers or min(os.cpu_count() or 1, 8)
+    try:
+        summary = prepare(cfg, workers=workers, progress=not args.no_progress, force=args.force)
+    except BadRowError as e:
+        print(f"eagle-batch prepare: bad row: {e}", file=sys.stderr)
+        return 1
+    out_dir = os.path.join(cfg.run_dir, "prepared")
+    _print_summary(summary, out_dir)
+    if args.json:
+        print(json.dumps(summary))
+    return 0

@@ -1,0 +1,211 @@
+"""Dataset rows -> normalized chat messages (OpenAI style), or a BadRow naming what is wrong.
+
+Formats: OpenAI `messages` (system/developer, user, assistant, tool; assistant `tool_calls` and
+`reasoning_content`), ShareGPT `conversations` (`from`/`value`), and prompt/response pairs; column
+names come from `DataConfig`. `format: auto` decides per row from which column is present.
+
+Normalized messages hold only keys templates know: role, content (a string), and where present
+reasoning_content, tool_calls, tool_call_id, name. Keys with None values are dropped, because Parquet
+and Arrow give every struct field to every message and templates test `'tool_calls' in message`.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+# Every reason a row can be skipped; the summary and bad_rows.jsonl use these names.
+BAD_ROW_REASONS = {
+    "invalid_json": "the line is not valid JSON",
+    "undecodable_bytes": "the bytes are not valid UTF-8",
+    "not_an_object": "the row is not a JSON object / struct",
+    "unknown_format": "no messages / conversations / prompt+response column in the row",
+    "not_a_list": "the messages / conversations value is not a list of turns",
+    "missing_role": "a turn has no role (`role` or `from`)",
+    "unknown_role": "a turn's role is not system, user, assistant or tool (or a known alias)",
+    "non_string_content": "a turn's content is not a string (or a list of text parts)",
+    "non_text_content": "a turn's content has non-text parts (images, audio)",
+    "empty_content": "a user, tool or assistant turn has empty content",
+    "bad_tool_calls": "an assistant's tool_calls are not a list of {function: {name, arguments}}",
+    "no_assistant_turn": "the conversation has no assistant turn to train on",
+    "template_error": "the chat template failed or rendered the conversation inconsistently",
+    "not_prefix_stable": "the template rewrites earlier turns (data.non_prefix_stable=error)",
+}
+
+# Reasons a sample (not a row) is dropped after tokenization; not input errors.
+DROP_REASONS = {
+    "too_few_loss_tokens": "fewer than data.min_loss_tokens masked tokens (after truncation)",
+    "duplicate": "the same token ids and mask as an earlier sample (data.dedupe=true)",
+}
+
+_OPENAI_ROLES = {"system": "system", "developer": "system", "user": "user", "assistant": "assistant",
+                 "tool": "tool", "function": "tool", "ipython": "tool"}
+# ShareGPT variants seen in the wild (Vicuna, glaive function calling, ...). A `function_call` turn is
+# the assistant writing the call as text; `observation` is the tool's answer.
+_SHAREGPT_ROLES = {"human": "user", "user": "user", "gpt": "assistant", "assistant": "assistant",
+                   "chatgpt": "assistant", "bard": "assistant", "bing": "assistant", "model": "assistant",
+                   "system": "system", "tool": "tool", "observation": "tool", "function_response": "tool",
+                   "ipython": "tool", "function_call": "assistant"}
+
+
+class BadRow(ValueError):
+    def __init__(self, reason: str, detail: str):
+        assert reason in BAD_ROW_REASONS, reason
+        super().__init__(f"{reason}: {detail}")
+        self.reason = reason
+        self.detail = detail
+
+
+def detect_format(row: dict, data_cfg) -> str:
+    if data_cfg.messages_field in row and row[data_cfg.messages_field] is not None:
+        return "messages"
+    if data_cfg.conversations_field in row and row[data_cfg.conversations_field] is not None:
+        return "sharegpt"
+    if row.get(data_cfg.prompt_field) is not None and row.get(data_cfg.response_field) is not None:
+        return "prompt_response"
+    raise BadRow("unknown_format", f"row has keys {sorted(row)[:12]}; expected '{data_cfg.messages_field}', "
+                 f"'{data_cfg.conversations_field}' or '{data_cfg.prompt_field}'+'{data_cfg.response_field}' "
+                 "(set data.*_field to your column names)")
+
+
+def _content_text(value: Any, turn: int, role: str, allow_none: bool) -> str:
+    if isinstance(value, str):
+        return value
+    if value is None and allow_none:
+        return ""
+    if isinstance(value, list):  # OpenAI content parts: [{"type": "text", "text": ...}, ...]
+        texts = []
+        for part in value:
+            if isinstance(part, dict) and part.get("type", "text") == "text" and isinstance(part.get("text"), str):
+                texts.append(part["text"])
+            elif isinstance(part, str):
+                texts.append(part)
+            else:
+                kind = part.get("type") if isinstance(part, dict) else type(part).__name__
+                raise BadRow("non_text_content", f"turn {turn} ({role}) has a content part of type {kind!r}")
+        return "".join(texts)
+    raise BadRow("non_string_content", f"turn {turn} ({role}) content is {type(value).__name__}, not a string")
+
+
+def _tool_calls(value: Any, turn: int) -> list[dict] | None:
+    if value is None:
+        return None
+    if isinstance(value, str):  # some exports store the list as a JSON string
+        try:
+            value = json.loads(value)
+        except json.JSONDecodeError:
+            raise BadRow("bad_tool_calls", f"turn {turn} tool_calls is a string that is not JSON") from None
+    if not isinstance(value, list):
+        raise BadRow("bad_tool_calls", f"turn {turn} tool_calls is {type(value).__name__}, not a list")
+    calls = []
+    for c in value:
+        fn = c.get("function") if isinstance(c, dict) else None
+        if not isinstance(fn, dict) or not isinstance(fn.get("name"), str) or not fn["name"]:
+            raise BadRow("bad_tool_calls", f"turn {turn}: each tool call needs function.name")
+        args = fn.get("arguments")
+        if not isinstance(args, (str, dict)):
+            raise BadRow("bad_tool_calls", f"turn {turn}: function.arguments of {fn['name']!r} must be a JSON "
+                         f"string or an object, not {type(args).__name__}")
+        call = {k: v for k, v in c.items() if v is not None}
+        call["type"] = c.get("type") or "function"
+        call["function"] = {"name": fn["name"], "arguments": args}
+        calls.append(call)
+    return calls or None
+
+
+def _turns(value: Any, field: str) -> list:
+    if isinstance(value, str):  # exports that keep the conversation as a JSON string column
+        try:
+            value = json.loads(value)
+        except json.JSONDecodeError:
+            raise BadRow("not_a_list", f"'{field}' is a string that is not JSON") from None
+    if not isinstance(value, list) or not value:
+        raise BadRow("not_a_list", f"'{field}' is {type(value).__name__ if not isinstance(value, list) else 'empty'}"
+                     ", expected a non-empty list of turns")
+    return value
+
+
+def normalize_message(m: Any, turn: int, sharegpt: bool) -> dict | None:
+    """One turn -> normalized message; None for an empty system turn (dropped: it says nothing)."""
+    if not isinstance(m, dict):
+        raise BadRow("not_an_object", f"turn {turn} is {type(m).__name__}, not an object")
+    if sharegpt and "from" not in m and "role" in m:
+        sharegpt = False  # a messages list in the conversations column, or vice versa
+    if not sharegpt and "role" not in m and "from" in m:
+        sharegpt = True
+    raw_role = m.get("from") if sharegpt else m.get("role")
+    if raw_role is None or raw_role == "":
+        raise BadRow("missing_role", f"turn {turn} has no '{'from' if sharegpt else 'role'}'")
+    table = _SHAREGPT_ROLES if sharegpt else _OPENAI_ROLES
+    role = table.get(str(raw_role).lower()) if isinstance(raw_role, str) else None
+    if role is None:
+        raise BadRow("unknown_role", f"turn {turn} has role {raw_role!r}; known: {sorted(table)}")
+    msg: dict[str, Any] = {"role": role}
+    if role == "assistant" and not sharegpt:
+        calls = _tool_calls(m.get("tool_calls"), turn)
+        reasoning = m.get("reasoning_content", m.get("reasoning"))
+        if reasoning is not None and not isinstance(reasoning, str):
+            raise BadRow("non_string_content", f"turn {turn} reasoning_content is {type(reasoning).__name__}")
+        content = _content_text(m.get("content"), turn, role, allow_none=bool(calls or reasoning))
+        if not content.strip() and not calls and not (reasoning and reasoning.strip()):
+            raise BadRow("empty_content", f"turn {turn} (assistant) has no content, reasoning or tool calls")
+        msg["content"] = content
+        if reasoning:
+            msg["reasoning_content"] = reasoning
+        if calls:
+            msg["tool_calls"] = calls
+        return msg
+    content = _content_text(m.get("value") if sharegpt else m.get("content"), turn, role, allow_none=False)
+    if not content.strip():
+        if role == "system":
+            return None
+        raise BadRow("empty_content", f"turn {turn} ({role}) has empty content")
+    msg["content"] = content
+    if role == "tool" and not sharegpt:
+        for k in ("tool_call_id", "name"):
+            if isinstance(m.get(k), str):
+                msg[k] = m[k]
+    return msg
+
+
+def row_to_conversation(row: Any, data_cfg) -> tuple[list[dict], list | None]:
+    """A dataset row -> (messages, tools or None). Raises BadRow."""
+    if not isinstance(row, dict):
+        raise BadRow("not_an_object", f"row is {type(row).__name__}, not an object")
+    fmt = data_cfg.format
+    if fmt == "auto":
+        fmt = detect_format(row, data_cfg)
+    if fmt == "prompt_response":
+        messages = []
+        system = row.get(data_cfg.system_field)
+        if system is not None:
+            if not isinstance(system, str):
+                raise BadRow("non_string_content", f"'{data_cfg.system_field}' is {type(system).__name__}")
+            if system.strip():
+                messages.append({"role": "system", "content": system})
+        for field, role in ((data_cfg.prompt_field, "user"), (data_cfg.response_field, "assistant")):
+            value = row.get(field)
+            if not isinstance(value, str):
+                raise BadRow("non_string_content" if value is not None else "unknown_format",
+                             f"'{field}' is {type(value).__name__}, expected a string")
+            if not value.strip():
+                raise BadRow("empty_content", f"'{field}' is empty")
+            messages.append({"role": role, "content": value})
+    elif fmt in ("messages", "sharegpt"):
+        field = data_cfg.messages_field if fmt == "messages" else data_cfg.conversations_field
+        turns = _turns(row.get(field), field)
+        normalized = [normalize_message(t, i, sharegpt=fmt == "sharegpt") for i, t in enumerate(turns)]
+        messages = [m for m in normalized if m is not None]
+    else:
+        raise ValueError(f"data.format={fmt!r}; use auto, messages, sharegpt or prompt_response")
+    if not any(m["role"] == "assistant" for m in messages):
+        raise BadRow("no_assistant_turn", "the conversation has no assistant turn")
+    tools = row.get("tools")
+    if isinstance(tools, str):
+        try:
+            tools = json.loads(tools)
+        except json.JSONDecodeError:
+            tools = None
+    if not isinstance(tools, list) or not tools:
+        tools = None
+    return messages, tools

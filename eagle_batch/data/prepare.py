@@ -1,0 +1,442 @@
+"""The prepare stage: dataset files -> RUN/prepared/{samples.parquet, plan.json, summary.json, bad_rows.jsonl}.
+
+    summary = prepare(cfg, workers=2)
+
+Rows are read in the main process (JSON Lines stay raw bytes), then decoded, normalized, rendered with
+the chat template and tokenized in chunks, in worker processes when workers > 1. Results come back in
+input order (imap), so the output does not depend on the worker count. Deduplication, the shard plan
+and all writing happen in the main process. The output folder is built next to RUN/prepared and
+swapped in at the end, so a failed or interrupted prepare never leaves a half-written dataset.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import multiprocessing as mp
+import os
+import shutil
+import sys
+import time
+from collections import Counter
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Iterable, Iterator
+
+import numpy as np
+
+from eagle_batch.config import ConfigError, RunConfig, save_config
+
+from .dataset import BAD_ROWS, PLAN, PREPARED, SAMPLES, SUMMARY
+from .formats import BAD_ROW_REASONS, BadRow, row_to_conversation
+from .plan import plan_lpt
+from .readers import RawRecord, _InvalidJson, _Undecodable, count_rows, iter_records, resolve_inputs
+from .template import (TemplateError, TemplateNotPrefixStable, render_samples, template_info,
+                       tokenize_rendered)
+
+CHUNK_ROWS = 256
+
+
+class BadRowError(ValueError):
+    """A bad input row with data.on_bad_row=error."""
+
+
+def load_tokenizer(cfg: RunConfig):
+    """The run's tokenizer (model.tokenizer or model.path) with model.chat_template applied if set."""
+    return load_tokenizer_from(cfg.model.tokenizer or cfg.model.path, cfg.model.chat_template,
+                               cfg.model.trust_remote_code)
+
+
+def load_tokenizer_from(src: str, chat_template: str = "", trust_remote_code: bool = False):
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    from transformers import AutoTokenizer
+
+    if not src or not Path(src).is_dir():
+        raise ConfigError(f"model.path / model.tokenizer = {src!r} is not a local folder; point it at a "
+                          "Hugging Face model or tokenizer folder (nothing is downloaded).")
+    tok = AutoTokenizer.from_pretrained(src, trust_remote_code=trust_remote_code)
+    if chat_template:
+        p = Path(chat_template)
+        if not p.is_file():
+            raise ConfigError(f"model.chat_template={p}: no such file; give a Jinja template file or leave it empty.")
+        tok.chat_template = p.read_text()
+    if not getattr(tok, "chat_template", None):
+        raise ConfigError(f"the tokenizer in {src} has no chat template; set model.chat_template to a Jinja file.")
+    return tok
+
+
+def sample_id(ids: np.ndarray, mask: np.ndarray) -> str:
+    """Content hash of the tokenized sample: the same conversation always gets the same id."""
+    h = hashlib.blake2b(ids.astype(np.int32, copy=False).tobytes(), digest_size=10)
+    h.update(mask.astype(np.uint8, copy=False).tobytes())
+    return h.hexdigest()
+
+
+@dataclass
+class RowResult:
+    file: str
+    index: int
+    line_kind: str
+    bad: tuple[str, str] | None = None
+    samples: list[tuple[str, np.ndarray, np.ndarray]] = field(default_factory=list)  # (id, ids, mask)
+    dropped: list[str] = field(default_factory=list)  # per-sample drop reasons
+    truncated: int = 0
+    split: bool = False  # the template was not prefix-stable: more than one sample for this row
+
+
+# Worker state (set once per process by _init_worker; the main process uses it too when workers=1).
+_W: dict[str, Any] = {}
+
+
+def _init_worker(model: dict, data: dict, tokenizer=None) -> None:
+    _W["tok"] = tokenizer if tokenizer is not None else load_tokenizer_from(
+        model["tokenizer"] or model["path"], model["chat_template"], model["trust_remote_code"])
+    _W["data"] = _DataView(data)
+
+
+class _DataView:
+    """Attribute access to the data section (picklable, no omegaconf in the hot loop)."""
+
+    def __init__(self, d: dict):
+        self.__dict__.update(d)
+
+
+def _decode_record(rec: RawRecord) -> Any:
+    if rec.raw is not None:
+        try:
+            text = rec.raw.decode("utf-8")
+        except UnicodeDecodeError as e:
+            raise BadRow("undecodable_bytes", f"invalid UTF-8 at byte {e.start} of the line") from None
+        try:
+            return json.loads(text)
+        except json.JSONDecodeError as e:
+            raise BadRow("invalid_json", f"{e.msg} at column {e.colno}") from None
+    if isinstance(rec.row, _Undecodable):
+        raise BadRow("undecodable_bytes", rec.row.detail)
+    if isinstance(rec.row, _InvalidJson):
+        raise BadRow("invalid_json", rec.row.detail)
+    return rec.row
+
+
+def process_chunk(records: list[RawRecord]) -> list[RowResult]:
+    tok, data = _W["tok"], _W["data"]
+    kwargs = dict(data.chat_template_kwargs or {})
+    results: list[RowResult] = []
+    rendered_all = []  # (result index, RenderedSample)
+    for rec in records:
+        res = RowResult(rec.file, rec.index, rec.line_kind)
+        results.append(res)
+        try:
+            row = _decode_record(rec)
+            messages, tools = row_to_conversation(row, data)
+            kw = dict(kwargs, tools=tools) if tools else kwargs
+            rendered = render_samples(tok, messages, non_prefix_stable=data.non_prefix_stable, **kw)
+        except BadRow as e:
+            res.bad = (e.reason, e.detail)
+            continue
+        except TemplateNotPrefixStable as e:
+            res.bad = ("not_prefix_stable", str(e))
+            continue
+        except TemplateError as e:
+            res.bad = ("template_error", str(e))
+            continue
+        except ValueError as e:  # render_samples: no trainable assistant turn (e.g. only at position 0)
+            res.bad = ("no_assistant_turn", str(e))
+            continue
+        res.split = len(rendered) > 1
+        rendered_all.extend((len(results) - 1, r) for r in rendered)
+    if rendered_all:
+        info = template_info(tok, **kwargs)
+        encoded = tokenize_rendered(tok, [r for _, r in rendered_all], info)
+        for (ri, _), (ids, mask) in zip(rendered_all, encoded):
+            res = results[ri]
+            if data.max_length and len(ids) > data.max_length:
+                ids, mask = ids[: data.max_length], mask[: data.max_length]
+                res.truncated += 1
+            if int(mask.sum()) < max(1, data.min_loss_tokens):
+                res.dropped.append("too_few_loss_tokens")
+                continue
+            res.samples.append((sample_id(ids, mask), ids, mask))
+    return results
+
+
+def _chunks(records: Iterable[RawRecord], n: int) -> Iterator[list[RawRecord]]:
+    buf: list[RawRecord] = []
+    for r in records:
+        buf.append(r)
+        if len(buf) >= n:
+            yield buf
+            buf = []
+    if buf:
+        yield buf
+
+
+class Progress:
+    """A plain-stderr progress line: redrawn in place on a terminal, one line every 10 s in logs."""
+
+    def __init__(self, total: int | None, enabled: bool = True, stream=None):
+        self.stream = stream or sys.stderr
+        self.enabled = enabled
+        self.total = total
+        self.tty = hasattr(self.stream, "isatty") and self.stream.isatty()
+        self.t0 = time.monotonic()
+        self.last = self.t0
+
+    def update(self, rows: int, samples: int, tokens: int, bad: int, force: bool = False) -> None:
+        if not self.enabled:
+            return
+        now = time.monotonic()
+        if not force and now - self.last < (0.5 if self.tty else 10.0):
+            return
+        self.last = now
+        el = max(now - self.t0, 1e-9)
+        if self.total:
+            frac = min(rows / self.total, 1.0)
+            bar = "#" * int(frac * 24)
+            head = f"[{bar:<24}] {frac:6.1%} {rows}/{self.total} rows"
+        else:
+            head = f"{rows} rows"
+        line = (f"prepare: {head}, {samples} samples, {tokens / 1e6:.2f}M tokens, {bad} skipped, "
+                f"{rows / el:,.0f} rows/s, {tokens / el:,.0f} tok/s")
+        if self.tty:
+            self.stream.write("\r" + line + "\x1b[K" + ("\n" if force else ""))
+        else:
+            self.stream.write(line + "\n")
+        self.stream.flush()
+
+
+def _percentiles(lengths: np.ndarray) -> dict:
+    if lengths.size == 0:
+        return {}
+    q = np.percentile(lengths, [0, 50, 90, 99, 100])
+    return {"min": int(q[0]), "p50": float(q[1]), "p90": float(q[2]), "p99": float(q[3]), "max": int(q[4]),
+            "mean": float(lengths.mean())}
+
+
+def _check_run_dir(cfg: RunConfig, force: bool) -> Path:
+    run_dir = Path(cfg.run_dir)
+    stores = run_dir / "stores"
+    if stores.is_dir() and any(stores.iterdir()) and not force:
+        raise ConfigError(f"{run_dir} already has extracted stores; re-preparing would change which samples "
+                          "each task holds. Use a new run_dir, or pass --force if you really want to replace "
+                          "the prepared data (then delete the stores).")
+    return run_dir
+
+
+def prepare(cfg: RunConfig, workers: int = 1, progress: bool = True, force: bool = False,
+            tokenizer=None) -> dict:
+    """Run the prepare stage for `cfg`; returns the summary (also written to RUN/prepared/summary.json)."""
+    from dataclasses import asdict
+
+    t0 = time.monotonic()
+    d = cfg.data
+    if d.on_bad_row not in ("skip", "error"):
+        raise ConfigError(f"data.on_bad_row={d.on_bad_row!r}; use skip or error")
+    if d.non_prefix_stable not in ("error", "per_turn"):
+        raise ConfigError(f"data.non_prefix_stable={d.non_prefix_stable!r}; use error or per_turn")
+    if d.format not in ("auto", "messages", "sharegpt", "prompt_response"):
+        raise ConfigError(f"data.format={d.format!r}; use auto, messages, sharegpt or prompt_response")
+    if cfg.extract.num_tasks < 1:
+        raise ConfigError(f"extract.num_tasks={cfg.extract.num_tasks}; must be >= 1")
+    run_dir = _check_run_dir(cfg, force)
+    files = resolve_inputs(list(d.inputs))
+    tok = tokenizer if tokenizer is not None else load_tokenizer(cfg)
+    cfg_dict = asdict(cfg)
+
+    counts = [count_rows(f) for f in files]
+    total = sum(counts) if all(c is not None for c in counts) else None
+    if total is not None and d.limit:
+        total = min(total, d.limit)
+
+    run_dir.mkdir(parents=True, exist_ok=True)
+    tmp_dir = run_dir / f".{PREPARED}.tmp-{os.getpid()}"
+    shutil.rmtree(tmp_dir, ignore_errors=True)
+    tmp_dir.mkdir()
+    t_start = time.monotonic()
+    try:
+        summary = _prepare_into(cfg, cfg_dict, tok, files, total, tmp_dir, workers, progress)
+        now = time.monotonic()
+        summary["elapsed_s"] = round(now - t0, 3)
+        # Rates over the processing only: tokenizer loading (seconds of imports) is a fixed cost.
+        summary["process_s"] = round(now - t_start, 3)
+        summary["rows_per_s"] = round(summary["rows_read"] / max(summary["process_s"], 1e-9), 1)
+        summary["tokens_per_s"] = round(summary["tokens"] / max(summary["process_s"], 1e-9), 1)
+        (tmp_dir / SUMMARY).write_text(json.dumps(summary, indent=2) + "\n")
+        final = run_dir / PREPARED
+        old = run_dir / f".{PREPARED}.old-{os.getpid()}"
+        if final.exists():
+            os.rename(final, old)
+        os.rename(tmp_dir, final)
+        shutil.rmtree(old, ignore_errors=True)
+    except BaseException:
+        shutil.rmtree(tmp_dir, ignore_errors=True)
+        raise
+    save_config(cfg, run_dir)
+    return summary
+
+
+def _prepare_into(cfg: RunConfig, cfg_dict: dict, tok, files: list[Path], total: int | None, out: Path,
+                  workers: int, show_progress: bool) -> dict:
+    d = cfg.data
+
+    def records() -> Iterator[RawRecord]:
+        n = 0
+        for f in files:
+            for rec in iter_records(f):
+                if d.limit and n >= d.limit:
+                    return
+                n += 1
+                yield rec
+
+    ids_list: list[np.ndarray] = []
+    mask_list: list[np.ndarray] = []
+    sids: list[str] = []
+    src_file: list[str] = []
+    src_row: list[int] = []
+    seen: dict[str, int] = {}
+    skipped: Counter = Counter()
+    dropped: Counter = Counter()
+    rows_read = rows_kept = truncated = split_rows = tokens = 0
+    prog = Progress(total, enabled=show_progress)
+
+    pool = None
+    if workers > 1:
+        ctx = mp.get_context("spawn")  # fork after loading a Rust tokenizer can deadlock
+        pool = ctx.Pool(workers, initializer=_init_worker, initargs=(cfg_dict["model"], cfg_dict["data"]))
+        results_iter = pool.imap(process_chunk, _chunks(records(), CHUNK_ROWS), chunksize=1)
+    else:
+        _init_worker(cfg_dict["model"], cfg_dict["data"], tokenizer=tok)
+        results_iter = map(process_chunk, _chunks(records(), CHUNK_ROWS))
+
+    try:
+        with open(out / BAD_ROWS, "w") as bad_f:
+            for chunk in results_iter:
+                for res in chunk:
+                    rows_read += 1
+                    loc = {"file": res.file, res.line_kind: res.index}
+                    if res.bad is not None:
+                        reason, detail = res.bad
+                        if d.on_bad_row == "error":
+                            where = f"{res.file}:{res.index}" if res.line_kind == "line" else f"{res.file} row {res.index}"
+                            raise BadRowError(
+                                f"{where}: {reason} ({BAD_ROW_REASONS[reason]}): {detail}. Fix or remove this "
+                                "row, or set data.on_bad_row=skip to count and skip bad rows (they are then "
+                                "listed in RUN/prepared/bad_rows.jsonl).")
+                        skipped[reason] += 1
+                        bad_f.write(json.dumps({**loc, "reason": reason, "detail": detail}) + "\n")
+                        continue
+                    truncated += res.truncated
+                    split_rows += int(res.split)
+                    for reason in res.dropped:
+                        dropped[reason] += 1
+                        bad_f.write(json.dumps({**loc, "reason": reason, "detail": DROP_DETAIL[reason]}) + "\n")
+                    kept_any = False
+                    for sid, ids, mask in res.samples:
+                        if sid in seen:
+                            if d.dedupe:
+                                dropped["duplicate"] += 1
+                                first = seen[sid]
+                                bad_f.write(json.dumps({**loc, "reason": "duplicate", "detail":
+                                                        f"same tokens as sample {sid} from {src_file[first]} "
+                                                        f"{src_row[first]}"}) + "\n")
+                                continue
+                            # Without dedupe, sample ids must still be unique: stores resume by id.
+                            k = 1
+                            while f"{sid}-{k}" in seen:
+                                k += 1
+                            sid = f"{sid}-{k}"
+                        seen[sid] = len(sids)
+                        sids.append(sid)
+                        ids_list.append(ids)
+                        mask_list.append(mask)
+                        src_file.append(res.file)
+                        src_row.append(res.index)
+                        tokens += len(ids)
+                        kept_any = True
+                    rows_kept += int(kept_any)
+                prog.update(rows_read, len(sids), tokens, sum(skipped.values()))
+    finally:
+        if pool is not None:
+            pool.terminate()
+            pool.join()
+    prog.update(rows_read, len(sids), tokens, sum(skipped.values()), force=True)
+
+    lengths = np.fromiter((len(x) for x in ids_list), dtype=np.int64, count=len(ids_list))
+    loss = np.fromiter((int(m.sum()) for m in mask_list), dtype=np.int64, count=len(mask_list))
+    num_tasks = cfg.extract.num_tasks
+    tasks = plan_lpt(lengths, num_tasks)
+    order = [i for rows in tasks for i in rows]
+    _write_samples(out / SAMPLES, tasks, ids_list, mask_list, sids, lengths, loss, src_file, src_row)
+    plan = {"num_tasks": num_tasks, "tasks": []}
+    pos = 0
+    task_tokens = []
+    for t, rows in enumerate(tasks):
+        ntok = int(lengths[rows].sum()) if rows else 0
+        task_tokens.append(ntok)
+        plan["tasks"].append({"task_id": t, "rows": list(range(pos, pos + len(rows))), "num_tokens": ntok,
+                              "num_samples": len(rows)})
+        pos += len(rows)
+    assert pos == len(order)
+    (out / PLAN).write_text(json.dumps(plan) + "\n")
+
+    mean_task = (sum(task_tokens) / num_tasks) if num_tasks else 0
+    return {
+        "inputs": [str(f) for f in files],
+        "tokenizer": str(cfg.model.tokenizer or cfg.model.path),
+        "rows_read": rows_read,
+        "rows_kept": rows_kept,
+        "rows_skipped": sum(skipped.values()),
+        "skipped_by_reason": dict(sorted(skipped.items())),
+        "samples": len(sids),
+        "samples_dropped_by_reason": dict(sorted(dropped.items())),
+        "samples_truncated": truncated,
+        "rows_split_per_turn": split_rows,
+        "tokens": int(lengths.sum()),
+        "loss_tokens": int(loss.sum()),
+        "masked_fraction": round(float(loss.sum() / max(lengths.sum(), 1)), 6),
+        "length_percentiles": _percentiles(lengths),
+        "tasks": {"num_tasks": num_tasks, "min_tokens": min(task_tokens), "max_tokens": max(task_tokens),
+                  "max_over_mean": round(max(task_tokens) / mean_task, 4) if mean_task else None,
+                  "empty_tasks": sum(1 for r in tasks if not r)},
+    }
+
+
+DROP_DETAIL = {"too_few_loss_tokens": "fewer masked tokens than data.min_loss_tokens after truncation"}
+
+
+def _write_samples(path: Path, tasks, ids_list, mask_list, sids, lengths, loss, src_file, src_row) -> None:
+    """samples.parquet in plan order; each task's rows in their own row groups (cheap per-task reads)."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    schema = pa.schema([("sample_id", pa.string()), ("input_ids", pa.list_(pa.int32())),
+                        ("loss_mask", pa.list_(pa.uint8())), ("num_tokens", pa.int32()),
+                        ("num_loss_tokens", pa.int32()), ("source_file", pa.string()),
+                        ("source_row", pa.int64())])
+
+    def list_array(arrays, dtype, pa_type):
+        offsets = np.zeros(len(arrays) + 1, dtype=np.int32 if lengths.sum() < 2**31 else np.int64)
+        np.cumsum([len(a) for a in arrays], out=offsets[1:])
+        values = np.concatenate(arrays).astype(dtype) if arrays else np.zeros(0, dtype)
+        off_type = pa.int32() if offsets.dtype == np.int32 else pa.int64()
+        cls = pa.ListArray if offsets.dtype == np.int32 else pa.LargeListArray
+        arr = cls.from_arrays(pa.array(offsets, type=off_type), pa.array(values, type=pa_type))
+        return arr.cast(pa.list_(pa_type)) if cls is pa.LargeListArray else arr
+
+    with pq.ParquetWriter(path, schema, compression="zstd") as w:
+        if not any(tasks):
+            w.write_table(schema.empty_table())
+        for rows in tasks:
+            if not rows:
+                continue
+            table = pa.Table.from_arrays([
+                pa.array([sids[i] for i in rows], pa.string()),
+                list_array([ids_list[i] for i in rows], np.int32, pa.int32()),
+                list_array([mask_list[i] for i in rows], np.uint8, pa.uint8()),
+                pa.array(lengths[rows].astype(np.int32)),
+                pa.array(loss[rows].astype(np.int32)),
+                pa.array([src_file[i] for i in rows], pa.string()),
+                pa.array(np.asarray([src_row[i] for i in rows], dtype=np.int64)),
+            ], schema=schema)
+            w.write_table(table, row_group_size=8192)

@@ -1,0 +1,180 @@
+"""Read dataset files into raw records, keeping the file and line/row of each for error reports.
+
+Supported: JSON Lines (.jsonl, .jsonl.gz not included), JSON (.json: a list of objects, or JSON Lines
+misnamed .json), Parquet (.parquet), Arrow IPC file or stream (.arrow, .feather, .ipc), and folders
+written by `datasets.save_to_disk` (Dataset or DatasetDict, read from their Arrow files with pyarrow
+so the `datasets` package is not needed). Inputs may be files, folders or glob patterns.
+
+JSON Lines records stay raw bytes here: decoding and parsing happen in the worker processes, which
+also turns undecodable bytes and invalid JSON into counted bad rows.
+"""
+
+from __future__ import annotations
+
+import glob
+import json
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Iterator
+
+from eagle_batch.config import ConfigError
+
+JSONL_SUFFIXES = (".jsonl", ".ndjson")
+JSON_SUFFIXES = (".json",)
+PARQUET_SUFFIXES = (".parquet", ".pq")
+ARROW_SUFFIXES = (".arrow", ".feather", ".ipc")
+SUPPORTED = JSONL_SUFFIXES + JSON_SUFFIXES + PARQUET_SUFFIXES + ARROW_SUFFIXES
+
+
+@dataclass
+class RawRecord:
+    file: str
+    # 1-based line number for text files (line_kind "line"), 0-based row index for columnar files.
+    index: int
+    line_kind: str  # "line" | "row"
+    raw: bytes | None = None  # JSON Lines: the undecoded line
+    row: Any = None  # everything else: the decoded row
+
+    def where(self) -> str:
+        return f"{self.file}:{self.index}" if self.line_kind == "line" else f"{self.file} row {self.index}"
+
+
+def _is_datasets_folder(p: Path) -> bool:
+    return (p / "state.json").is_file() or (p / "dataset_dict.json").is_file()
+
+
+def _datasets_folder_files(p: Path) -> list[Path]:
+    if (p / "dataset_dict.json").is_file():  # DatasetDict: every split, in the order it lists them
+        splits = json.loads((p / "dataset_dict.json").read_text()).get("splits", [])
+        return [f for s in splits for f in _datasets_folder_files(p / s)]
+    state = json.loads((p / "state.json").read_text())
+    return [p / d["filename"] for d in state.get("_data_files", [])]
+
+
+def resolve_inputs(inputs: list[str]) -> list[Path]:
+    """Expand files / folders / globs into an ordered list of data files; ConfigError if none."""
+    if not inputs:
+        raise ConfigError("data.inputs is empty; give JSONL/Parquet/Arrow files, folders or globs, "
+                          "e.g. data.inputs=[data/chat.jsonl]")
+    files: list[Path] = []
+    for spec in inputs:
+        matches = sorted(glob.glob(os.path.expanduser(spec), recursive=True)) if glob.has_magic(spec) \
+            else [os.path.expanduser(spec)]
+        if not matches or not all(os.path.exists(m) for m in matches):
+            raise ConfigError(f"data.inputs entry {spec!r} matches no file; check the path (relative paths "
+                              f"are resolved from {os.getcwd()}).")
+        for m in matches:
+            p = Path(m)
+            if p.is_dir():
+                if _is_datasets_folder(p):
+                    files.extend(_datasets_folder_files(p))
+                else:
+                    found = sorted(f for f in p.iterdir() if f.is_file() and f.name.endswith(SUPPORTED))
+                    if not found:
+                        raise ConfigError(f"folder {p} has no {', '.join(SUPPORTED)} files and is not a "
+                                          "datasets.save_to_disk folder.")
+                    files.extend(found)
+            elif p.name.endswith(SUPPORTED):
+                files.append(p)
+            else:
+                raise ConfigError(f"{p}: unsupported file type; use one of {', '.join(SUPPORTED)}.")
+    return files
+
+
+def count_rows(path: Path) -> int | None:
+    """Row count when cheap (columnar metadata); None for text files."""
+    try:
+        if path.name.endswith(PARQUET_SUFFIXES):
+            import pyarrow.parquet as pq
+
+            return pq.ParquetFile(path).metadata.num_rows
+    except Exception:
+        return None
+    return None
+
+
+def _read_arrow_table(path: Path):
+    import pyarrow as pa
+
+    # datasets writes the IPC *stream* format; Feather v2 / .arrow files are the IPC *file* format.
+    with pa.memory_map(str(path)) as source:
+        try:
+            return pa.ipc.open_file(source).read_all()
+        except pa.ArrowInvalid:
+            pass
+    with pa.memory_map(str(path)) as source:
+        return pa.ipc.open_stream(source).read_all()
+
+
+def iter_records(path: Path) -> Iterator[RawRecord]:
+    name = str(path)
+    if path.name.endswith(JSONL_SUFFIXES):
+        yield from _iter_jsonl(path)
+    elif path.name.endswith(JSON_SUFFIXES):
+        yield from _iter_json(path)
+    elif path.name.endswith(PARQUET_SUFFIXES):
+        import pyarrow.parquet as pq
+
+        pf = pq.ParquetFile(path)
+        i = 0
+        for batch in pf.iter_batches(batch_size=1024):
+            for row in batch.to_pylist():
+                yield RawRecord(name, i, "row", row=row)
+                i += 1
+    else:
+        table = _read_arrow_table(path)
+        i = 0
+        for batch in table.to_batches(max_chunksize=1024):
+            for row in batch.to_pylist():
+                yield RawRecord(name, i, "row", row=row)
+                i += 1
+
+
+def _iter_jsonl(path: Path) -> Iterator[RawRecord]:
+    name = str(path)
+    with open(path, "rb") as f:
+        for lineno, line in enumerate(f, start=1):
+            if not line.strip():
+                continue  # blank lines (often a trailing one) are not rows
+            yield RawRecord(name, lineno, "line", raw=line)
+
+
+def _iter_json(path: Path) -> Iterator[RawRecord]:
+    name = str(path)
+    data = path.read_bytes()
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as e:
+        line = data[: e.start].count(b"\n") + 1
+        yield RawRecord(name, line, "line", row=_Undecodable(f"invalid UTF-8 at byte {e.start}"))
+        return
+    try:
+        obj = json.loads(text)
+    except json.JSONDecodeError as e:
+        if e.msg == "Extra data":  # JSON Lines saved as .json
+            yield from _iter_jsonl(path)
+            return
+        yield RawRecord(name, e.lineno, "line", row=_InvalidJson(f"{e.msg} at column {e.colno}"))
+        return
+    if isinstance(obj, dict):
+        # {"data": [...]} style wrappers: take the single list-valued key; else one row.
+        lists = [v for v in obj.values() if isinstance(v, list) and v and isinstance(v[0], dict)]
+        rows = lists[0] if len(lists) == 1 and not any(k in obj for k in ("messages", "conversations")) else [obj]
+    elif isinstance(obj, list):
+        rows = obj
+    else:
+        rows = [obj]
+    # Line numbers are not known for elements of one JSON document; report the element index.
+    for i, row in enumerate(rows):
+        yield RawRecord(name, i, "row", row=row)
+
+
+class _Undecodable:
+    def __init__(self, detail: str):
+        self.detail = detail
+
+
+class _InvalidJson:
+    def __init__(self, detail: str):
+        self.detail = detail
