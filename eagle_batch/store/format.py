@@ -233,8 +233,11 @@ def partial_name(path: Path) -> Path:
     return path.with_name(f"{path.name}.{uuid.uuid4().hex}{PARTIAL_SUFFIX}")
 
 
-def write_atomic(path: Path, pieces: Sequence[bytes | memoryview], fsync: bool = True) -> None:
-    """Write `pieces` to `path` via a `.partial` file and rename; with fsync, durable on return."""
+def write_atomic(path: Path, pieces: Sequence[bytes | memoryview], fsync: bool = True,
+                 sync_dir: bool = True) -> None:
+    """Write `pieces` to `path` via a `.partial` file and rename; with fsync, durable on return.
+
+    sync_dir=False leaves the rename's directory entry to the caller's fsync_dir (batched per commit)."""
     tmp = partial_name(path)
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o666)
     try:
@@ -251,7 +254,7 @@ def write_atomic(path: Path, pieces: Sequence[bytes | memoryview], fsync: bool =
         raise
     os.close(fd)
     os.replace(tmp, path)
-    if fsync:
+    if fsync and sync_dir:
         fsync_dir(path.parent)
 
 
@@ -259,8 +262,9 @@ def write_json_atomic(path: Path, obj, fsync: bool = True) -> None:
     write_atomic(path, [json.dumps(obj, separators=(",", ":")).encode()], fsync=fsync)
 
 
-def makedirs_durable(path: Path, fsync: bool = True) -> None:
-    """mkdir -p that fsyncs the parent of every directory it creates (so the new entries survive)."""
+def makedirs_durable(path: Path, fsync: bool = True, defer: set | None = None) -> None:
+    """mkdir -p that fsyncs the parent of every directory it creates (so the new entries survive);
+    with `defer`, adds those parents to the set instead, for one fsync each at the next commit."""
     missing = []
     p = path
     while not p.exists():
@@ -271,5 +275,7 @@ def makedirs_durable(path: Path, fsync: bool = True) -> None:
             d.mkdir()
         except FileExistsError:
             pass
-        if fsync:
+        if defer is not None:
+            defer.add(d.parent)
+        elif fsync:
             fsync_dir(d.parent)

@@ -151,6 +151,7 @@ class TaskStoreWriter:
         self.cfg = store_cfg if store_cfg is not None else StoreConfig()
         self.fsync = bool(getattr(self.cfg, "fsync", True))
         self._closed = False
+        self._broken: BaseException | None = None
         self._lock = None
         makedirs_durable(self.path, self.fsync)
         self._lock = StoreLock(self.path)
@@ -169,7 +170,9 @@ class TaskStoreWriter:
             self._create()
         n = threads or min(8, os.cpu_count() or 1)
         self._encode_pool = ThreadPoolExecutor(n, thread_name_prefix="store-encode")
-        self._io_pool = ThreadPoolExecutor(1, thread_name_prefix="store-io")
+        # One IO thread per array: writes of one array stay in order, fsyncs of different arrays overlap.
+        self._io_pools = {n: ThreadPoolExecutor(1, thread_name_prefix=f"store-io-{n}") for n in TOKEN_ARRAYS}
+        self._dirty_dirs: set[Path] = set()  # directories whose new entries need an fsync before the record
         # Bounds raw chunk buffers waiting for compression, so append() blocks instead of growing memory.
         self._encode_slots = threading.Semaphore(2 * n + 2)
         self._pending_io: list[Future] = []
@@ -265,6 +268,7 @@ class TaskStoreWriter:
         self._id_set = set(self._sample_ids)
         self._num_tokens = int(r["num_tokens"])
         self._shard_tables = {n: {int(s["index"]): s for s in r["shards"][n]} for n in TOKEN_ARRAYS}
+        self._committed_ids: frozenset[str] | None = None
 
     def _drop_uncommitted_shards(self, lay: ArrayLayout) -> None:
         root = self.path / lay.name / "c"
@@ -398,19 +402,22 @@ class TaskStoreWriter:
 
     def _submit_shard(self, st: _Stream, k: int, chunks: list, tokens: int, raw_crc: int) -> None:
         # More than a few shards queued means the disk is the bottleneck: wait here rather than buffer.
-        while len(self._pending_io) >= 6:
+        while len(self._pending_io) >= 8:
             self._record_shard(*self._pending_io.pop(0).result())
-        self._pending_io.append(self._io_pool.submit(self._write_shard_job, st.layout, k, chunks, tokens, raw_crc))
+        self._pending_io.append(self._io_pools[st.layout.name].submit(
+            self._write_shard_job, st.layout, k, chunks, tokens, raw_crc, True))
 
     def _record_shard(self, name: str, info: dict) -> None:
         # Tables feed the record only at the next commit; a tail rewrite replaces the older entry.
         self._shard_tables[name][info["index"]] = info
 
-    def _write_shard_job(self, lay: ArrayLayout, k: int, chunks: list, tokens: int, raw_crc: int) -> tuple[str, dict]:
+    def _write_shard_job(self, lay: ArrayLayout, k: int, chunks: list, tokens: int, raw_crc: int,
+                         defer_dir_sync: bool) -> tuple[str, dict]:
         pieces = [c.result() if isinstance(c, Future) else c for c in chunks]
-        return lay.name, self._write_shard(lay, k, pieces, tokens, raw_crc)
+        return lay.name, self._write_shard(lay, k, pieces, tokens, raw_crc, defer_dir_sync)
 
-    def _write_shard(self, lay: ArrayLayout, k: int, pieces: list[bytes], tokens: int, raw_crc: int) -> dict:
+    def _write_shard(self, lay: ArrayLayout, k: int, pieces: list[bytes], tokens: int, raw_crc: int,
+                     defer_dir_sync: bool = False) -> dict:
         index = np.full((lay.chunks_per_shard, 2), EMPTY, dtype="<u8")
         off = 0
         crc = 0
@@ -421,8 +428,11 @@ class TaskStoreWriter:
         idx = encode_index(index)
         crc = crc32c.crc32c(idx, crc)
         f = lay.shard_path(self.path, k)
-        makedirs_durable(f.parent, self.fsync)
-        write_atomic(f, [*pieces, idx], fsync=self.fsync)
+        defer = self._dirty_dirs if defer_dir_sync else None
+        makedirs_durable(f.parent, self.fsync, defer)
+        write_atomic(f, [*pieces, idx], fsync=self.fsync, sync_dir=not defer_dir_sync)
+        if defer is not None:
+            defer.add(f.parent)
         return {"index": k, "tokens": tokens, "nbytes": off + len(idx), "crc32c": crc, "raw_crc32c": int(raw_crc)}
 
     # ----- public API -----
@@ -430,7 +440,9 @@ class TaskStoreWriter:
     @property
     def committed_sample_ids(self) -> frozenset[str]:
         """Ids of the samples in the committed record (what survives a crash)."""
-        return frozenset(self.record["sample_ids"])
+        if self._committed_ids is None:  # cached: callers test membership once per sample
+            self._committed_ids = frozenset(self.record["sample_ids"])
+        return self._committed_ids
 
     @property
     def num_committed(self) -> int:
@@ -481,11 +493,22 @@ class TaskStoreWriter:
         self._check_open()
         if len(self._sample_ids) == self.record["num_samples"]:
             return
+        try:
+            self._commit()
+        except BaseException as e:
+            self._broken = e
+            raise
+
+    def _commit(self) -> None:
         for st in self._streams.values():
             if st.fill:
-                self._pending_io.append(self._io_pool.submit(
-                    self._write_shard_job, st.layout, st.shard, st.tail_chunks(), st.fill, st.raw_crc))
+                self._pending_io.append(self._io_pools[st.layout.name].submit(
+                    self._write_shard_job, st.layout, st.shard, st.tail_chunks(), st.fill, st.raw_crc, True))
         self._drain_io()
+        if self.fsync:
+            dirs, self._dirty_dirs = self._dirty_dirs, set()
+            for d in sorted(dirs, key=lambda d: -len(d.parts)):
+                fsync_dir(d)
         self._write_record()
         self._set_shapes(self._num_tokens)
 
@@ -501,6 +524,7 @@ class TaskStoreWriter:
                  sample_ids=list(self._sample_ids), lengths=list(self._lengths))
         self._update_record_tables()
         write_json_atomic(self.path / PROGRESS_NAME, r, self.fsync)
+        self._committed_ids = None
 
     def _set_shapes(self, num_tokens: int) -> None:
         # After the record: a plain zarr reader never sees a shape that covers unwritten shards.
@@ -558,12 +582,16 @@ class TaskStoreWriter:
             for fut in self._pending_io:
                 fut.cancel()
             self._encode_pool.shutdown(wait=True, cancel_futures=True)
-            self._io_pool.shutdown(wait=True, cancel_futures=True)
+            for pool in self._io_pools.values():
+                pool.shutdown(wait=True, cancel_futures=True)
         finally:
             if self._lock is not None:
                 self._lock.release()
 
     def _check_open(self) -> None:
+        if self._broken is not None:
+            raise StoreError(f"an earlier commit of {self.path} failed ({self._broken!r}); close this writer and "
+                             "reopen the store, which recovers the last committed record.")
         if self._closed:
             raise StoreError(f"the writer of {self.path} is closed; open a new one with TaskStoreWriter.open().")
 

@@ -23,3 +23,141 @@ def make_sample(seed: int, max_len: int = 70):
     return f"sample-{seed:05d}", ids, mask, hs
 
 
+
+
+# --- writer subprocess and SIGKILL trials (used by test_kill.py and tests/stress/kill_writer.py) --------
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+KILL_SPEC = dict(layer_ids=LAYERS, hidden_size=HIDDEN, model_name="synthetic", config_hash="kill")
+KILL_CFG = dict(chunk_tokens=8, shard_tokens=32)
+
+
+def writer_main(path: str, n_samples: int, commit_every: int) -> None:
+    """The child: (re)open the store, append what is not committed, commit every few samples, finalize."""
+    from eagle_batch.store import TaskStoreWriter
+
+    with TaskStoreWriter.open(path, StoreSpec(**KILL_SPEC), StoreConfig(**KILL_CFG)) as w:
+        print("ready", flush=True)
+        for i in range(n_samples):
+            s = make_sample(i)
+            if s[0] in w.committed_sample_ids:
+                continue
+            w.append(*s)
+            if (i + 1) % commit_every == 0:
+                w.commit()
+        w.finalize()
+    print("done", flush=True)
+
+
+def spawn_writer(path: Path, n_samples: int, commit_every: int) -> subprocess.Popen:
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(Path(__file__).parent), *sys.path]))
+    return subprocess.Popen([sys.executable, __file__, "write", str(path), str(n_samples), str(commit_every)],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+
+
+def run_writer_to_end(path: Path, n_samples: int, commit_every: int) -> float:
+    """Run the child uninterrupted; return its seconds from 'ready' to exit."""
+    p = spawn_writer(path, n_samples, commit_every)
+    assert p.stdout.readline().strip() == "ready", p.stderr.read()
+    t0 = time.monotonic()
+    out, err = p.communicate(timeout=300)
+    assert p.returncode == 0 and "done" in out, err
+    return time.monotonic() - t0
+
+
+def reference_arrays(n_samples: int) -> dict[str, np.ndarray]:
+    samples = [make_sample(i) for i in range(n_samples)]
+    return {"sample_ids": [s[0] for s in samples], "lengths": [len(s[1]) for s in samples],
+            "input_ids": np.concatenate([s[1] for s in samples]), "loss_mask": np.concatenate([s[2] for s in samples]),
+            "hidden_states": np.concatenate([s[3] for s in samples])}
+
+
+def check_interrupted_store(path: Path, ref: dict) -> int:
+    """What a reader may see after a kill: a committed prefix of the reference, nothing else. -> samples."""
+    import zarr
+
+    from eagle_batch.store import open_dataset, read_record
+
+    if not (path / "progress.json").is_file():
+        return 0  # killed while creating: nothing was committed
+    r = read_record(path)
+    n, t = r["num_samples"], r["num_tokens"]
+    assert r["sample_ids"] == ref["sample_ids"][:n] and r["lengths"] == ref["lengths"][:n]
+    ds = open_dataset(path)
+    assert len(ds) == n
+    for i in {0, n // 2, n - 1} if n else ():
+        x = ds.get_arrays(i)
+        a, b = sum(ref["lengths"][:i]), sum(ref["lengths"][:i + 1])
+        np.testing.assert_array_equal(x["hidden_states"], ref["hidden_states"][a:b])
+    # Plain zarr trusts shapes: they must never cover data that was not written (zeros).
+    for name in ("hidden_states", "input_ids", "loss_mask"):
+        arr = zarr.open_array(path / name, mode="r")
+        assert arr.shape[0] <= t, f"{name} shape {arr.shape[0]} is ahead of the {t} committed tokens"
+        np.testing.assert_array_equal(arr[:].view(ref[name].dtype), ref[name][:arr.shape[0]])
+    return n
+
+
+def check_final_store(path: Path, ref_store: Path, ref: dict) -> None:
+    import zarr
+
+    from eagle_batch.store import read_record
+
+    a, b = read_record(ref_store), read_record(path)
+    for k in ("sample_ids", "lengths", "num_samples", "num_tokens"):
+        assert a[k] == b[k], k
+    for name in ("hidden_states", "input_ids", "loss_mask"):
+        got = zarr.open_array(path / name, mode="r")[:]
+        np.testing.assert_array_equal(got.view(ref[name].dtype), ref[name])
+        # Byte-identical shard files (deterministic compression): same crc32c list as the uninterrupted run.
+        assert [s["crc32c"] for s in a["shards"][name]] == [s["crc32c"] for s in b["shards"][name]], name
+    np.testing.assert_array_equal(zarr.open_array(path / "offsets", mode="r")[:],
+                                  np.concatenate([[0], np.cumsum(ref["lengths"])]))
+    assert list(zarr.open_array(path / "sample_ids", mode="r")[:]) == ref["sample_ids"]
+    assert (path / "complete").is_file() and not list(path.rglob("*.partial"))
+
+
+def kill_trials(workdir: Path, kills_per_store: int, stores: int, n_samples: int = 120, commit_every: int = 3,
+                seed: int = 0, log=print) -> dict:
+    """SIGKILL writers at random moments, resume each time, compare with an uninterrupted run."""
+    rng = np.random.default_rng(seed)
+    ref = reference_arrays(n_samples)
+    ref_store = workdir / "reference.zarr"
+    write_s = run_writer_to_end(ref_store, n_samples, commit_every)
+    log(f"reference run: {write_s:.2f} s of writing after start-up")
+    kills = before_ready = 0
+    committed_at_kill = []
+    for s in range(stores):
+        path = workdir / f"store-{s}.zarr"
+        committed = 0
+        for _ in range(kills_per_store):
+            # Aim inside the work that is left, so later kills still land before the end.
+            left_s = write_s * (n_samples - committed) / n_samples
+            p = spawn_writer(path, n_samples, commit_every)
+            if rng.random() < 0.15:  # sometimes kill during start-up / recovery, before 'ready'
+                time.sleep(rng.uniform(0.0, 1.0))
+            else:
+                line = p.stdout.readline().strip()
+                assert line == "ready" or p.poll() is not None, (line, p.stderr.read())
+                time.sleep(rng.uniform(0.0, left_s))
+            if p.poll() is None:
+                p.send_signal(signal.SIGKILL)
+                kills += 1
+            p.communicate()
+            assert p.returncode in (0, -signal.SIGKILL), p.stderr.read() if p.stderr else p.returncode
+            committed = check_interrupted_store(path, ref)
+            committed_at_kill.append(committed)
+        run_writer_to_end(path, n_samples, commit_every)
+        check_final_store(path, ref_store, ref)
+        log(f"store {s}: committed samples at each kill {committed_at_kill[-kills_per_store:]}; final store identical")
+    return {"kills": kills, "stores": stores, "committed_at_kill": committed_at_kill, "write_s": write_s}
+
+
+if __name__ == "__main__":
+    if sys.argv[1] == "write":
+        writer_main(sys.argv[2], int(sys.argv[3]), int(sys.argv[4]))
