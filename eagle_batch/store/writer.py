@@ -252,6 +252,12 @@ class TaskStoreWriter:
         for name, lay in self.layouts.items():
             self._drop_uncommitted_shards(lay)
         damaged = self._check_committed_files()
+        if repair and not damaged:
+            # A full check (file crc32c of every shard), so the repair also finds flipped bytes.
+            from .verify import verify_store
+
+            damaged = [(p_.shard * self.layouts[p_.array].shard_tokens, str(p_)) for p_ in verify_store(p, False)
+                       if p_.shard is not None and p_.kind in ("missing", "truncated", "size", "checksum", "decode")]
         if damaged:
             if not repair:
                 raise StoreCorruptError(
@@ -354,6 +360,20 @@ class TaskStoreWriter:
         bounds = np.concatenate([[0], np.cumsum(self._lengths, dtype=np.int64)])
         keep = int(np.searchsorted(bounds, token, side="right") - 1)
         t = int(bounds[keep])
+        import warnings
+
+        warnings.warn(f"{self.path}: repair drops committed samples {keep}..{len(self._lengths) - 1} "
+                      f"(from token {t}); they will be recomputed.", stacklevel=4)
+        if (self.path / COMPLETE_NAME).is_file():  # no longer complete: un-finalize first, marker first
+            (self.path / COMPLETE_NAME).unlink()
+            if self.fsync:
+                fsync_dir(self.path)
+            for name in ("offsets", "sample_ids"):
+                if (self.path / name).exists():
+                    shutil.rmtree(self.path / name)
+            root_meta = json.loads((self.path / "zarr.json").read_bytes())
+            root_meta.pop("consolidated_metadata", None)
+            write_json_atomic(self.path / "zarr.json", root_meta, self.fsync)
         for name, lay in self.layouts.items():
             table = self._shard_tables[name]
             for k in sorted(table):

@@ -1,0 +1,41 @@
+"""`eagle-batch verify PATH`: re-check a task store or every store of a run; exit 1 if anything is wrong."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("path", help="a task store (RUN/stores/task-00000.zarr) or a run directory")
+    p.add_argument("--no-values", action="store_true",
+                   help="check files and checksums only; skip decoding (faster; no NaN/Inf or raw-crc checks)")
+    p.add_argument("--json", action="store_true", help="print the problems as one JSON object")
+
+
+def run(args: argparse.Namespace) -> int:
+    from .spec import StoreError
+    from .verify import _store_paths, verify
+
+    try:
+        stores = _store_paths(__import__("pathlib").Path(args.path))
+        problems = verify(args.path, check_values=not args.no_values)
+    except StoreError as e:
+        print(f"eagle-batch verify: {e}", file=sys.stderr)
+        return 2
+    if args.json:
+        print(json.dumps({"path": args.path, "stores": len(stores), "ok": not problems,
+                          "problems": [p.to_dict() for p in problems]}))
+    else:
+        for p in problems:
+            print(p)
+        if problems:
+            damaged = sorted({p.store for p in problems})
+            print(f"{len(problems)} problem(s) in {len(damaged)} of {len(stores)} store(s). Stray files go away when "
+                  "the store is reopened for writing (`eagle-batch resume`); damaged shards need "
+                  "`eagle-batch resume --repair` (recomputes the samples listed) or deleting the store.",
+                  file=sys.stderr)
+        else:
+            print(f"OK: {len(stores)} store(s) verified")
+    return 1 if problems else 0
