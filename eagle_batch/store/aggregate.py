@@ -1,0 +1,67 @@
+"""aggregate(run_dir): RUN/dataset.json, a zero-copy index over the complete task stores of a run.
+
+Nothing is copied: the index lists each complete store (relative path, samples, tokens, where its
+samples start globally) plus consolidated metadata (the common group attributes and each store's
+array metadata), so `open_dataset(RUN)` knows every length without opening a store and a reader
+opens each store's files only when it first reads from it. Incomplete stores are listed separately
+with their committed sample counts. Stores must agree on layer ids, hidden size, dtype, model and
+config hash; a mismatch names both stores.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+from .format import COMPLETE_NAME, PROGRESS_NAME, TOKEN_ARRAYS, write_json_atomic
+from .reader import DATASET_NAME, read_attrs
+from .spec import StoreError, StoreMismatchError, StoreSpec
+
+INDEX_FORMAT = "eagle-batch-dataset"
+
+
+def aggregate(run_dir, *, fsync: bool = True) -> dict:
+    """Write RUN/dataset.json over RUN/stores/*.zarr; return the index (also lists incomplete stores)."""
+    run = Path(run_dir)
+    root = run / "stores"
+    if not root.is_dir():
+        raise StoreError(f"{root} does not exist: {run} is not a run directory with extracted stores "
+                         "(run `eagle-batch extract` first).")
+    entries, incomplete = [], []
+    common: dict | None = None
+    first: Path | None = None
+    samples = tokens = 0
+    for store in sorted(p for p in root.iterdir() if p.name.endswith(".zarr") and p.is_dir()):
+        rel = str(store.relative_to(run))
+        try:
+            done = json.loads((store / COMPLETE_NAME).read_bytes())
+        except FileNotFoundError:
+            incomplete.append({"path": rel, "committed_samples": _committed_samples(store)})
+            continue
+        attrs = read_attrs(store)
+        if common is None:
+            common, first = attrs, store
+        else:
+            bad = StoreSpec.from_attributes(attrs).mismatches(StoreSpec.from_attributes(common))
+            if bad:
+                raise StoreMismatchError(f"{store} and {first} were extracted differently: " + "; ".join(bad) +
+                                         ". A run's stores must come from one model and config; re-extract the odd ones.")
+        arrays = {n: json.loads((store / n / "zarr.json").read_bytes()) for n in TOKEN_ARRAYS}
+        entries.append({"path": rel, "num_samples": int(done["num_samples"]), "num_tokens": int(done["num_tokens"]),
+                        "sample_start": samples, "token_start": tokens, "arrays": arrays})
+        samples += int(done["num_samples"])
+        tokens += int(done["num_tokens"])
+    index = {"format": INDEX_FORMAT, "format_version": 1,
+             "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+             "num_samples": samples, "num_tokens": tokens, "attributes": common or {},
+             "stores": entries, "incomplete": incomplete}
+    write_json_atomic(run / DATASET_NAME, index, fsync)
+    return index
+
+
+def _committed_samples(store: Path) -> int:
+    try:
+        return int(json.loads((store / PROGRESS_NAME).read_bytes())["num_samples"])
+    except (OSError, ValueError, KeyError):
+        return 0

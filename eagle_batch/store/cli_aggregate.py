@@ -1,0 +1,42 @@
+"""`eagle-batch aggregate RUN`: write RUN/dataset.json over the complete task stores; list the others."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("run_dir", help="run directory (holds stores/)")
+    p.add_argument("--require-all", action="store_true",
+                   help="exit 1 if any task store is incomplete (the index is still written)")
+    p.add_argument("--json", action="store_true", help="print a JSON summary instead of text")
+
+
+def run(args: argparse.Namespace) -> int:
+    from .aggregate import aggregate
+    from .spec import StoreError
+
+    t0 = time.perf_counter()
+    try:
+        index = aggregate(args.run_dir)
+    except StoreError as e:
+        print(f"eagle-batch aggregate: {e}", file=sys.stderr)
+        return 1
+    seconds = time.perf_counter() - t0
+    n_ok, inc = len(index["stores"]), index["incomplete"]
+    if args.json:
+        print(json.dumps({"run_dir": args.run_dir, "complete_stores": n_ok, "num_samples": index["num_samples"],
+                          "num_tokens": index["num_tokens"], "incomplete": inc, "seconds": round(seconds, 4)}))
+    else:
+        print(f"{args.run_dir}/dataset.json: {n_ok} complete store(s), {index['num_samples']} samples, "
+              f"{index['num_tokens']} tokens ({seconds:.2f} s)")
+        for e in inc:
+            print(f"incomplete: {e['path']} ({e['committed_samples']} samples committed); "
+                  "run `eagle-batch resume RUN` to finish it, then aggregate again", file=sys.stderr)
+    if n_ok == 0:
+        print(f"eagle-batch aggregate: no complete task store under {args.run_dir}/stores", file=sys.stderr)
+        return 1
+    return 1 if (inc and args.require_all) else 0
