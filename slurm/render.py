@@ -174,7 +174,15 @@ def main(argv=None) -> int:
     try:
         cfg = load_config(files, overrides)
         check_values(cfg)
+        # Jobs start in other folders (and maybe other mount namespaces): make every path absolute, as
+        # seen from where render.py runs.
         cfg.run_dir = os.path.abspath(cfg.run_dir)
+        cfg.data.inputs = [os.path.abspath(p) for p in cfg.data.inputs]
+        for key in ("path", "tokenizer", "chat_template"):
+            if getattr(cfg.model, key):
+                setattr(cfg.model, key, os.path.abspath(getattr(cfg.model, key)))
+        if cfg.train.output_dir:
+            cfg.train.output_dir = os.path.abspath(cfg.train.output_dir)
         claim_run_dir(cfg, force=args.force)
     except ConfigError as e:
         print(f"render.py: configuration error: {e}", file=sys.stderr)

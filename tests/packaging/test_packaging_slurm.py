@@ -1,0 +1,157 @@
+"""slurm/render.py and the hand-submission templates.
+
+Without Slurm: the rendered scripts lint clean and wrap the container exactly as the submitit launcher
+does. With the local Slurm (.ci/slurm-up.sh): the templates, rendered with the container switched off,
+prepare and extract the demo data with the real SmolLM2 to completion, and eagle-batch's own status and
+readers see the result.
+"""
+
+from __future__ import annotations
+
+import json
+import shlex
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from eagle_batch.config import load_config
+
+REPO = Path(__file__).resolve().parents[2]
+RENDER = REPO / "slurm" / "render.py"
+
+
+def render(tmp_path: Path, *args: str) -> Path:
+    r = subprocess.run([sys.executable, str(RENDER), *args], capture_output=True, text=True, cwd=REPO)
+    assert r.returncode == 0, r.stderr
+    return Path(r.stdout.splitlines()[0]).parent
+
+
+def sbatch_lines(script: Path) -> list[str]:
+    return [ln[len("#SBATCH "):] for ln in script.read_text().splitlines() if ln.startswith("#SBATCH ")]
+
+
+@pytest.mark.parametrize("runtime", ["none", "apptainer", "pyxis"])
+def test_rendered_scripts_lint_and_wrap_like_the_launcher(tmp_path, runtime, tool):
+    from eagle_batch.launch.submit import container_wrapping
+
+    run = tmp_path / "run"
+    extra = tmp_path / "site.yaml"
+    extra.write_text(
+        "slurm:\n  partition: gpu-b200\n  additional_sbatch: ['--mail-type=END', '#SBATCH --reservation=r1']\n"
+        "  setup: ['export EAGLE_BATCH_CACHE=/shared/cache']\n"
+        f"  container:\n    runtime: {runtime}\n    image: /img/eb.sif\n    binds: ['/shared/cache:/shared/cache']\n")
+    out = render(tmp_path, "configs/models/kimi-k2.5.yaml", str(extra), f"run_dir={run}")
+    assert out == run / "slurm" / "manual"
+    names = {p.name for p in out.iterdir()}
+    assert {"env.sh", "lib.sh", "cache-env.sh", "config.yaml", "prepare.sbatch", "extract.sbatch",
+            "train.sbatch", "submit.sh"} <= names
+    assert (run / "config.yaml").is_file()  # the run's own config, as `eagle-batch extract` writes it
+
+    # The same wrapper as submitit's path: compare with the launcher's own function.
+    cfg = load_config([out / "config.yaml"])
+    python, srun_args = container_wrapping(cfg, Path(cfg.run_dir))
+    probe = subprocess.run(
+        ["bash", "-c", f'. {shlex.quote(str(out / "env.sh"))}; printf "%s\\n" "${{EB_PYTHON[@]}}"; echo ---; '
+                       'printf "%s\\n" "${EB_SRUN_ARGS[@]}"; echo ---; echo "$EB_CONTAINER_RUNTIME"'],
+        capture_output=True, text=True, check=True)
+    py, srun, rt = probe.stdout.split("---\n")
+    assert py.split() == (shlex.split(python) if python else ["python3"])
+    assert srun.split() == srun_args
+    assert rt.strip() == runtime
+    if runtime == "apptainer":
+        assert py.split()[:3] == ["apptainer", "exec", "--nv"] and "/img/eb.sif" in py.split()
+        assert "/shared/cache:/shared/cache" in py.split()
+        assert f"{run}:{run}" in py.split() and "/models/moonshotai/Kimi-K2.5:/models/moonshotai/Kimi-K2.5" in py.split()
+    if runtime == "pyxis":
+        assert "--container-image=/img/eb.sif" in srun.split()
+
+    ext = sbatch_lines(out / "extract.sbatch")
+    assert "--gpus-per-node=8" in ext and "--exclusive" in ext and "--partition=gpu-b200" in ext
+    assert "--signal=B:USR2@300" in ext and "--requeue" in ext
+    assert "--mail-type=END" in ext and "--reservation=r1" in ext
+    assert f"--output={run}/slurm/%A_%a/%A_%a_0_log.out" in ext
+    assert not any(o.startswith("--gpus") for o in sbatch_lines(out / "prepare.sbatch"))
+
+    files = [out / n for n in ("env.sh", "lib.sh", "cache-env.sh", "prepare.sbatch", "extract.sbatch",
+                               "train.sbatch", "submit.sh")]
+    r = subprocess.run([tool("shellcheck"), "--shell=bash", "--external-sources", *map(str, files)],
+                       capture_output=True, text=True)
+    assert r.returncode == 0, r.stdout
+
+
+def test_render_refuses_a_run_dir_of_another_run(tmp_path):
+    run = tmp_path / "run"
+    render(tmp_path, "configs/demo.yaml", f"run_dir={run}")
+    r = subprocess.run([sys.executable, str(RENDER), "configs/demo.yaml", f"run_dir={run}", "data.max_length=64"],
+                       capture_output=True, text=True, cwd=REPO)
+    assert r.returncode == 2 and "already holds another run" in r.stderr
+
+
+def _wait_gone(job: str, timeout_s: float) -> None:
+    end = time.time() + timeout_s
+    while time.time() < end:
+        q = subprocess.run(["squeue", "-h", "-j", job, "-o", "%i %T"], capture_output=True, text=True)
+        if q.returncode == 0 and not q.stdout.strip():
+            return
+        time.sleep(5)
+    subprocess.run(["scancel", job])
+    pytest.fail(f"job {job} still queued or running after {timeout_s:.0f} s")
+
+
+@pytest.mark.slurm
+@pytest.mark.slow
+@pytest.mark.timeout(1800)
+def test_templates_run_a_small_extraction_on_local_slurm(tmp_path, smollm2_path):
+    from eagle_batch.launch.state import read_state, read_submissions
+    from eagle_batch.launch.status import run_status
+    from eagle_batch.models.smollm2 import cache_root
+    from eagle_batch.store import open_dataset, verify
+
+    run = tmp_path / "run"
+    site = tmp_path / "local.yaml"
+    # The container switched off; the job's Python is this venv, as slurm.setup says on a real site.
+    site.write_text(json.dumps({
+        "model": {"path": str(smollm2_path)},
+        "slurm": {
+            "executor": "slurm", "time_min": 20, "cpus_per_task": 1, "gpus_per_node": 0,
+            "container": {"runtime": "none"},
+            "setup": [
+                f". {shlex.quote(str(Path(sys.prefix) / 'bin' / 'activate'))}",
+                "export VLLM_CPU_KVCACHE_SPACE=1 VLLM_ENABLE_V1_MULTIPROCESSING=0 HF_HUB_OFFLINE=1 "
+                "TOKENIZERS_PARALLELISM=false",
+                f"export EAGLE_BATCH_CACHE={shlex.quote(str(cache_root()))}",
+            ],
+        },
+    }))
+    out = render(tmp_path, "configs/demo.yaml", str(site), f"run_dir={run}")
+    r = subprocess.run(["bash", str(out / "submit.sh"), "--no-train"], capture_output=True, text=True,
+                       timeout=900)
+    assert r.returncode == 0, r.stdout + r.stderr + "".join(p.read_text() for p in out.glob("prepare-*.out"))
+    array = r.stdout.strip().splitlines()[-1]
+    assert array.isdigit(), r.stdout
+    _wait_gone(array, 1200)
+
+    plan = json.loads((run / "prepared" / "plan.json").read_text())
+    n = plan["num_tasks"]
+    assert n == 2
+    logs = "\n".join(p.read_text()[-3000:] for p in (run / "slurm").glob(f"{array}_*/*_log.*"))
+    for t in range(n):
+        st = read_state(run, t)
+        assert st is not None and st.status == "done", logs
+        assert st.samples_committed == st.samples_total == plan["tasks"][t]["num_samples"]
+        store = run / "stores" / f"task-{t:05d}.zarr"
+        assert verify(store) == []
+        ds = open_dataset(store)
+        assert len(ds) == plan["tasks"][t]["num_samples"]
+        s = ds[0]
+        assert tuple(s["hidden_states"].shape) == (len(s["input_ids"]), 4, 576)  # layers [2, 15, 27, 30]
+        # The logs went where submitit puts them, so `eagle-batch status` can point at them.
+        assert (run / "slurm" / f"{array}_{t}" / f"{array}_{t}_0_log.err").is_file()
+
+    (sub,) = read_submissions(run)
+    assert (sub.job_id, sub.executor, sub.tasks, sub.kind) == (array, "slurm", list(range(n)), "extract")
+    status = run_status(run)
+    assert status["totals"]["done"] == n, status
