@@ -18,6 +18,9 @@ export EAGLE_BATCH_CACHE
 : "${TORCHINDUCTOR_CACHE_DIR:=${EAGLE_BATCH_CACHE}/inductor}"
 # FlashInfer JIT-compiled attention/sampling kernels (built with nvcc on first use per arch).
 : "${FLASHINFER_WORKSPACE_BASE:=${EAGLE_BATCH_CACHE}/flashinfer}"
+# torch C++/CUDA extensions built at run time, and apache-tvm-ffi's JIT modules (FlashInfer 0.7 kernels).
+: "${TORCH_EXTENSIONS_DIR:=${EAGLE_BATCH_CACHE}/torch_extensions}"
+: "${TVM_FFI_CACHE_DIR:=${EAGLE_BATCH_CACHE}/tvm-ffi}"
 # CUDA driver PTX->SASS JIT cache; the default 256 MiB is too small for vLLM's kernels.
 : "${CUDA_CACHE_PATH:=${EAGLE_BATCH_CACHE}/cuda}"
 : "${CUDA_CACHE_MAXSIZE:=4294967296}"
@@ -26,7 +29,7 @@ export EAGLE_BATCH_CACHE
 # Everything else that follows XDG (e.g. libraries without their own variable).
 : "${XDG_CACHE_HOME:=${EAGLE_BATCH_CACHE}/xdg}"
 export VLLM_CACHE_ROOT TRITON_CACHE_DIR TORCHINDUCTOR_CACHE_DIR FLASHINFER_WORKSPACE_BASE \
-    CUDA_CACHE_PATH CUDA_CACHE_MAXSIZE HF_HOME XDG_CACHE_HOME
+    TORCH_EXTENSIONS_DIR TVM_FFI_CACHE_DIR CUDA_CACHE_PATH CUDA_CACHE_MAXSIZE HF_HOME XDG_CACHE_HOME
 # Jobs read local model folders only (model.path); never reach for the hub from a compute node.
 : "${HF_HUB_OFFLINE:=1}"
 export HF_HUB_OFFLINE

@@ -6,6 +6,6 @@ set -eu
 . /opt/eagle-batch/cache-env.sh
 # Create the cache folders now: a missing parent makes some libraries fall back to $HOME silently.
 mkdir -p "${VLLM_CACHE_ROOT}" "${TRITON_CACHE_DIR}" "${TORCHINDUCTOR_CACHE_DIR}" \
-    "${FLASHINFER_WORKSPACE_BASE}" "${CUDA_CACHE_PATH}" "${HF_HOME}" "${XDG_CACHE_HOME}" 2>/dev/null || \
+    "${FLASHINFER_WORKSPACE_BASE}" "${TORCH_EXTENSIONS_DIR}" "${TVM_FFI_CACHE_DIR}" "${CUDA_CACHE_PATH}" "${HF_HOME}" "${XDG_CACHE_HOME}" 2>/dev/null || \
     echo "eagle-batch entrypoint: cannot create caches under ${EAGLE_BATCH_CACHE}; mount a writable folder there" >&2
 exec eagle-batch "$@"

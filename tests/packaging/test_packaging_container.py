@@ -155,3 +155,21 @@ def test_lock_resolves_for_python312_manylinux_x86_64(tool, tmp_path):
         resolved[canonicalize_name(name.split("[")[0])] = ver
     assert resolved == lock_pins()
     assert len(resolved) > 150  # vLLM's full dependency tree, not a truncated file
+
+
+def test_cache_env_points_every_cache_at_one_folder(tmp_path):
+    env = {"PATH": os.environ["PATH"], "HOME": str(tmp_path / "home"), "EAGLE_BATCH_CACHE": "/shared/eb",
+           "TRITON_CACHE_DIR": "/local/triton"}  # a value set before wins
+    r = subprocess.run(["sh", "-c", f". {C / 'cache-env.sh'}; env"], capture_output=True, text=True, env=env,
+                       check=True)
+    got = dict(line.split("=", 1) for line in r.stdout.splitlines() if "=" in line)
+    for var in ("VLLM_CACHE_ROOT", "TORCHINDUCTOR_CACHE_DIR", "FLASHINFER_WORKSPACE_BASE", "CUDA_CACHE_PATH",
+                "HF_HOME", "XDG_CACHE_HOME", "TORCH_EXTENSIONS_DIR", "TVM_FFI_CACHE_DIR"):
+        assert got[var].startswith("/shared/eb/"), (var, got.get(var))
+    assert got["TRITON_CACHE_DIR"] == "/local/triton"
+    assert got["HF_HUB_OFFLINE"] == "1"
+    # Unset, it falls back to the same default as eagle_batch.models.smollm2.cache_root().
+    del env["EAGLE_BATCH_CACHE"]
+    r = subprocess.run(["sh", "-c", f". {C / 'cache-env.sh'}; echo $EAGLE_BATCH_CACHE"], capture_output=True,
+                       text=True, env=env, check=True)
+    assert r.stdout.strip() == str(tmp_path / "home" / ".cache" / "eagle-batch")

@@ -2,8 +2,9 @@
 
 Without Slurm: the rendered scripts lint clean and wrap the container exactly as the submitit launcher
 does. With the local Slurm (.ci/slurm-up.sh): the templates, rendered with the container switched off,
-prepare and extract the demo data with the real SmolLM2 to completion, and eagle-batch's own status and
-readers see the result.
+prepare the demo chats and extract them to completion (vLLM on the CPU, a 6-layer random-weight Llama
+with the real SmolLM2 tokenizer: the templates are under test here, not the model), and eagle-batch's
+own status and readers see the result.
 """
 
 from __future__ import annotations
@@ -104,7 +105,7 @@ def _wait_gone(job: str, timeout_s: float) -> None:
 @pytest.mark.slurm
 @pytest.mark.slow
 @pytest.mark.timeout(1800)
-def test_templates_run_a_small_extraction_on_local_slurm(tmp_path, smollm2_path):
+def test_templates_run_a_small_extraction_on_local_slurm(tmp_path, tiny_model):
     from eagle_batch.launch.state import read_state, read_submissions
     from eagle_batch.launch.status import run_status
     from eagle_batch.models.smollm2 import cache_root
@@ -114,7 +115,7 @@ def test_templates_run_a_small_extraction_on_local_slurm(tmp_path, smollm2_path)
     site = tmp_path / "local.yaml"
     # The container switched off; the job's Python is this venv, as slurm.setup says on a real site.
     site.write_text(json.dumps({
-        "model": {"path": str(smollm2_path)},
+        "model": {"path": str(tiny_model("llama"))},
         "slurm": {
             "executor": "slurm", "time_min": 20, "cpus_per_task": 1, "gpus_per_node": 0,
             "container": {"runtime": "none"},
@@ -147,7 +148,8 @@ def test_templates_run_a_small_extraction_on_local_slurm(tmp_path, smollm2_path)
         ds = open_dataset(store)
         assert len(ds) == plan["tasks"][t]["num_samples"]
         s = ds[0]
-        assert tuple(s["hidden_states"].shape) == (len(s["input_ids"]), 4, 576)  # layers [2, 15, 27, 30]
+        # 6 layers: the default rule [2, 3, 3, 6] without the repeat; hidden 256.
+        assert tuple(s["hidden_states"].shape) == (len(s["input_ids"]), 3, 256)
         # The logs went where submitit puts them, so `eagle-batch status` can point at them.
         assert (run / "slurm" / f"{array}_{t}" / f"{array}_{t}_0_log.err").is_file()
 
@@ -155,3 +157,72 @@ def test_templates_run_a_small_extraction_on_local_slurm(tmp_path, smollm2_path)
     assert (sub.job_id, sub.executor, sub.tasks, sub.kind) == (array, "slurm", list(range(n)), "extract")
     status = run_status(run)
     assert status["totals"]["done"] == n, status
+
+
+# Test-only work (EAGLE_BATCH_TEST_WORK, see eagle_batch/launch/task.py): task 0 waits for the checkpoint
+# signal on its first attempt; task 1 raises on its first attempt. Both finish on their second attempt.
+REQUEUE_WORK = '''
+import time
+from pathlib import Path
+
+
+def work(ctx):
+    marker = Path(ctx.run_dir) / f"attempts-{ctx.task_id}"
+    with open(marker, "a") as f:
+        f.write("x")
+    attempt = len(marker.read_text())
+    ctx.set_totals(1, 1)
+    ctx.report(0, 0)
+    if attempt > 1:
+        ctx.report(1, 1)
+        return True
+    if ctx.task_id == 1:
+        raise RuntimeError("planned failure of the first attempt")
+    end = time.time() + 300
+    while not ctx.should_stop() and time.time() < end:
+        time.sleep(0.5)
+    return False
+'''
+
+
+@pytest.mark.slurm
+@pytest.mark.slow
+@pytest.mark.timeout(900)
+def test_extract_template_requeues_on_checkpoint_signal_and_on_failure(tmp_path):
+    from eagle_batch.launch.state import read_state
+
+    run = tmp_path / "run"
+    (tmp_path / "eb_requeue_work.py").write_text(REQUEUE_WORK)
+    site = tmp_path / "local.yaml"
+    site.write_text(json.dumps({
+        "model": {"path": "/nonexistent"},  # the test work loads no model
+        "slurm": {
+            "executor": "slurm", "time_min": 2, "signal_delay_s": 60, "cpus_per_task": 1, "gpus_per_node": 0,
+            "max_attempts": 3, "max_num_timeout": 2, "array_parallelism": 2,
+            "container": {"runtime": "none"},
+            "setup": [
+                f". {shlex.quote(str(Path(sys.prefix) / 'bin' / 'activate'))}",
+                f"export PYTHONPATH={shlex.quote(str(tmp_path))}",
+                "export EAGLE_BATCH_TEST_WORK=eb_requeue_work:work",
+            ],
+        },
+    }))
+    out = render(tmp_path, "configs/demo.yaml", str(site), f"run_dir={run}")
+    (run / "prepared").mkdir(parents=True)
+    (run / "prepared" / "plan.json").write_text(json.dumps({"num_tasks": 2, "tasks": []}))
+    r = subprocess.run(["bash", str(out / "submit.sh"), "--no-prepare", "--no-train"], capture_output=True,
+                       text=True, timeout=120)
+    assert r.returncode == 0, r.stdout + r.stderr
+    array = r.stdout.strip().splitlines()[-1]
+    _wait_gone(array, 600)
+
+    logs = "\n".join(p.read_text()[-2000:] for p in (run / "slurm").glob(f"{array}_*/*_log.*"))
+    st0, st1 = read_state(run, 0), read_state(run, 1)
+    assert st0.status == "done" and st1.status == "done", logs
+    # Task 0: checkpointed at the signal, requeued by the script, done on restart 1; no failure counted.
+    assert [a.outcome for a in st0.attempts] == ["checkpointed", "done"], logs
+    assert [a.restart for a in st0.attempts] == [0, 1] and st0.failures == 0
+    # Task 1: raised, requeued because 1 failure < slurm.max_attempts, done on the next attempt.
+    assert [a.outcome for a in st1.attempts] == ["error", "done"], logs
+    assert st1.failures == 1 and "planned failure" in st1.last_error
+    assert "requeueing" in logs
