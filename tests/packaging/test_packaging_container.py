@@ -105,6 +105,8 @@ def test_both_image_files_install_the_lock_the_same_way():
         assert "pip check" in text
         assert "eagle-batch --version" in text
         assert "cache-env.sh" in text
+        # The launchers call plain `python3` (pyxis may keep the host's PATH): it must be the venv's.
+        assert "exec /opt/venv/bin/python3" in text and "/usr/local/bin/python3" in text
     assert re.search(r"^ENTRYPOINT .*entrypoint\.sh", docker, re.M)
     assert re.search(r"^USER 10001", docker, re.M), "the Docker image must not run as root"
     assert "exec /opt/eagle-batch/entrypoint.sh" in apptainer
