@@ -57,7 +57,10 @@ case "${cmd}" in
     apptainer)
         out="${1:-${repo}/${V[IMAGE_NAME]}-${V[IMAGE_TAG]}.sif}"
         # %files in the .def copies paths relative to the current directory: build from the repo root.
-        (cd "${repo}" && apptainer build "${build_args[@]}" "${out}" "${here}/eagle-batch.def")
+        # Unprivileged builds need --fakeroot (user namespaces); root builds do not.
+        flags=()
+        if [[ "$(id -u)" != 0 ]]; then flags+=(--fakeroot); fi
+        (cd "${repo}" && apptainer build "${flags[@]}" "${build_args[@]}" "${out}" "${here}/eagle-batch.def")
         echo "built ${out}"
         ;;
     sif)
