@@ -178,7 +178,8 @@ def totals(rows: list[TaskRow]) -> dict:
         "tok_s": round(rate, 1),
         "eta_s": round((tt - tc) / rate, 1) if rate > 0 and tt else None,
         "all_done": bool(rows) and all(r.state == "done" for r in rows),
-        "active": sum(by_state.get(s, 0) for s in ("pending", "requeued", "running")),
+        # A task whose data is done can still be exiting in Slurm; `--wait` and chaining wait for that too.
+        "active": sum(1 for r in rows if r.state in ("pending", "requeued", "running") or is_live(r.slurm_state)),
         "time": time.time(),
     }
 

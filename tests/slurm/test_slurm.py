@@ -140,7 +140,7 @@ def test_real_pipeline_array_completes_and_status_each_stage(tmp_path, capsys, t
                  "max_length": 256},
         "extract": {"num_tasks": 4, "backend": "hf", "batch_samples": 2, "commit_interval_s": 0},
         "store": {"chunk_tokens": 16, "shard_tokens": 256},
-        "slurm": {"executor": "slurm", "gpus_per_node": 1, "cpus_per_task": 1, "time_min": 10},
+        "slurm": {"executor": "slurm", "gpus_per_node": 1, "cpus_per_task": 1, "time_min": 10, "max_attempts": 1},
     }))
     rc, out, err = cli(capsys, "prepare", cfg, "--workers", "1", "--no-progress")
     assert rc == 0, err
