@@ -28,6 +28,7 @@ def make_sample(seed: int, max_len: int = 70):
 # --- writer subprocess and SIGKILL trials (used by test_kill.py and tests/stress/kill_writer.py) --------
 
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -123,18 +124,23 @@ def check_final_store(path: Path, ref_store: Path, ref: dict) -> None:
 
 
 def kill_trials(workdir: Path, kills_per_store: int, stores: int, n_samples: int = 120, commit_every: int = 3,
-                seed: int = 0, log=print) -> dict:
-    """SIGKILL writers at random moments, resume each time, compare with an uninterrupted run."""
+                seed: int = 0, log=print, min_kills: int = 0) -> dict:
+    """SIGKILL writers at random moments, resume each time, compare with an uninterrupted run.
+
+    Each store gets up to `kills_per_store` kills (fewer once it is complete); stores are added until
+    both `stores` stores were done and `min_kills` kills landed."""
     rng = np.random.default_rng(seed)
     ref = reference_arrays(n_samples)
     ref_store = workdir / "reference.zarr"
     write_s = run_writer_to_end(ref_store, n_samples, commit_every)
     log(f"reference run: {write_s:.2f} s of writing after start-up")
-    kills = before_ready = 0
-    committed_at_kill = []
-    for s in range(stores):
+    kills = 0
+    committed_at_kill: list[int] = []
+    s = 0
+    while s < stores or kills < min_kills:
         path = workdir / f"store-{s}.zarr"
         committed = 0
+        here = []
         for _ in range(kills_per_store):
             # Aim inside the work that is left, so later kills still land before the end.
             left_s = write_s * (n_samples - committed) / n_samples
@@ -147,15 +153,21 @@ def kill_trials(workdir: Path, kills_per_store: int, stores: int, n_samples: int
                 time.sleep(rng.uniform(0.0, left_s))
             if p.poll() is None:
                 p.send_signal(signal.SIGKILL)
-                kills += 1
             p.communicate()
             assert p.returncode in (0, -signal.SIGKILL), p.stderr.read() if p.stderr else p.returncode
             committed = check_interrupted_store(path, ref)
-            committed_at_kill.append(committed)
+            if p.returncode == -signal.SIGKILL:
+                kills += 1
+                here.append(committed)
+            if (path / "complete").is_file():
+                break  # nothing left to interrupt in this store
+        committed_at_kill += here
         run_writer_to_end(path, n_samples, commit_every)
         check_final_store(path, ref_store, ref)
-        log(f"store {s}: committed samples at each kill {committed_at_kill[-kills_per_store:]}; final store identical")
-    return {"kills": kills, "stores": stores, "committed_at_kill": committed_at_kill, "write_s": write_s}
+        log(f"store {s}: committed samples at each kill {here}; final store identical to the reference")
+        shutil.rmtree(path)
+        s += 1
+    return {"kills": kills, "stores": s, "committed_at_kill": committed_at_kill, "write_s": write_s}
 
 
 if __name__ == "__main__":
