@@ -117,8 +117,8 @@ EB_MAX_ATTEMPTS={int(cfg.slurm.max_attempts)}
 EB_MAX_NUM_TIMEOUT={int(cfg.slurm.max_num_timeout)}
 EB_ARRAY_PARALLELISM={int(cfg.slurm.array_parallelism)}
 EB_TASK_PY={q(TASK_PY)}
-# Inside a job already: the train command must run here, not submit another job.
-{_bash_array('EB_TRAIN_ARGS', [str(out_dir / 'config.yaml'), 'slurm.executor=local'])}
+# Inside a job already: train here (--local), one DDP rank per GPU of this node.
+{_bash_array('EB_TRAIN_ARGS', [str(out_dir / 'config.yaml'), '--local', '--nproc', max(1, cfg.slurm.gpus_per_node)])}
 
 # slurm.setup lines, then the shared caches (EAGLE_BATCH_CACHE may be set by the setup lines).
 eb_setup() {{
