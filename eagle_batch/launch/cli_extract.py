@@ -23,7 +23,7 @@ def run(args: argparse.Namespace) -> int:
     from eagle_batch.config import check_config, check_values, claim_run_dir, save_config
 
     from .state import read_state, DONE
-    from .submit import SubmitError, live_tasks, plan_num_tasks, resolve_executor, submit_after, submit_tasks
+    from .submit import SubmitError, live_tasks, plan_num_tasks, resolve_executor, submit_tasks
     from .task import TEST_WORK_ENV
 
     cfg = config_from_args(args)
@@ -58,12 +58,18 @@ def run(args: argparse.Namespace) -> int:
         print(f"submitted Slurm array {sub.job_id}: {len(todo)} task(s) of {n}, "
               f"at most {cfg.slurm.array_parallelism} at once; logs under {run_dir}/slurm/{sub.job_id}_*/")
     if args.then_train:
+        # Exactly `eagle-batch train CONFIG [overrides] --after RUN`: the train CLI owns the training
+        # array (sweeps, one rank per GPU); it depends (afterok) on the array just submitted.
         from eagle_batch.cli import main as cli_main
 
-        argv = ["train", args.config, *args.overrides]
-        tsub = submit_after(run_dir, cli_main, argv, cfg=cfg)
-        print(f"submitted training job {tsub.job_id} ({tsub.dependency or 'no dependency'}): "
-              f"eagle-batch {' '.join(argv)}")
+        argv = ["train", args.config, *args.overrides, "--after", str(run_dir)]
+        print(f"eagle-batch {' '.join(argv)}")
+        rc = cli_main(argv)
+        if rc != 0:
+            print(f"eagle-batch extract: the extraction array {sub.job_id} is queued but submitting training "
+                  f"failed (exit {rc}); submit it later with `eagle-batch train {args.config} --after {run_dir}`.",
+                  file=sys.stderr)
+            return rc
     print(f"follow with: eagle-batch status {run_dir}")
     if args.wait:
         from .follow import follow

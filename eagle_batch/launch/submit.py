@@ -232,7 +232,8 @@ def submit_after(run_dir: str | os.PathLike, fn: Callable, *args: Any, name: str
                  **kwargs: Any) -> S.Submission:
     """Submit `fn(*args, **kwargs)` as one Slurm job that starts after the run's extraction succeeds.
 
-    For the train CLI (`eagle-batch train CONFIG --after RUN`) and `extract --then-train`:
+    For any job that needs the run's hidden states (the train CLI builds its own array with
+    `make_executor(..., dependency=afterok_dependency(RUN))`; `extract --then-train` calls that CLI):
 
         from eagle_batch.launch import submit_after
         sub = submit_after(run_dir, train_main, cfg_path, overrides, slurm_overrides=["slurm.gpus_per_node=8"])
@@ -251,8 +252,7 @@ def submit_after(run_dir: str | os.PathLike, fn: Callable, *args: Any, name: str
     run_dir = Path(run_dir)
     if cfg is None:
         cfg = load_run_config(run_dir, slurm_overrides)
-    deps = sorted(set(_pending_arrays(run_dir)))
-    dependency = "afterok:" + ":".join(deps) if deps else ""
+    dependency = afterok_dependency(run_dir)
     which = resolve_executor(cfg)
     if which != "slurm":
         raise SubmitError("chaining (train --after / extract --then-train) needs Slurm: set slurm.executor=slurm "
@@ -265,7 +265,13 @@ def submit_after(run_dir: str | os.PathLike, fn: Callable, *args: Any, name: str
     return sub
 
 
-def _pending_arrays(run_dir: Path) -> list[str]:
+def afterok_dependency(run_dir: str | os.PathLike) -> str:
+    """Slurm `--dependency` value for "after this run's extraction succeeds" ("" when all tasks are done)."""
+    deps = sorted(set(pending_arrays(Path(run_dir))))
+    return "afterok:" + ":".join(deps) if deps else ""
+
+
+def pending_arrays(run_dir: Path) -> list[str]:
     """Array job ids whose tasks are not all done (the latest submission of each unfinished task)."""
     subs = S.read_submissions(run_dir)
     n = plan_num_tasks(run_dir)
@@ -281,3 +287,6 @@ def _pending_arrays(run_dir: Path) -> list[str]:
         if s.executor == "slurm":
             out.append(s.job_id)
     return out
+
+
+_pending_arrays = pending_arrays  # the name eagle_batch/train/cli.py imports

@@ -294,3 +294,64 @@ def test_failing_task_gives_up_is_reported_and_only_it_is_resumed(tmp_path, caps
     st = wait_idle(capsys, run, 90)
     assert st["totals"]["all_done"], json.dumps(st, indent=1)
     assert st["tasks"][2]["attempts"] == 3 and st["tasks"][0]["attempts"] == 1
+
+
+# ------------------------------------------------------------------------------- chaining (afterok)
+def test_submit_after_waits_for_extraction_and_aggregates(tmp_path, capsys, synthetic):
+    import subprocess
+
+    from eagle_batch.launch import submit_after
+
+    run, cfg = make_synthetic_run(tmp_path, "chain", 2)
+    (run / "faults" / "sleep_s").write_text("0.5")
+    rc, out, err = cli(capsys, "extract", cfg)
+    assert rc == 0, err
+    array = json.loads((run / "slurm" / "submissions.jsonl").read_text().splitlines()[-1])["job_id"]
+    probe = tmp_path / "probe.json"
+    sub = submit_after(run, work.chained_probe, str(run), str(probe), name="train")
+    assert sub.dependency == f"afterok:{array}"
+    reason = subprocess.run(["squeue", "-h", "-j", sub.job_id, "-o", "%r"], capture_output=True, text=True).stdout
+    assert "Dependency" in reason, reason  # held while the array runs
+    wait_for(probe.exists, 120, "the chained job to run")
+    seen = json.loads(probe.read_text())
+    assert seen["states"] == ["done", "done"] and seen["dataset_json"] is True
+    ends = [json.loads((run / "state" / f"task-{t:05d}.json").read_text())["attempts"][-1]["ended"] for t in range(2)]
+    assert seen["time"] > max(ends)
+
+
+# ------------------------------------------------------------------ resources and container wrapping
+def test_sbatch_resources_and_container_wrapping(tmp_path):
+    from eagle_batch.config import load_config
+    from eagle_batch.launch import make_executor
+
+    def script(*overrides):
+        cfg = load_config(None, ["run_dir=" + str(tmp_path / "r"), "model.path=/models/m", *overrides])
+        ex = make_executor(cfg, cfg.run_dir, executor="slurm")
+        return ex._make_submission_file_text(ex._submitit_command_str, "x")
+
+    s = script("slurm.partition=gpu", "slurm.account=proj", "slurm.qos=high", "slurm.constraint=h200",
+               "slurm.exclusive=true", "slurm.mem_gb=64", "slurm.time_min=90", "slurm.cpus_per_task=16",
+               "slurm.additional_sbatch=['--mail-type=END', '#SBATCH --reservation res1']",
+               "slurm.setup=['module load cuda']")
+    for line in ("--gpus-per-node=8", "--partition=gpu", "--account=proj", "--qos=high", "--constraint=h200",
+                 "--exclusive", "--mem=64GB", "--time=90", "--cpus-per-task=16", "--mail-type=END",
+                 "--reservation=res1", "--signal=USR2@120"):
+        assert f"#SBATCH {line}" in s, (line, s)
+    assert "module load cuda" in s
+
+    s = script("slurm.container.runtime=apptainer", "slurm.container.image=/img/eb.sif",
+               "slurm.container.binds=['/scratch:/scratch']")
+    cmd = s.strip().splitlines()[-1]
+    assert "apptainer exec --nv" in cmd and "/img/eb.sif python3 -u -m submitit.core._submit" in cmd
+    assert f"--bind {tmp_path / 'r'}:{tmp_path / 'r'}" in cmd and "--bind /models/m:/models/m" in cmd
+    assert "--bind /scratch:/scratch" in cmd
+
+    s = script("slurm.container.runtime=pyxis", "slurm.container.image=nvcr.io#eb:1")
+    cmd = s.strip().splitlines()[-1]
+    assert cmd.startswith("srun ") and "--container-image=nvcr.io#eb:1" in cmd
+    assert "--container-mounts=" in cmd and " python3 -u -m submitit.core._submit" in cmd
+
+    from eagle_batch.launch.submit import SubmitError
+
+    with pytest.raises(SubmitError, match="slurm.container.image"):
+        script("slurm.container.runtime=apptainer")

@@ -82,3 +82,18 @@ def slow_capture(ctx: TaskContext) -> bool:
 
     ctx.report = slow_report
     return capture_work(ctx)
+
+
+def chained_probe(run_dir: str, out: str) -> dict:
+    """A job chained with submit_after: records what it saw when it started (after aggregation)."""
+    import json
+    import time as _t
+
+    from eagle_batch.launch.state import read_state
+
+    run = Path(run_dir)
+    n = json.loads((run / "prepared" / "plan.json").read_text())["num_tasks"]
+    seen = {"time": _t.time(), "dataset_json": (run / "dataset.json").is_file(),
+            "states": [getattr(read_state(run, t), "status", None) for t in range(n)]}
+    Path(out).write_text(json.dumps(seen))
+    return seen
