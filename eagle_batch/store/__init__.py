@@ -12,18 +12,11 @@ from .reader import StoreDataset, TaskStore, open_dataset, read_record
 from .spec import (StoreCorruptError, StoreError, StoreLockedError, StoreMismatchError, StoreSpec)
 from .writer import TaskStoreWriter, committed_samples_of_shard, hidden_states_to_uint16
 
-
-def aggregate(run_dir, **kwargs):
-    from .aggregate import aggregate as _aggregate
-
-    return _aggregate(run_dir, **kwargs)
-
-
-def verify(path, **kwargs):
-    from .verify import verify as _verify
-
-    return _verify(path, **kwargs)
-
+# Imported eagerly, not through lazy wrappers: a wrapper named like its submodule is replaced by the module
+# object as soon as anything imports `eagle_batch.store.verify` (e.g. the writer's repair path), after which
+# `from eagle_batch.store import verify; verify(path)` raised "'module' object is not callable".
+from .aggregate import aggregate  # noqa: E402
+from .verify import verify  # noqa: E402
 
 __all__ = [
     "LAYER_SEMANTICS", "StoreCorruptError", "StoreDataset", "StoreError", "StoreLockedError",
