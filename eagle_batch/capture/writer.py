@@ -88,9 +88,8 @@ class WriterThread(Sink):
 
     # ----------------------------------------------------------------- driver side
     def expect(self, samples: Sequence[Any]) -> None:
-        with self._cv:
-            for s in samples:
-                self._expected[s.sample_id] = s
+        """Announce a batch. Queued like everything else, so a commit checks exactly the batches before it."""
+        self._q.put(("expect", list(samples), 0))
 
     def put(self, item: CapturedRequest) -> None:
         nbytes = int(item.states.numel() * item.states.element_size())
@@ -143,7 +142,11 @@ class WriterThread(Sink):
                 self._release(nbytes)
                 continue
             try:
-                if op == "append":
+                if op == "expect":
+                    with self._cv:
+                        for smp in arg:
+                            self._expected[smp.sample_id] = smp
+                elif op == "append":
                     self._append(arg)
                 elif op == "commit":
                     missing = self.missing()
