@@ -85,15 +85,26 @@ class _Stream:
         self.shard = 0  # index of the shard being filled
         self.fill = 0  # rows in that shard
         self.chunks: list[Future | bytes] = []  # its full inner chunks, encoded or being encoded
+        # Chunk buffers are recycled: fresh multi-MB allocations page-fault on every first touch, which
+        # measured 3x slower than copying into a reused buffer (2-core VM).
+        self.free: list[np.ndarray] = []
         self.buf = self._new_buf()
         self.buf_fill = 0
         self.raw_crc = 0  # crc32c of the shard's rows so far (row-major bytes)
 
     def _new_buf(self) -> np.ndarray:
+        if self.free:
+            return self.free.pop()
         return np.empty((self.layout.chunk_tokens, *self.layout.row_shape), self.layout.np_dtype)
 
     def encode(self, chunk: np.ndarray) -> bytes:
         return chunk.tobytes() if self.codec is None else bytes(self.codec.encode(chunk))
+
+    def encode_and_recycle(self, chunk: np.ndarray) -> bytes:
+        try:
+            return self.encode(chunk)
+        finally:
+            self.free.append(chunk)  # list.append is atomic; the buffer is not referenced elsewhere
 
     def push(self, rows: np.ndarray) -> None:
         lay = self.layout
@@ -416,7 +427,7 @@ class TaskStoreWriter:
 
     def _submit_encode(self, st: _Stream, chunk: np.ndarray) -> Future:
         self._encode_slots.acquire()
-        fut = self._encode_pool.submit(st.encode, chunk)
+        fut = self._encode_pool.submit(st.encode_and_recycle, chunk)
         fut.add_done_callback(lambda _f: self._encode_slots.release())
         return fut
 

