@@ -355,3 +355,36 @@ def test_sbatch_resources_and_container_wrapping(tmp_path):
 
     with pytest.raises(SubmitError, match="slurm.container.image"):
         script("slurm.container.runtime=apptainer")
+
+
+# ------------------------------------------------------------------------ requeue of a whole array
+def test_whole_array_requeue_resumes_from_commits(tmp_path, capsys, synthetic):
+    """`scontrol requeue ARRAY` (no checkpoint signal: the tasks are killed) restarts every task from
+    its last commit; the data equals an uninterrupted run and nothing committed is recomputed."""
+    import subprocess
+
+    n = 3
+    ref = reference_run(tmp_path, n)
+    run, cfg = make_synthetic_run(tmp_path, "requeue", n)
+    # Slow enough that Slurm's KillWait (5 s between SIGTERM and SIGKILL) cannot let a task finish.
+    (run / "faults" / "sleep_s").write_text("1.5")
+    rc, out, err = cli(capsys, "extract", cfg)
+    assert rc == 0, err
+    array = json.loads((run / "slurm" / "submissions.jsonl").read_text().splitlines()[-1])["job_id"]
+    def all_running():
+        s = status(capsys, run)
+        return all(r["state"] == "running" and r["samples_committed"] >= 2 for r in s["tasks"])
+
+    wait_for(all_running, 60, "all tasks running with commits")
+    r = subprocess.run(["scontrol", "requeue", array], capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+    wait_for(lambda: any(r["state"] == "requeued" or r["attempts"] >= 2 for r in status(capsys, run)["tasks"]),
+             30, "the requeue to show")
+    (run / "faults" / "sleep_s").write_text("0")
+    st = wait_idle(capsys, run, 120)
+    assert st["totals"]["all_done"], json.dumps(st, indent=1)
+    for t in range(n):
+        s = json.loads((run / "state" / f"task-{t:05d}.json").read_text())
+        assert [a["outcome"] for a in s["attempts"]][-2:] == ["killed", "done"], s["attempts"]
+        assert 0 < s["attempt_tokens"] < s["tokens_total"]  # the last attempt did only the rest
+    assert_same_data(run, ref, n)
