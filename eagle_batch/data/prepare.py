@@ -301,12 +301,19 @@ def _prepare_into(cfg: RunConfig, cfg_dict: dict, tok, files: list[Path], total:
     prog = Progress(total, enabled=show_progress)
 
     pool = None
+    _init_worker(cfg_dict["model"], cfg_dict["data"], tokenizer=tok)
     if workers > 1:
-        ctx = mp.get_context("spawn")  # fork after loading a Rust tokenizer can deadlock
-        pool = ctx.Pool(workers, initializer=_init_worker, initargs=(cfg_dict["model"], cfg_dict["data"]))
+        if "fork" in mp.get_all_start_methods():
+            # Forked workers inherit the loaded tokenizer: no per-worker import of transformers (tens of
+            # seconds on a busy node). Safe because the tokenizer's Rust thread pool is off
+            # (TOKENIZERS_PARALLELISM=false, set before loading); if a user turned it on, the tokenizers
+            # library notices the fork and disables it in the children.
+            pool = mp.get_context("fork").Pool(workers)
+        else:
+            pool = mp.get_context("spawn").Pool(workers, initializer=_init_worker,
+                                                initargs=(cfg_dict["model"], cfg_dict["data"]))
         results_iter = pool.imap(process_chunk, _chunks(records(), CHUNK_ROWS), chunksize=1)
     else:
-        _init_worker(cfg_dict["model"], cfg_dict["data"], tokenizer=tok)
         results_iter = map(process_chunk, _chunks(records(), CHUNK_ROWS))
 
     try:

@@ -24,6 +24,7 @@ How the mask is found (no per-model string formats anywhere):
 from __future__ import annotations
 
 import threading
+from itertools import chain
 from dataclasses import dataclass
 from typing import Any, Sequence
 
@@ -194,9 +195,9 @@ def tokenize_rendered(tokenizer, samples: Sequence[RenderedSample],
     enc = _encode_pieces(tokenizer, pieces)
     out = []
     for start, stop in bounds:
-        ids = np.fromiter((t for ids in enc[start:stop] for t in ids), dtype=np.int32)
+        ids = np.array(list(chain.from_iterable(enc[start:stop])), dtype=np.int32)
         mask = np.repeat(np.asarray(flags[start:stop], dtype=np.uint8),
-                         [len(ids_) for ids_ in enc[start:stop]])
+                         [len(piece) for piece in enc[start:stop]])
         out.append((ids, mask))
     return out
 
