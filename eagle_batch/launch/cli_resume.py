@@ -13,6 +13,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--wait", action="store_true", help="follow the new array to the end")
     p.add_argument("--interval", type=float, default=5.0)
     p.add_argument("--dry-run", action="store_true", help="only print which tasks would be resubmitted")
+    p.add_argument("--repair", action="store_true",
+                   help="first verify every task store that is not queued or running; damaged ones are "
+                        "truncated to the last sample before the first damaged shard and recomputed from there")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -27,6 +30,8 @@ def run(args: argparse.Namespace) -> int:
                           "settings are fixed by the run's config.yaml.")
     cfg = load_run_config(args.run_dir, args.overrides)
     try:
+        if args.repair:
+            _request_repairs(args.run_dir, dry_run=args.dry_run)
         st = run_status(args.run_dir)
         rows = st["tasks"]
         todo = [r["task_id"] for r in rows if r["state"] in RESUMABLE]
@@ -50,3 +55,34 @@ def run(args: argparse.Namespace) -> int:
 
         return 0 if follow(args.run_dir, args.interval)["totals"]["all_done"] else 1
     return 0
+
+
+def _request_repairs(run_dir: str, dry_run: bool) -> list[int]:
+    """Verify the stores of tasks not queued/running; write RUN/state/repair-XXXXX.json for damaged ones."""
+    import json
+    import time
+
+    from eagle_batch.store import verify
+
+    from .state import repair_path, store_path
+    from .status import run_status
+
+    damaged = []
+    for r in run_status(run_dir)["tasks"]:
+        t = r["task_id"]
+        path = store_path(run_dir, t)
+        if r["state"] in ("pending", "requeued", "running") or not path.exists():
+            continue
+        problems = verify(path)
+        if not problems:
+            continue
+        damaged.append(t)
+        print(f"task {t}: {len(problems)} problem(s) in {path}: {problems[0]}"
+              + (f" (+{len(problems) - 1} more)" if len(problems) > 1 else ""))
+        if not dry_run:
+            p = repair_path(run_dir, t)
+            p.parent.mkdir(parents=True, exist_ok=True)
+            p.write_text(json.dumps({"time": time.time(), "problems": [str(x) for x in problems]}, indent=1))
+    if not damaged:
+        print("verify: no damaged task store.")
+    return damaged

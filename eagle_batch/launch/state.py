@@ -34,6 +34,11 @@ def state_path(run_dir: str | os.PathLike, task_id: int) -> Path:
     return Path(run_dir) / STATE_DIR / f"task-{task_id:05d}.json"
 
 
+def repair_path(run_dir: str | os.PathLike, task_id: int) -> Path:
+    """A repair request written by `resume --repair` (the verify problems); removed once the task is done."""
+    return Path(run_dir) / STATE_DIR / f"repair-{task_id:05d}.json"
+
+
 def store_path(run_dir: str | os.PathLike, task_id: int) -> Path:
     return Path(run_dir) / "stores" / f"task-{task_id:05d}.zarr"
 

@@ -13,6 +13,7 @@ hit its time limit or was killed (a killed process writes nothing). Task states:
     timeout        killed at its time limit without requeue; resumable
     gave_up        failed on slurm.max_attempts attempts; resumable once fixed
     unknown        Slurm has no record of its job (e.g. a pending array task cancelled alone); resumable
+    damaged        `resume --repair` found problems in its store and the repair has not run yet; resumable
 """
 
 from __future__ import annotations
@@ -28,7 +29,7 @@ from . import state as S
 from .slurm_query import is_live, job_states
 
 FINISHED_OK = {"done"}
-RESUMABLE = {"not_submitted", "failed", "cancelled", "timeout", "gave_up", "unknown"}
+RESUMABLE = {"not_submitted", "failed", "cancelled", "timeout", "gave_up", "unknown", "damaged"}
 
 
 @dataclass
@@ -101,7 +102,7 @@ def task_rows(run_dir: str | os.PathLike, num_tasks: int) -> list[TaskRow]:
         sub = S.latest_submission_of(subs, t)
         job_id = sub.task_job_id(t) if sub else ""
         sstate = states.get(job_id, "") if sub and sub.executor == "slurm" else ""
-        state = _derive(st, sub, sstate)
+        state = _derive(st, sub, sstate, repair=S.repair_path(run_dir, t).exists())
         att = st.attempt if st else None
         if att and att.log and (att.job_id == job_id or not sub or sub.executor == "local"):
             log = att.log
@@ -128,9 +129,11 @@ def task_rows(run_dir: str | os.PathLike, num_tasks: int) -> list[TaskRow]:
     return rows
 
 
-def _derive(st: Optional[S.TaskState], sub: Optional[S.Submission], sstate: str) -> str:
-    if st is not None and st.status == S.DONE:
+def _derive(st: Optional[S.TaskState], sub: Optional[S.Submission], sstate: str, repair: bool = False) -> str:
+    if st is not None and st.status == S.DONE and not repair:
         return "done"
+    if repair and not is_live(sstate):
+        return "damaged"
     if sub is None:
         return "not_submitted"
     if sub.executor == "local":

@@ -57,6 +57,9 @@ class TaskContext:
     should_stop: Callable[[], bool]
     report: Callable[[int, int], None]
     set_totals: Callable[[int, int], None]
+    # `resume --repair` asked for it: open the store with repair=True (truncate to the last sample before
+    # the first damaged shard; capture then recomputes from there).
+    repair: bool = False
 
 
 def _is_store_locked(exc: BaseException) -> bool:
@@ -104,7 +107,8 @@ def capture_work(ctx: TaskContext) -> bool:
 
     samples = PreparedDataset(ctx.run_dir).task_samples(ctx.task_id)
     ctx.set_totals(len(samples), int(sum(len(s.input_ids) for s in samples)))
-    writer = TaskStoreWriter.open(S.store_path(ctx.run_dir, ctx.task_id), _store_spec(ctx.cfg), ctx.cfg.store)
+    writer = TaskStoreWriter.open(S.store_path(ctx.run_dir, ctx.task_id), _store_spec(ctx.cfg), ctx.cfg.store,
+                                  repair=ctx.repair)
     try:
         done_ids = set(writer.committed_sample_ids)
         done_tokens = int(sum(len(s.input_ids) for s in samples if s.sample_id in done_ids))
@@ -209,8 +213,9 @@ class ExtractTask(submitit.helpers.Checkpointable):
         def set_totals(samples: int, tokens: int) -> None:
             st.samples_total, st.tokens_total = samples, tokens
 
+        repair_file = S.repair_path(run_dir, self.task_id)
         ctx = TaskContext(cfg=cfg, run_dir=run_dir, task_id=self.task_id, should_stop=lambda: stop["flag"],
-                          report=report, set_totals=set_totals)
+                          report=report, set_totals=set_totals, repair=repair_file.exists())
         started = False
 
         def start() -> None:
@@ -252,6 +257,7 @@ class ExtractTask(submitit.helpers.Checkpointable):
         if finished:
             attempt.outcome = st.status = S.DONE
             S.write_state(run_dir, st)
+            repair_file.unlink(missing_ok=True)
             return {"task_id": self.task_id, "samples": st.samples_committed, "tokens": st.tokens_committed}
         if not stop["flag"]:
             # The work returned unfinished without being asked to stop: a bug in the work function.

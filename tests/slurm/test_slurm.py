@@ -388,3 +388,35 @@ def test_whole_array_requeue_resumes_from_commits(tmp_path, capsys, synthetic):
         assert [a["outcome"] for a in s["attempts"]][-2:] == ["killed", "done"], s["attempts"]
         assert 0 < s["attempt_tokens"] < s["tokens_total"]  # the last attempt did only the rest
     assert_same_data(run, ref, n)
+
+
+# ------------------------------------------------------------------------------- resume --repair
+def test_resume_repair_recomputes_only_the_damaged_part(tmp_path, capsys, synthetic):
+    n = 2
+    ref = reference_run(tmp_path, n)
+    run, cfg = make_synthetic_run(tmp_path, "repair", n)
+    rc, out, err = cli(capsys, "extract", cfg)
+    assert rc == 0, err
+    assert wait_idle(capsys, run, 90)["totals"]["all_done"]
+    shards = sorted((run / "stores" / "task-00001.zarr" / "hidden_states" / "c").rglob("*"))
+    shards = [p for p in shards if p.is_file()]
+    assert len(shards) >= 3, shards  # 64-token shards: the damage hits the middle of the task
+    victim = shards[len(shards) // 2]
+    data = bytearray(victim.read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    victim.write_bytes(bytes(data))
+
+    rc, out, err = cli(capsys, "resume", run, "--repair")
+    assert rc == 0, err
+    assert "task 1:" in out and "task 0:" not in out and "resubmitting 1 task(s): 1" in out, out
+    last = json.loads((run / "slurm" / "submissions.jsonl").read_text().splitlines()[-1])
+    assert last["tasks"] == [1]
+    st = wait_idle(capsys, run, 90)
+    assert st["totals"]["all_done"], json.dumps(st, indent=1)
+    s1 = json.loads((run / "state" / "task-00001.json").read_text())
+    assert 0 < s1["attempt_tokens"] < s1["tokens_total"]  # recomputed from the damaged shard on, not all
+    assert not (run / "state" / "repair-00001.json").exists()
+    from eagle_batch.store import verify
+
+    assert verify(run / "stores" / "task-00001.zarr") == []
+    assert_same_data(run, ref, n)

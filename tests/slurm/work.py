@@ -40,7 +40,8 @@ def synthetic_sample(task_id: int, i: int):
     n = 8 + (7 * i + task_id) % 24
     ids = rng.integers(0, 1000, n, dtype=np.int32)
     mask = (np.arange(n) % 3 != 0).astype(np.uint8)
-    hs = rng.integers(0, 1 << 15, (n, len(LAYERS), HIDDEN), dtype=np.uint16)  # finite bf16 bit patterns
+    # Positive finite bf16 bit patterns (exponent < 0xFF): verify rejects NaN/Inf.
+    hs = rng.integers(0, 0x7F00, (n, len(LAYERS), HIDDEN), dtype=np.uint16)
     return f"t{task_id}-s{i}", ids, mask, hs
 
 
@@ -51,7 +52,7 @@ def synthetic_work(ctx: TaskContext) -> bool:
     samples = [synthetic_sample(ctx.task_id, i) for i in range(N_SAMPLES)]
     ctx.set_totals(len(samples), sum(len(s[1]) for s in samples))
     spec = StoreSpec(layer_ids=LAYERS, hidden_size=HIDDEN, model_name="synthetic")
-    w = TaskStoreWriter.open(store_path(ctx.run_dir, ctx.task_id), spec, ctx.cfg.store)
+    w = TaskStoreWriter.open(store_path(ctx.run_dir, ctx.task_id), spec, ctx.cfg.store, repair=ctx.repair)
     try:
         done = set(w.committed_sample_ids)
         ctx.report(len(done), sum(len(s[1]) for s in samples if s[0] in done))
