@@ -212,6 +212,7 @@ class EagleBatchConnector(KVConnectorBase_V1, SupportsHMA):
                 self._inflight[it.req_id] = None
             return
         kv = self._kv
+        shm = hasattr(self._sink, "alloc_host")  # cross-process: copy straight into the shared ring
         if kv.is_cuda:
             ready = torch.cuda.Event()
             ready.record()  # after this step's draft forward wrote the cache
@@ -219,20 +220,36 @@ class EagleBatchConnector(KVConnectorBase_V1, SupportsHMA):
             with torch.cuda.stream(self._stream):
                 for it in meta.items:
                     rows = self._gather(it)
-                    host = torch.empty(rows.shape, dtype=rows.dtype, pin_memory=True)
+                    if shm:
+                        host, where = self._sink.alloc_host(rows.shape, rows.dtype, pin=True)
+                    else:
+                        host, where = torch.empty(rows.shape, dtype=rows.dtype, pin_memory=True), None
                     host.copy_(rows, non_blocking=True)
+                    # NaN/Inf check on the device: the writer then reads one flag instead of scanning.
+                    flag = torch.empty(1, dtype=torch.bool, pin_memory=True)
+                    flag.copy_(torch.isfinite(rows).all().reshape(1), non_blocking=True)
                     done = torch.cuda.Event()
                     done.record(self._stream)
                     self._inflight[it.req_id] = done
-                    self._sink.put(sink_registry.CapturedRequest(
-                        it.sample_id, it.req_id, np.asarray(it.token_ids, dtype=np.int64), host,
-                        done.synchronize))
+                    self._handoff(it, host, done.synchronize, where, flag)
         else:
             for it in meta.items:
                 rows = self._gather(it)  # advanced indexing copies: safe after the blocks are reused
+                where = None
+                if shm:
+                    host, where = self._sink.alloc_host(rows.shape, rows.dtype, pin=False)
+                    host.copy_(rows)
+                    rows = host
                 self._inflight[it.req_id] = None
-                self._sink.put(sink_registry.CapturedRequest(
-                    it.sample_id, it.req_id, np.asarray(it.token_ids, dtype=np.int64), rows, None))
+                self._handoff(it, rows, None, where)
+
+    def _handoff(self, it: ExtractItem, states, ready, where, finite=None) -> None:
+        item = sink_registry.CapturedRequest(it.sample_id, it.req_id, np.asarray(it.token_ids, dtype=np.int64),
+                                             states, ready, finite)
+        if where is None:
+            self._sink.put(item)
+        else:
+            self._sink.put(item, where)
 
     def get_finished(self, finished_req_ids: set[str]):
         self._finished.update(finished_req_ids)

@@ -157,10 +157,11 @@ class NativeBackend(VllmBackend):
     def run_batch(self, samples: Sequence[Any], sink: Sink) -> None:
         self._proxy.target = sink
         try:
+            start = self._shm.received if self._shm is not None else 0
             self.llm.generate(self._prompts(samples), [self._sampling_params(s.sample_id) for s in samples],
                               use_tqdm=False)
-            if self._shm is not None:
-                self._shm.wait_for(len(samples))
+            if self._shm is not None:  # records from another process may still be in flight
+                self._shm.wait_for(len(samples), start)
         finally:
             self._proxy.target = None
 

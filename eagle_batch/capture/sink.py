@@ -10,6 +10,7 @@ the key is not registered there and the connector uses the shared-memory transpo
 
 from __future__ import annotations
 
+import os
 import threading
 import uuid
 from dataclasses import dataclass
@@ -27,6 +28,8 @@ class CapturedRequest:
     token_ids: np.ndarray           # the prompt ids vLLM actually processed (echo check)
     states: Any                     # torch [T, L, H] (pinned CPU on CUDA, plain CPU tensor on CPU)
     ready: Optional[Callable[[], None]] = None  # blocks until `states` is valid (CUDA event sync)
+    finite: Any = None              # optional bool tensor [1] computed on the device (valid after ready())
+    release: Optional[Callable[[], None]] = None  # called once `states` is no longer needed (shared ring)
 
 
 class Sink:
@@ -36,14 +39,16 @@ class Sink:
         raise NotImplementedError
 
 
-_REGISTRY: dict[str, Sink] = {}
+# key -> (pid that registered it, sink). A forked worker inherits a copy of this dict: the pid check
+# keeps it from feeding a copy of the sink that nobody reads (it must use the shared-memory transport).
+_REGISTRY: dict[str, tuple[int, Sink]] = {}
 _LOCK = threading.Lock()
 
 
 def register(sink: Sink) -> str:
     key = uuid.uuid4().hex
     with _LOCK:
-        _REGISTRY[key] = sink
+        _REGISTRY[key] = (os.getpid(), sink)
     return key
 
 
@@ -54,4 +59,5 @@ def unregister(key: str) -> None:
 
 def lookup(key: str) -> Sink | None:
     with _LOCK:
-        return _REGISTRY.get(key)
+        got = _REGISTRY.get(key)
+    return got[1] if got is not None and got[0] == os.getpid() else None

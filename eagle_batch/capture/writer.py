@@ -139,6 +139,8 @@ class WriterThread(Sink):
             if self._error is not None:  # drop everything after a failure; release waiters
                 if op in ("commit", "flush"):
                     arg.set()
+                elif op == "append" and arg.release is not None:
+                    arg.release()
                 self._release(nbytes)
                 continue
             try:
@@ -147,7 +149,11 @@ class WriterThread(Sink):
                         for smp in arg:
                             self._expected[smp.sample_id] = smp
                 elif op == "append":
-                    self._append(arg)
+                    try:
+                        self._append(arg)
+                    finally:
+                        if arg.release is not None:
+                            arg.release()
                 elif op == "commit":
                     missing = self.missing()
                     if missing:
@@ -187,8 +193,9 @@ class WriterThread(Sink):
             item.ready()  # CUDA: the async device-to-host copy has landed
         states = item.states
         ids = np.asarray(sample.input_ids)
-        check_captured(item.sample_id, ids, item.token_ids, states, self.num_layers, self.hidden_size,
-                       self.check_finite)
+        # A finite flag computed on the device saves a full CPU scan; if it says "bad", scan for details.
+        scan = self.check_finite and (item.finite is None or not bool(item.finite.reshape(-1)[0]))
+        check_captured(item.sample_id, ids, item.token_ids, states, self.num_layers, self.hidden_size, scan)
         if states.dtype != torch.bfloat16:
             states = states.to(torch.bfloat16)
         self.writer.append(item.sample_id, ids, np.asarray(sample.loss_mask), states)

@@ -1,0 +1,310 @@
+"""`eagle-batch bench capture`: plain prefill vs eagle-batch capture vs vLLM's stock connector, same prompts.
+
+    PYTHONPATH=. python -m eagle_batch.bench.capture --build llama-1b --num-prompts 2048 --prompt-len 512 --json
+
+Three phases, each in a fresh subprocess (so every engine gets the whole GPU and starts clean), on the
+same random-token prompts (same seed), engine start and a short warm-up excluded from the clocks:
+
+- `plain`: prefill only (no speculative method, no connector), `max_tokens=1`; clock stops when
+  `generate` returns. Run with the engine in-process and, on CUDA, also with vLLM's default background
+  engine process; the faster one is the baseline (`plain_tok_s`), so the ratio is conservative.
+- `eagle-batch`: `run_capture` with the chosen backend into a real Zarr task store
+  (`eagle_batch.store.TaskStoreWriter`, codec/fsync from the default StoreConfig); clock stops when the
+  final `commit()` returned, i.e. every sample is compressed, written, fsynced and in the committed record.
+- `stock`: vLLM's `ExampleHiddenStatesConnector` (safetensors file per request + lock file); clock
+  stops when every request's write lock is released (its file is complete). CUDA only: it creates
+  torch.cuda streams, so it is skipped with a reason on the CPU.
+
+Prints one JSON object (`--json`) with tok/s per phase, `ratio_vs_plain` and `ratio_vs_stock`, bytes
+written, versions and the device. Models: `--model PATH` (a local HF folder) or `--build NAME` (random
+weights, synthetic vocabulary: see eagle_batch.bench.gpu_validate.MODELS; no download, no tokenizer).
+"""
+
+from __future__ import annotations
+
+import argparse
+import fcntl
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+PHASES = ("plain", "eagle-batch", "stock")
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    src = p.add_mutually_exclusive_group()
+    src.add_argument("--model", default="", help="local HF model folder")
+    src.add_argument("--build", default="llama-1b",
+                     help="build a random-weight model: llama-1b, dsv3-moe, tiny-llama, tiny-qwen3-moe (default llama-1b)")
+    p.add_argument("--layer-ids", default="", help="comma list (default: the built model's, else EAGLE-3 default)")
+    p.add_argument("--num-prompts", type=int, default=2048)
+    p.add_argument("--prompt-len", type=int, default=512)
+    p.add_argument("--tp", type=int, default=1)
+    p.add_argument("--backend", default="native", choices=["native", "hooks"])
+    p.add_argument("--dtype", default="bfloat16")
+    p.add_argument("--phases", default=",".join(PHASES), help="comma list of plain, eagle-batch, stock")
+    p.add_argument("--max-num-seqs", type=int, default=256)
+    p.add_argument("--max-num-batched-tokens", type=int, default=8192)
+    p.add_argument("--gpu-memory-utilization", type=float, default=0.85)
+    p.add_argument("--enforce-eager", action="store_true", help="no torch.compile / CUDA graphs (hooks forces it)")
+    p.add_argument("--no-fsync", action="store_true", help="store.fsync=false for the eagle-batch phase")
+    p.add_argument("--work-dir", default="", help="models, store and stock files go here (default: a temp folder)")
+    p.add_argument("--keep", action="store_true", help="keep the written store / files")
+    p.add_argument("--timeout", type=int, default=3600, help="seconds per phase")
+    p.add_argument("--phase", default="", help=argparse.SUPPRESS)   # internal: run one phase
+    p.add_argument("--result", default="", help=argparse.SUPPRESS)
+    p.add_argument("--model-path", default="", help=argparse.SUPPRESS)
+    p.add_argument("--mp", default="0", help=argparse.SUPPRESS)
+
+
+def _layer_ids(args, path: Path) -> list[int]:
+    if args.layer_ids:
+        return [int(x) for x in args.layer_ids.split(",")]
+    from eagle_batch.bench.gpu_validate import MODELS
+    from eagle_batch.config import default_layer_ids, model_info
+
+    if not args.model and args.build in MODELS:
+        return list(MODELS[args.build]["layer_ids"])
+    return default_layer_ids(model_info(path).num_hidden_layers)
+
+
+def _cfg(args, path: Path, layer_ids: list[int], run_dir: str):
+    from eagle_batch.bench.gpu_validate import make_config
+
+    over = [f"extract.max_num_seqs={args.max_num_seqs}", f"extract.max_num_batched_tokens={args.max_num_batched_tokens}",
+            f"extract.gpu_memory_utilization={args.gpu_memory_utilization}",
+            f"extract.enforce_eager={'true' if args.enforce_eager else 'false'}",
+            f"extract.batch_samples={args.num_prompts}", "extract.commit_interval_s=1e9",
+            f"store.fsync={'false' if args.no_fsync else 'true'}"]
+    return make_config(path, layer_ids, args.tp, args.dtype, args.prompt_len + 16, args.backend, run_dir, over)
+
+
+def _prompts(args, seed=1):
+    from eagle_batch.bench.gpu_validate import random_prompts
+    from eagle_batch.config import model_info
+
+    vocab = model_info(args.model_path).vocab_size or 32000
+    return random_prompts(args.num_prompts if seed == 1 else min(16, args.num_prompts), args.prompt_len, seed,
+                          vocab=min(vocab, 32000))
+
+
+def _du(path: Path) -> int:
+    return sum(f.stat().st_size for f in path.rglob("*") if f.is_file()) if path.exists() else 0
+
+
+def _phase_plain(args, cfg, samples, warm) -> dict:
+    from eagle_batch.capture.engine import VllmBackend
+
+    b = VllmBackend(cfg, cfg.model.layer_ids)
+    b._start()
+    try:
+        sp = [b._sampling_params(s.sample_id) for s in warm]
+        b.llm.generate(b._prompts(warm), sp, use_tqdm=False)
+        prompts, sp = b._prompts(samples), [b._sampling_params(s.sample_id) for s in samples]
+        t0 = time.perf_counter()
+        outs = b.llm.generate(prompts, sp, use_tqdm=False)
+        dt = time.perf_counter() - t0
+    finally:
+        b.close()
+    assert len(outs) == len(samples)
+    return dict(seconds=dt)
+
+
+def _phase_eagle(args, cfg, samples, warm, work: Path) -> dict:
+    from eagle_batch.capture.engine import make_backend, run_capture
+    from eagle_batch.store import StoreSpec, TaskStoreWriter
+
+    backend = make_backend(cfg)
+    try:
+        class Drop:
+            def put(self, it):
+                if it.ready is not None:
+                    it.ready()
+
+        backend.run_batch(warm, Drop())
+        store = work / "eagle-batch-store.zarr"
+        shutil.rmtree(store, ignore_errors=True)
+        spec = StoreSpec(layer_ids=backend.layer_ids, hidden_size=backend.hidden_size, model_name=Path(cfg.model.path).name)
+        writer = TaskStoreWriter.open(store, spec, cfg.store)
+        try:
+            t0 = time.perf_counter()
+            stats = run_capture(cfg, samples, writer, backend=backend)  # returns after the final commit
+            dt = time.perf_counter() - t0
+        finally:
+            writer.close()
+    finally:
+        backend.close()
+    out = dict(seconds=dt, samples=stats.samples, commits=stats.commits, store_bytes=_du(store),
+               raw_bytes=stats.tokens * len(backend.layer_ids) * backend.hidden_size * 2)
+    out["compression_ratio"] = round(out["raw_bytes"] / max(out["store_bytes"], 1), 3)
+    if not args.keep:
+        shutil.rmtree(store, ignore_errors=True)
+    return out
+
+
+def _phase_stock(args, cfg, samples, warm, work: Path) -> dict:
+    import torch
+
+    if not torch.cuda.is_available():
+        return dict(skipped="vLLM's ExampleHiddenStatesConnector creates torch.cuda streams/events: CUDA only")
+    from eagle_batch.capture import vllm_compat as compat
+    from eagle_batch.capture.engine import VllmBackend
+
+    files = work / "stock-files"
+    shutil.rmtree(files, ignore_errors=True)
+    files.mkdir(parents=True)
+    b = VllmBackend(cfg, cfg.model.layer_ids)
+    # Its files are written on engine steps after the request finished: the background engine process
+    # keeps stepping, an in-process engine would not (FINDINGS section 1: load_hidden_states deadlocks).
+    os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "1"
+    b._start(speculative_config=compat.speculative_config(b.layer_ids),
+             kv_transfer_config={"kv_connector": "ExampleHiddenStatesConnector", "kv_role": "kv_producer",
+                                 "kv_connector_extra_config": {"shared_storage_path": str(files)}})
+
+    def wait_written(outs):
+        paths = []
+        for o in outs:
+            p = (o.kv_transfer_params or {}).get("hidden_states_path")
+            if p is None:
+                raise RuntimeError(f"stock connector returned no hidden_states_path for request {o.request_id}")
+            lock = p + ".lock"
+            if os.path.exists(lock):
+                with open(lock) as lf:
+                    fcntl.flock(lf, fcntl.LOCK_SH)  # released by the writer thread when the file is complete
+            paths.append(p)
+        return paths
+
+    try:
+        from vllm import SamplingParams
+
+        sp = SamplingParams(max_tokens=1, temperature=0.0, detokenize=False)
+        wait_written(b.llm.generate(b._prompts(warm), sp, use_tqdm=False))
+        prompts = b._prompts(samples)
+        t0 = time.perf_counter()
+        paths = wait_written(b.llm.generate(prompts, sp, use_tqdm=False))
+        dt = time.perf_counter() - t0
+    finally:
+        b.close()
+    out = dict(seconds=dt, files=len(paths), bytes=_du(files))
+    if not args.keep:
+        shutil.rmtree(files, ignore_errors=True)
+    return out
+
+
+def _child(args) -> int:
+    os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = args.mp
+    path = Path(args.model_path)
+    layer_ids = _layer_ids(args, path)
+    work = Path(args.work_dir)
+    cfg = _cfg(args, path, layer_ids, str(work / "run"))
+    samples, warm = _prompts(args, 1), _prompts(args, 2)
+    if args.phase == "plain":
+        r = _phase_plain(args, cfg, samples, warm)
+    elif args.phase == "eagle-batch":
+        r = _phase_eagle(args, cfg, samples, warm, work)
+    else:
+        r = _phase_stock(args, cfg, samples, warm, work)
+    tokens = len(samples) * args.prompt_len
+    r.update(phase=args.phase, tokens=tokens)
+    if "seconds" in r:
+        r["tok_s"] = tokens / r["seconds"]
+    Path(args.result).write_text(json.dumps(r))
+    return 0
+
+
+def _run_phase(args, name: str, path: Path, work: Path, mp: str) -> dict:
+    res = work / f"phase-{name}-mp{mp}.json"
+    res.unlink(missing_ok=True)
+    cmd = [sys.executable, "-m", "eagle_batch.bench.capture", "--phase", name, "--result", str(res),
+           "--model-path", str(path), "--work-dir", str(work), "--mp", mp,
+           "--num-prompts", str(args.num_prompts), "--prompt-len", str(args.prompt_len), "--tp", str(args.tp),
+           "--backend", args.backend, "--dtype", args.dtype, "--max-num-seqs", str(args.max_num_seqs),
+           "--max-num-batched-tokens", str(args.max_num_batched_tokens),
+           "--gpu-memory-utilization", str(args.gpu_memory_utilization), "--layer-ids",
+           ",".join(map(str, _layer_ids(args, path)))]
+    cmd += ["--model", str(path)] if args.model else ["--build", args.build]
+    cmd += ["--enforce-eager"] * args.enforce_eager + ["--no-fsync"] * args.no_fsync + ["--keep"] * args.keep
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join([str(Path(__file__).resolve().parents[2]), env.get("PYTHONPATH", "")])
+    t0 = time.perf_counter()
+    proc = subprocess.run(cmd, env=env, timeout=args.timeout, capture_output=True, text=True)
+    if proc.returncode != 0 or not res.is_file():
+        return dict(phase=name, error=f"exit {proc.returncode}", log_tail=(proc.stdout + proc.stderr)[-4000:])
+    r = json.loads(res.read_text())
+    r["wall_s"] = round(time.perf_counter() - t0, 1)
+    r["engine_process"] = "background" if mp == "1" else "in-process"
+    return r
+
+
+def run(args: argparse.Namespace) -> int:
+    if args.phase:
+        return _child(args)
+    from eagle_batch.bench.gpu_validate import build_random_model, versions
+
+    work = Path(args.work_dir or tempfile.mkdtemp(prefix="eb-bench-capture-"))
+    work.mkdir(parents=True, exist_ok=True)
+    path = Path(args.model) if args.model else build_random_model(args.build, work / "models", args.dtype)
+    args.model_path = str(path)
+    import torch
+
+    cuda = torch.cuda.is_available()
+    phases = [p for p in args.phases.split(",") if p]
+    bad = [p for p in phases if p not in PHASES]
+    if bad:
+        raise SystemExit(f"unknown phases {bad}; choose from {PHASES}")
+    results: dict[str, dict] = {}
+    # eagle-batch with TP=1 keeps the engine in-process (zero-copy hand-off); TP>1 has worker processes.
+    eb_mp = "0" if args.tp == 1 else "1"
+    for name in phases:
+        if name == "plain":
+            runs = [_run_phase(args, name, path, work, "0")]
+            if cuda:
+                runs.append(_run_phase(args, name, path, work, "1"))
+            ok = [r for r in runs if "tok_s" in r]
+            best = max(ok, key=lambda r: r["tok_s"]) if ok else runs[0]
+            best = dict(best, runs=[{k: r.get(k) for k in ("engine_process", "tok_s", "error")} for r in runs])
+            results[name] = best
+        elif name == "stock" and not cuda:
+            results[name] = dict(phase=name, skipped="vLLM's ExampleHiddenStatesConnector is CUDA-only "
+                                                     "(torch.cuda streams/events); no GPU here")
+        else:
+            results[name] = _run_phase(args, name, path, work, eb_mp if name == "eagle-batch" else "1")
+    tok = lambda n: results.get(n, {}).get("tok_s")  # noqa: E731
+    out = dict(bench="capture", model=str(path), built=None if args.model else args.build, tp=args.tp,
+               backend=args.backend, dtype=args.dtype, num_prompts=args.num_prompts, prompt_len=args.prompt_len,
+               tokens=args.num_prompts * args.prompt_len, layer_ids=_layer_ids(args, path),
+               plain_tok_s=tok("plain"), eagle_batch_tok_s=tok("eagle-batch"), stock_tok_s=tok("stock"),
+               phases=results, versions=versions())
+    if tok("plain") and tok("eagle-batch"):
+        out["ratio_vs_plain"] = round(tok("eagle-batch") / tok("plain"), 4)
+    if tok("stock") and tok("plain"):
+        out["stock_ratio_vs_plain"] = round(tok("stock") / tok("plain"), 4)
+    if tok("stock") and tok("eagle-batch"):
+        out["ratio_vs_stock"] = round(tok("eagle-batch") / tok("stock"), 4)
+    if not args.work_dir and not args.keep:
+        shutil.rmtree(work, ignore_errors=True)
+    if getattr(args, "json", False):
+        print(json.dumps(out, indent=2))
+    else:
+        for n, r in results.items():
+            print(f"{n:<12} " + (f"{r['tok_s']:>12,.0f} tok/s" if "tok_s" in r else r.get("skipped") or r.get("error", "?")))
+        if "ratio_vs_plain" in out:
+            print(f"eagle-batch / plain = {out['ratio_vs_plain']:.3f}")
+        print(json.dumps(out))
+    failed = [n for n, r in results.items() if "error" in r]
+    for n in failed:
+        print(f"phase {n} failed:\n{results[n]['log_tail']}", file=sys.stderr)
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    ap = argparse.ArgumentParser(prog="python -m eagle_batch.bench.capture", description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--json", action="store_true", help="print only the JSON result object")
+    add_arguments(ap)
+    sys.exit(run(ap.parse_args()))

@@ -1,0 +1,73 @@
+"""`eagle-batch validate RUN --samples K`: re-compute K captured samples with transformers and compare.
+
+Reads the run's resolved config (model path, dtype, layer ids, thresholds) and its stores
+(`eagle_batch.store.open_dataset`: the aggregated run if `aggregate` ran, else each task store), picks K
+samples spread over the run (seeded), runs the transformers reference (`capture.hf`) and prints the
+per-layer report (`capture.validate`). Exit status 1 when a layer fails its thresholds.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("run_dir", help="run directory (with config.yaml and stores/)")
+    p.add_argument("--samples", type=int, default=8, help="number of samples to compare (default 8)")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--device", default=None, help="torch device for the reference (default: cuda if available)")
+    p.add_argument("--dtype", default=None, help="reference dtype (default: model.dtype of the run)")
+    p.add_argument("--json", action="store_true", help="print the report as JSON")
+
+
+def _datasets(run_dir: Path):
+    from eagle_batch.store import open_dataset
+
+    if (run_dir / "dataset.json").is_file():
+        return [open_dataset(run_dir)]
+    stores = sorted((run_dir / "stores").glob("task-*.zarr"))
+    if not stores:
+        raise FileNotFoundError(f"{run_dir}: no dataset.json and no stores/task-*.zarr; run `eagle-batch extract` first")
+    return [open_dataset(p) for p in stores]
+
+
+def validate_run(run_dir: str | Path, k: int, seed: int = 0, device: str | None = None, dtype: str | None = None):
+    import numpy as np
+
+    from eagle_batch.config import load_run_config, model_info, resolve_layer_ids
+
+    from .hf import hf_hidden_states, load_hf_model
+    from .validate import LayerAccumulator
+
+    run_dir = Path(run_dir)
+    cfg = load_run_config(run_dir)
+    layer_ids = resolve_layer_ids(cfg.model, model_info(cfg.model.path))
+    dss = _datasets(run_dir)
+    index = [(d, i) for d, ds in enumerate(dss) for i in range(len(ds))]
+    if not index:
+        raise ValueError(f"{run_dir}: the stores hold no committed samples yet")
+    rng = np.random.default_rng(seed)
+    picks = sorted(rng.choice(len(index), size=min(k, len(index)), replace=False).tolist())
+    model = load_hf_model(cfg.model.path, dtype or cfg.model.dtype, device, cfg.model.trust_remote_code)
+    acc = LayerAccumulator(layer_ids)
+    for p in picks:
+        d, i = index[p]
+        rec = dss[d][i]
+        ref = hf_hidden_states(model, rec["input_ids"], layer_ids).cpu()
+        acc.add(str(rec["sample_id"]), rec["hidden_states"], ref)
+    return acc.report(cfg.extract.validate_min_cosine, cfg.extract.validate_max_rel_err)
+
+
+def run(args: argparse.Namespace) -> int:
+    rep = validate_run(args.run_dir, args.samples, args.seed, args.device, args.dtype)
+    print(json.dumps(rep.as_dict(), indent=2) if args.json else rep.table())
+    return 0 if rep.passed else 1
+
+
+if __name__ == "__main__":
+    ap = argparse.ArgumentParser(prog="eagle-batch validate")
+    add_arguments(ap)
+    sys.exit(run(ap.parse_args()))

@@ -1,0 +1,73 @@
+"""The shared-memory worker -> driver transport (used when the vLLM worker is another process)."""
+
+from __future__ import annotations
+
+import multiprocessing as mp
+import threading
+
+import numpy as np
+import torch
+
+from eagle_batch.capture.shm import ShmProducer, ShmReceiver
+from eagle_batch.capture.sink import CapturedRequest
+from eagle_batch.capture.writer import WriterThread
+
+
+def _produce(spec, n, L, H):
+    prod = ShmProducer(spec)
+    for i in range(n):
+        T = 5 + 7 * i
+        rows = torch.arange(T * L * H, dtype=torch.float32).view(T, L, H) + i
+        host, where = prod.alloc_host(rows.shape, rows.dtype, pin=False)
+        host.copy_(rows)
+        prod.put(CapturedRequest(f"s{i}", f"r{i}", np.arange(T), host, None, torch.tensor([True])), where)
+    prod.close()
+
+
+def test_ring_wraps_and_applies_backpressure_across_processes(fake_writer_cls, samples_factory):
+    """A ring smaller than the data: the producer (another process) must wait for the writer, records arrive
+    in order, bytes are intact after wrap-around, and the ring is released only after the append."""
+    L, H, n = 2, 16, 12
+    biggest = (5 + 7 * (n - 1)) * L * H * 4
+    w = fake_writer_cls()
+    wt = WriterThread(w, L, H)
+
+    class Sink:  # bf16 in the store: keep a float32 copy to check the bytes exactly
+        got = {}
+
+        def put(self, item):
+            Sink.got[item.sample_id] = item.states.clone()
+            wt.put(item)
+
+    samples = [s for s in samples_factory([5 + 7 * i for i in range(n)], prefix="s")]
+    for i, s in enumerate(samples):
+        s.sample_id, s.input_ids = f"s{i}", np.arange(len(s.input_ids))
+    wt.expect(samples)
+    rx = ShmReceiver(Sink(), ring_bytes=2 * biggest)  # forces wrap-around and waiting
+    try:
+        p = mp.get_context("spawn").Process(target=_produce, args=(rx.spec(), n, L, H))
+        p.start()
+        rx.wait_for(n, 0, timeout_s=120)
+        p.join(30)
+        assert p.exitcode == 0
+        wt.commit(wait=True)
+        wt.close()
+    finally:
+        rx.close()
+    assert sorted(w.committed) == sorted(f"s{i}" for i in range(n))
+    for i in range(n):
+        T = 5 + 7 * i
+        exp = torch.arange(T * L * H, dtype=torch.float32).view(T, L, H) + i
+        assert torch.equal(Sink.got[f"s{i}"], exp), i
+        assert torch.equal(w.committed[f"s{i}"]["hidden_states"], exp.to(torch.bfloat16))
+
+
+def test_receiver_reports_missing_records():
+    rx = ShmReceiver(sink=None, ring_bytes=1 << 20)
+    try:
+        import pytest
+
+        with pytest.raises(RuntimeError, match="only 0 of 3 captured samples arrived"):
+            rx.wait_for(3, 0, timeout_s=0.5)
+    finally:
+        rx.close()
