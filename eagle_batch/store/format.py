@@ -10,6 +10,7 @@ See docs/format.md for the full specification.
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import uuid
@@ -248,14 +249,28 @@ def write_atomic(path: Path, pieces: Sequence[bytes | memoryview], fsync: bool =
                 mv = mv[n:]
         if fsync:
             os.fsync(fd)
-    except BaseException:
+    except BaseException as e:
         os.close(fd)
         tmp.unlink(missing_ok=True)
+        if isinstance(e, OSError) and e.errno in (errno.ENOSPC, errno.EDQUOT):
+            raise no_space_error(path, e) from e
         raise
     os.close(fd)
     os.replace(tmp, path)
     if fsync and sync_dir:
         fsync_dir(path.parent)
+
+
+def no_space_error(path: Path, e: OSError):
+    """A full disk or quota as a StoreError that names the store and what to do (a bare ENOSPC names neither)."""
+    from .spec import StoreError
+
+    store = next((p for p in (path, *path.parents) if p.suffix == ".zarr"), path.parent)
+    what = "quota exceeded" if e.errno == errno.EDQUOT else "no space left on device"
+    return StoreError(f"{store}: {what} while writing {path.relative_to(store) if store in path.parents else path}. "
+                      "Everything committed before is intact (this write was not committed). Free space on that "
+                      f"file system (`df -h {store.parent}`) or raise the quota, then resume the task "
+                      "(`eagle-batch resume RUN`): it continues from its last commit.")
 
 
 def write_json_atomic(path: Path, obj, fsync: bool = True) -> None:

@@ -304,6 +304,13 @@ class TaskStoreWriter:
         """Cheap checks of committed shards (existence, size; full crc of tail shards). -> (first token, msg)."""
         damaged = []
         for name, lay in self.layouts.items():
+            for k in range(-(-self._num_tokens // lay.shard_tokens)):  # the record must cover its own tokens
+                want = min(lay.shard_tokens, self._num_tokens - k * lay.shard_tokens)
+                info = self._shard_tables[name].get(k)
+                if info is None or info["tokens"] != want:
+                    damaged.append((k * lay.shard_tokens, f"{name} shard {k}: the record's shard table does not "
+                                                          f"cover its {want} committed tokens"))
+                    self._shard_tables[name].pop(k, None)
             for k, info in sorted(self._shard_tables[name].items()):
                 f = lay.shard_path(self.path, k)
                 first = k * lay.shard_tokens

@@ -119,3 +119,19 @@ def test_repair_truncates_before_the_damaged_shard_and_resume_recomputes(store, 
     ds = open_dataset(store)
     for i, s in enumerate(samples):
         np.testing.assert_array_equal(ds.get_arrays(i)["hidden_states"], s[3])
+
+
+def test_writer_refuses_record_pointing_past_the_data(store, spec, small_cfg):
+    import json
+
+    from eagle_batch.store import StoreCorruptError
+
+    r = json.loads((store / "progress.json").read_text())
+    r["lengths"].append(50)
+    r["sample_ids"].append("ghost")
+    r["num_samples"] += 1
+    r["num_tokens"] += 50
+    (store / "progress.json").write_text(json.dumps(r))
+    (store / "complete").unlink()
+    with pytest.raises(StoreCorruptError, match="does not cover"):
+        TaskStoreWriter.open(store, spec, small_cfg)
