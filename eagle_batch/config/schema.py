@@ -156,6 +156,10 @@ class TrainConfig:
     draft_intermediate_size: int = 0
     draft_num_heads: int = 0
     draft_num_kv_heads: int = 0
+    # Target layer ids fed to the draft's fc (default: every stored layer except the last, N).
+    aux_layer_ids: list[int] = field(default_factory=list)
+    # Export after training to <output_dir>/export (the folder vLLM serves).
+    export: bool = True
 
 
 @dataclass

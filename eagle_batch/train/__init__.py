@@ -1,0 +1,8 @@
+"""EAGLE-3 draft training on a run's hidden states (docs/training.md).
+
+- `model`: the draft (vLLM llama_eagle3 layout), target head, `export_draft`.
+- `data`: dataset over `open_dataset(RUN)`, token-budget length-bucketed per-rank batch plan, loader.
+- `trainer.train(cfg)`: TTT loop, checkpoint/resume, metrics, DDP.
+- `cli`: `eagle-batch train CONFIG [k=v ...] [--local] [--after RUN]`.
+- `serve_check.measure_acceptance(target, draft_dir, prompts, k)`: vLLM EAGLE-3 serving check.
+"""

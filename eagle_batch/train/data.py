@@ -1,0 +1,220 @@
+"""The training data path: store samples -> length-bucketed, token-budgeted, per-rank batches.
+
+- `TrainSamples(ds, aux_layer_ids, last_layer_id, max_length)`: wraps `open_dataset(RUN)` (or any
+  map-style dataset of dicts with input_ids / loss_mask / hidden_states [T, L, H] bf16 / sample_id and
+  `layer_ids`) and returns per sample: input_ids int64 [T], loss_mask uint8 [T], aux bf16 [T, 3H]
+  (the aux layers concatenated in the given order) and last bf16 [T, H] (layer N, pre-norm).
+- `BatchPlan(lengths, batch_tokens, seed, world_size)`: a deterministic plan per epoch. Samples are
+  shuffled (seeded by seed + epoch), sorted by length inside windows of 64 batches' worth (so padding is
+  small and batches still mix), packed so that `max_len * count <= batch_tokens`, the batch order is
+  shuffled, and batches are dealt round-robin to ranks (truncated to a multiple of world_size so every
+  rank takes the same number of steps - DDP needs that). The data position is (epoch, batch index):
+  rebuilding the plan for that epoch and skipping gives exactly the same order after a resume.
+- `make_loader(...)`: a DataLoader over the rank's remaining batches, with workers, prefetch and
+  pinned memory, so decode/collate runs in worker processes ahead of the step.
+- `token_frequencies(ds)` / `build_vocab_map(freq, draft_vocab_size)`: draft vocabulary from the
+  frequencies of the loss-masked tokens of the training data.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Iterator, Sequence
+
+import numpy as np
+import torch
+from torch.utils.data import DataLoader, Dataset
+
+
+class InMemoryDataset:
+    """Samples held in memory, with the same interface as `open_dataset` (tests, benchmarks)."""
+
+    def __init__(self, samples: Sequence[dict], layer_ids: Sequence[int]):
+        self.samples = list(samples)
+        self.layer_ids = list(layer_ids)
+
+    def __len__(self) -> int:
+        return len(self.samples)
+
+    def __getitem__(self, i: int) -> dict:
+        return self.samples[int(i)]
+
+    def lengths(self) -> np.ndarray:
+        return np.array([len(s["input_ids"]) for s in self.samples], dtype=np.int64)
+
+
+class TrainSamples(Dataset):
+    def __init__(self, ds: Any, aux_layer_ids: Sequence[int], last_layer_id: int, max_length: int = 0):
+        self.ds = ds
+        stored = list(ds.layer_ids)
+        want = list(aux_layer_ids) + [int(last_layer_id)]
+        missing = [x for x in want if x not in stored]
+        if missing:
+            raise ValueError(f"the training data holds layers {stored}; the draft needs {want} "
+                             f"(aux {list(aux_layer_ids)} + last {last_layer_id}); missing {missing}. "
+                             "Re-extract with model.layer_ids including them.")
+        self.positions = [stored.index(x) for x in want]
+        self.identity = self.positions == list(range(len(stored)))
+        self.max_length = int(max_length)
+        self._lengths: np.ndarray | None = None
+
+    def __len__(self) -> int:
+        return len(self.ds)
+
+    def lengths(self) -> np.ndarray:
+        if self._lengths is None:
+            if hasattr(self.ds, "lengths"):
+                self._lengths = np.asarray(self.ds.lengths(), dtype=np.int64)
+            else:
+                self._lengths = np.array([len(self.ds[i]["input_ids"]) for i in range(len(self.ds))], np.int64)
+            if self.max_length:
+                self._lengths = np.minimum(self._lengths, self.max_length)
+        return self._lengths
+
+    def __getitem__(self, i: int) -> dict:
+        if hasattr(self.ds, "get_arrays"):
+            # numpy path of the store reader: hidden states as uint16 bits, viewed as bf16 without a copy
+            x = self.ds.get_arrays(int(i))
+            hs = torch.from_numpy(np.ascontiguousarray(x["hidden_states"])).view(torch.bfloat16)
+            ids = torch.from_numpy(x["input_ids"].astype(np.int64))
+            lm = torch.from_numpy(np.asarray(x["loss_mask"], dtype=np.uint8))
+        else:
+            x = self.ds[int(i)]
+            hs, ids, lm = x["hidden_states"], torch.as_tensor(x["input_ids"]).long(), torch.as_tensor(x["loss_mask"])
+        t = ids.shape[0] if not self.max_length else min(ids.shape[0], self.max_length)
+        hs = hs[:t]
+        if not self.identity:
+            hs = hs[:, self.positions]
+        n_aux = len(self.positions) - 1
+        return {"input_ids": ids[:t], "loss_mask": lm[:t].to(torch.uint8),
+                "aux": hs[:, :n_aux].reshape(t, -1), "last": hs[:, n_aux], "index": int(i)}
+
+
+def collate(samples: list[dict]) -> dict:
+    """Right-pad to the longest sample; padding has loss_mask 0 and input id 0."""
+    b = len(samples)
+    t = max(s["input_ids"].shape[0] for s in samples)
+    ha, hl = samples[0]["aux"].shape[-1], samples[0]["last"].shape[-1]
+    out = {
+        "input_ids": torch.zeros(b, t, dtype=torch.long),
+        "loss_mask": torch.zeros(b, t, dtype=torch.uint8),
+        "aux": torch.zeros(b, t, ha, dtype=torch.bfloat16),
+        "last": torch.zeros(b, t, hl, dtype=torch.bfloat16),
+        "lengths": torch.zeros(b, dtype=torch.long),
+        "index": torch.tensor([s["index"] for s in samples], dtype=torch.long),
+    }
+    for j, s in enumerate(samples):
+        n = s["input_ids"].shape[0]
+        out["input_ids"][j, :n] = s["input_ids"]
+        out["loss_mask"][j, :n] = s["loss_mask"]
+        out["aux"][j, :n] = s["aux"]
+        out["last"][j, :n] = s["last"]
+        out["lengths"][j] = n
+    return out
+
+
+@dataclass
+class BatchPlan:
+    lengths: np.ndarray
+    batch_tokens: int
+    seed: int = 0
+    world_size: int = 1
+    window_batches: int = 64
+
+    def epoch_batches(self, epoch: int) -> list[list[int]]:
+        """All batches of one epoch (every rank's), in global order; deterministic in (seed, epoch)."""
+        rng = np.random.default_rng([self.seed, epoch])
+        n = len(self.lengths)
+        order = rng.permutation(n)
+        mean_len = max(1.0, float(self.lengths.mean()) if n else 1.0)
+        window = max(1, int(self.window_batches * self.batch_tokens / mean_len))
+        batches: list[list[int]] = []
+        for w in range(0, n, window):
+            chunk = order[w:w + window]
+            chunk = chunk[np.argsort(-self.lengths[chunk], kind="stable")]
+            cur: list[int] = []
+            cur_max = 0
+            for i in chunk.tolist():
+                li = int(self.lengths[i])
+                new_max = max(cur_max, li)
+                if cur and new_max * (len(cur) + 1) > self.batch_tokens:
+                    batches.append(cur)
+                    cur, new_max = [], li
+                cur.append(i)
+                cur_max = new_max
+            if cur:
+                batches.append(cur)
+        perm = rng.permutation(len(batches))
+        batches = [batches[i] for i in perm]
+        usable = (len(batches) // self.world_size) * self.world_size
+        if usable == 0 and batches:
+            raise ValueError(f"only {len(batches)} batches per epoch for {self.world_size} ranks; lower "
+                             "train.batch_tokens or use fewer GPUs")
+        return batches[:usable]
+
+    def rank_batches(self, epoch: int, rank: int) -> list[list[int]]:
+        return self.epoch_batches(epoch)[rank::self.world_size]
+
+    def steps_per_epoch(self) -> int:
+        return len(self.epoch_batches(0)) // self.world_size
+
+
+class _PlannedBatches(torch.utils.data.Sampler):
+    def __init__(self, batches: list[list[int]]):
+        self.batches = batches
+
+    def __iter__(self) -> Iterator[list[int]]:
+        return iter(self.batches)
+
+    def __len__(self) -> int:
+        return len(self.batches)
+
+
+def make_loader(samples: TrainSamples, plan: BatchPlan, epoch: int, rank: int, skip: int = 0,
+                num_workers: int = 4, prefetch_factor: int = 4, pin_memory: bool = False) -> DataLoader:
+    """The rank's batches of `epoch` from batch `skip` on (the data position after a resume)."""
+    batches = plan.rank_batches(epoch, rank)[skip:]
+    kw: dict[str, Any] = {}
+    if num_workers > 0:
+        kw.update(prefetch_factor=prefetch_factor, persistent_workers=False,
+                  multiprocessing_context="fork" if torch.multiprocessing.get_start_method(True) in (None, "fork")
+                  else None)
+    return DataLoader(samples, batch_sampler=_PlannedBatches(batches), collate_fn=collate,
+                      num_workers=num_workers, pin_memory=pin_memory, **kw)
+
+
+# ----------------------------------------------------------------------------------------------------
+# Draft vocabulary
+
+def token_frequencies(ds: Any, vocab_size: int, max_samples: int = 0) -> np.ndarray:
+    """Counts of the tokens the draft must predict (loss_mask == 1) over the training data.
+
+    Reads only input_ids and loss_mask when the store reader offers `read_rows` (no hidden states).
+    """
+    counts = np.zeros(vocab_size, dtype=np.int64)
+    n = len(ds) if not max_samples else min(len(ds), max_samples)
+    stores = getattr(ds, "stores", None)
+    for i in range(n):
+        if stores is not None and hasattr(ds, "locate"):
+            s, j = ds.locate(i)
+            st = stores[s]
+            st._ensure()
+            a, b = int(st.offsets[j]), int(st.offsets[j + 1])
+            ids, lm = st.read_rows("input_ids", a, b), st.read_rows("loss_mask", a, b)
+        else:
+            x = ds[i]
+            ids, lm = np.asarray(x["input_ids"]), np.asarray(x["loss_mask"])
+        ids = np.asarray(ids, dtype=np.int64).reshape(-1)
+        lm = np.asarray(lm).reshape(-1).astype(bool)
+        np.add.at(counts, ids[lm], 1)
+    return counts
+
+
+def build_vocab_map(freq: np.ndarray, draft_vocab_size: int) -> torch.Tensor:
+    """Sorted target ids of the draft vocabulary: the most frequent tokens (ties -> lower id), padded
+    with the lowest unused ids when the data has fewer distinct tokens than draft_vocab_size."""
+    v = len(freq)
+    k = min(draft_vocab_size, v)
+    order = np.lexsort((np.arange(v), -freq))  # by count desc, then id asc
+    chosen = np.sort(order[:k])
+    return torch.from_numpy(chosen.astype(np.int64))

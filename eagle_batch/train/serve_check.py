@@ -1,0 +1,134 @@
+"""Serve an exported draft with vLLM as the EAGLE-3 drafter and measure what it buys.
+
+    from eagle_batch.train.serve_check import measure_acceptance
+    r = measure_acceptance(target_path, draft_dir, prompts, k=3)
+    r["mean_acceptance_length"], r["identical_outputs"]
+
+Each engine (plain target, target + draft) runs in its own Python subprocess: vLLM engines do not
+fully release their distributed state / memory when deleted, and only one engine may exist at a time on
+the shared CPU box. Greedy decoding in both; `identical_outputs` compares the generated token ids.
+
+Mean acceptance length = 1 + accepted draft tokens / drafts (the tokens each target forward yields,
+the number EAGLE papers report), from vLLM's spec-decode counters (`llm.get_metrics()`:
+`vllm:spec_decode_num_drafts`, `..._num_draft_tokens`, `..._num_accepted_tokens`,
+`..._num_accepted_tokens_per_pos`).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any, Sequence
+
+
+def _engine_env() -> dict[str, str]:
+    env = dict(os.environ)
+    env.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
+    env.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+    env.setdefault("HF_HUB_OFFLINE", "1")
+    env.setdefault("TRANSFORMERS_OFFLINE", "1")
+    env.setdefault("TOKENIZERS_PARALLELISM", "false")
+    # The package must be importable by the child even when it is not installed.
+    root = str(Path(__file__).resolve().parents[2])
+    env["PYTHONPATH"] = root + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
+    return env
+
+
+def _run_engine(spec: dict, timeout_s: float) -> dict:
+    with tempfile.TemporaryDirectory(prefix="eagle-serve-") as d:
+        inp, out = Path(d) / "in.json", Path(d) / "out.json"
+        inp.write_text(json.dumps(spec))
+        proc = subprocess.run([sys.executable, "-m", "eagle_batch.train.serve_check", str(inp), str(out)],
+                              env=_engine_env(), capture_output=True, text=True, timeout=timeout_s)
+        if proc.returncode != 0 or not out.is_file():
+            tail = (proc.stdout[-3000:] + "\n" + proc.stderr[-6000:]).strip()
+            raise RuntimeError(f"vLLM engine subprocess failed (rc={proc.returncode}):\n{tail}")
+        return json.loads(out.read_text())
+
+
+def render_prompts(target_path: str | os.PathLike, prompts: Sequence[str | list[dict]]) -> list[list[int]]:
+    """Plain strings and message lists both go through the target's chat template (generation prompt on)."""
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(str(target_path))
+    out = []
+    for p in prompts:
+        msgs = [{"role": "user", "content": p}] if isinstance(p, str) else list(p)
+        ids = tok.apply_chat_template(msgs, add_generation_prompt=True, tokenize=True)
+        if isinstance(ids, dict) or hasattr(ids, "keys"):
+            ids = ids["input_ids"]
+        out.append([int(i) for i in ids])
+    return out
+
+
+def measure_acceptance(target_path: str | os.PathLike, draft_dir: str | os.PathLike | None,
+                       prompts: Sequence[str | list[dict]], k: int = 3, max_tokens: int = 64,
+                       reference: dict | None = None, timeout_s: float = 900.0,
+                       max_model_len: int = 2048) -> dict[str, Any]:
+    """Greedy-generate `prompts` with and without the EAGLE-3 draft in `draft_dir`.
+
+    Returns mean_acceptance_length, identical_outputs, num_drafts, num_draft_tokens,
+    num_accepted_tokens, accepted_per_position, acceptance_rate, mismatches (prompt indexes), timings,
+    and `reference` (the no-speculation outputs; pass it back in to skip re-running the plain engine).
+    """
+    prompt_ids = render_prompts(target_path, prompts)
+    common = dict(target=str(target_path), prompts=prompt_ids, max_tokens=max_tokens,
+                  max_model_len=max_model_len)
+    if reference is None:
+        reference = _run_engine(dict(common, draft=None, k=0), timeout_s)
+    spec = _run_engine(dict(common, draft=str(draft_dir), k=int(k)), timeout_s) if draft_dir else None
+    result: dict[str, Any] = {"k": k, "num_prompts": len(prompt_ids), "max_tokens": max_tokens,
+                              "reference": reference, "baseline_s": reference["elapsed_s"]}
+    if spec is None:
+        return result
+    mismatches = [i for i, (a, b) in enumerate(zip(reference["outputs"], spec["outputs"])) if a != b]
+    m = spec["metrics"]
+    drafts = m.get("vllm:spec_decode_num_drafts", 0)
+    accepted = m.get("vllm:spec_decode_num_accepted_tokens", 0)
+    draft_tokens = m.get("vllm:spec_decode_num_draft_tokens", 0)
+    result.update(
+        mean_acceptance_length=(1.0 + accepted / drafts) if drafts else float("nan"),
+        acceptance_rate=(accepted / draft_tokens) if draft_tokens else float("nan"),
+        num_drafts=drafts, num_draft_tokens=draft_tokens, num_accepted_tokens=accepted,
+        accepted_per_position=m.get("vllm:spec_decode_num_accepted_tokens_per_pos", []),
+        identical_outputs=not mismatches and len(reference["outputs"]) == len(spec["outputs"]),
+        mismatches=mismatches, spec_s=spec["elapsed_s"],
+        generated_tokens=sum(len(o) for o in spec["outputs"]),
+    )
+    return result
+
+
+def _engine_main(inp: Path, out: Path) -> None:
+    from vllm import LLM, SamplingParams
+    from vllm.inputs import TokensPrompt
+
+    spec = json.loads(inp.read_text())
+    kwargs: dict[str, Any] = dict(model=spec["target"], dtype="bfloat16", max_model_len=spec["max_model_len"],
+                                  enforce_eager=True, disable_log_stats=False, seed=0)
+    if spec.get("draft"):
+        kwargs["speculative_config"] = {"method": "eagle3", "model": spec["draft"],
+                                        "num_speculative_tokens": spec["k"]}
+    llm = LLM(**kwargs)
+    sp = SamplingParams(temperature=0.0, max_tokens=spec["max_tokens"], ignore_eos=False)
+    t0 = time.perf_counter()
+    res = llm.generate([TokensPrompt(prompt_token_ids=p) for p in spec["prompts"]], sp, use_tqdm=False)
+    elapsed = time.perf_counter() - t0
+    metrics: dict[str, Any] = {}
+    for mt in llm.get_metrics():
+        if mt.name.startswith("vllm:spec_decode"):
+            if hasattr(mt, "values"):
+                metrics[mt.name] = list(mt.values)
+            elif hasattr(mt, "value"):
+                metrics[mt.name] = metrics.get(mt.name, 0) + mt.value
+    out.write_text(json.dumps({"outputs": [list(r.outputs[0].token_ids) for r in res],
+                               "texts": [r.outputs[0].text for r in res],
+                               "metrics": metrics, "elapsed_s": elapsed}))
+
+
+if __name__ == "__main__":
+    _engine_main(Path(sys.argv[1]), Path(sys.argv[2]))

@@ -1,0 +1,181 @@
+"""Draft model: shapes, vocab maps, TTT attention == sequential decoding with a KV cache, masking."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as F
+
+from conftest import TINY, TINY_LAYERS
+
+from eagle_batch.train.data import build_vocab_map
+from eagle_batch.train.model import Eagle3Draft, TargetHead, draft_config_from_target, target_head
+from eagle_batch.train.trainer import ttt_loss
+
+
+def make_draft(target, vocab_size=128, seed=0):
+    cfg = draft_config_from_target(target, TINY_LAYERS[:3], TINY_LAYERS[3], vocab_size)
+    th = target_head(target)
+    torch.manual_seed(seed)
+    m = Eagle3Draft(cfg, th["embed"].float())
+    stride = max(1, TINY["vocab"] // vocab_size)  # a non-identity map where there is room for one
+    m.set_vocab_map(torch.arange(0, stride * vocab_size, stride))
+    with torch.no_grad():  # non-trivial norms so a wrong norm placement would show
+        for n, p in m.named_parameters():
+            if p.dim() == 1:
+                p.uniform_(0.5, 1.5)
+    return m, th
+
+
+def test_forward_backward_shapes(fake_target):
+    m, _ = make_draft(fake_target)
+    b, t, h = 2, 12, TINY["hidden"]
+    aux = torch.randn(b, t, 3 * h)
+    ids = [torch.randint(0, TINY["vocab"], (b, t)) for _ in range(3)]
+    out = m(aux, ids, torch.arange(t).expand(b, t))
+    assert len(out) == 3 and all(o.shape == (b, t, 128) for o in out)
+    sum(o.sum() for o in out).backward()
+    assert m.fc.weight.grad is not None and m.fc.weight.grad.abs().sum() > 0
+    assert m.midlayer.self_attn.q_proj.weight.shape == (TINY["heads"] * TINY["head_dim"], 2 * h)
+    assert m.embed_tokens.requires_grad is False and "embed_tokens" not in m.state_dict()
+
+
+def test_vocab_map_from_frequencies():
+    freq = np.zeros(20, dtype=np.int64)
+    freq[[3, 7, 11, 2]] = [50, 40, 40, 1]
+    ids = build_vocab_map(freq, 3)
+    assert ids.tolist() == [3, 7, 11]  # top-3 by count, sorted by id
+    ids5 = build_vocab_map(freq, 5)
+    assert ids5.tolist() == [0, 2, 3, 7, 11]  # padded with the lowest unused id
+    cfg_ids = torch.tensor([3, 7, 11])
+    # the maps the way vLLM reads them: target id = arange(draft_vocab) + d2t
+    m = Eagle3Draft.__new__(Eagle3Draft)
+    torch.nn.Module.__init__(m)
+    m.cfg = type("cfg", (), {"draft_vocab_size": 3})
+    m.register_buffer("d2t", torch.zeros(3, dtype=torch.long))
+    m.register_buffer("t2d", torch.zeros(20, dtype=torch.bool))
+    m.set_vocab_map(cfg_ids)
+    assert (torch.arange(3) + m.d2t).tolist() == [3, 7, 11]
+    assert m.d2t.tolist() == [3, 6, 9]
+    assert m.t2d.nonzero().flatten().tolist() == [3, 7, 11]
+
+
+def _sequential_reference(m: Eagle3Draft, aux, ids, root: int, steps: int):
+    """Decode the chain rooted at `root` the way vLLM does: a KV cache, one new token per step,
+    standard SDPA over the cache (an independent implementation of the TTT attention pattern)."""
+    attn = m.midlayer.self_attn
+    c = m.cfg
+    t = aux.shape[0]
+    pos = torch.arange(t)[None]
+    # Step 0 over the prefix 0..root: causal attention, keys cached.
+    g = m.fc(aux[None, :root + 1])
+    emb = m.embed(ids[1:root + 2][None])
+    x = torch.cat([m.midlayer.input_layernorm(emb), m.midlayer.hidden_norm(g)], -1)
+    q = attn.q_proj(x).view(1, -1, c.num_attention_heads, c.head_dim).transpose(1, 2)
+    k = attn.k_proj(x).view(1, -1, c.num_key_value_heads, c.head_dim).transpose(1, 2)
+    v = attn.v_proj(x).view(1, -1, c.num_key_value_heads, c.head_dim).transpose(1, 2)
+    q, k = attn._rope(q, pos[:, :root + 1]), attn._rope(k, pos[:, :root + 1])
+    rep = c.num_attention_heads // c.num_key_value_heads
+    o = F.scaled_dot_product_attention(q, k.repeat_interleave(rep, 1), v.repeat_interleave(rep, 1), is_causal=True)
+    o = attn.o_proj(o.transpose(1, 2).reshape(1, root + 1, -1))
+    r = o + g
+    pre = m.midlayer.mlp(m.midlayer.post_attention_layernorm(r)) + r
+    logits = [m.lm_head(m.norm(pre[0, root]))]
+    kc, vc = k, v
+    hidden = pre[:, root:root + 1]
+    for s in range(1, steps):
+        p = root + s
+        emb = m.embed(ids[p + 1:p + 2][None])
+        x = torch.cat([m.midlayer.input_layernorm(emb), m.midlayer.hidden_norm(hidden)], -1)
+        q = attn.q_proj(x).view(1, 1, c.num_attention_heads, c.head_dim).transpose(1, 2)
+        k = attn.k_proj(x).view(1, 1, c.num_key_value_heads, c.head_dim).transpose(1, 2)
+        v = attn.v_proj(x).view(1, 1, c.num_key_value_heads, c.head_dim).transpose(1, 2)
+        q, k = attn._rope(q, torch.tensor([[p]])), attn._rope(k, torch.tensor([[p]]))
+        kc, vc = torch.cat([kc, k], 2), torch.cat([vc, v], 2)
+        o = F.scaled_dot_product_attention(q, kc.repeat_interleave(rep, 1), vc.repeat_interleave(rep, 1))
+        o = attn.o_proj(o.transpose(1, 2).reshape(1, 1, -1))
+        r = o + hidden
+        pre = m.midlayer.mlp(m.midlayer.post_attention_layernorm(r)) + r
+        logits.append(m.lm_head(m.norm(pre[0, 0])))
+        hidden = pre
+    return torch.stack(logits)
+
+
+def test_ttt_unroll_matches_sequential_decoding(fake_target):
+    torch.manual_seed(1)
+    m, _ = make_draft(fake_target)
+    m.eval()
+    t, steps, h = 16, 4, TINY["hidden"]
+    aux = torch.randn(t, 3 * h)
+    ids = torch.randint(0, TINY["vocab"], (t + steps + 1,))
+    ids_per_step = [ids[s + 1:s + 1 + t][None] for s in range(steps)]
+    with torch.no_grad():
+        out = m(aux[None], ids_per_step, torch.arange(t)[None])
+        for root in (0, 5, 11):
+            ref = _sequential_reference(m, aux, ids, root, steps)
+            got = torch.stack([out[s][0, root] for s in range(steps)])
+            torch.testing.assert_close(got, ref, atol=1e-4, rtol=1e-4)
+
+
+def test_ttt_is_causal(fake_target):
+    m, _ = make_draft(fake_target)
+    t, h = 10, TINY["hidden"]
+    aux = torch.randn(1, t, 3 * h)
+    ids = [torch.randint(0, TINY["vocab"], (1, t)) for _ in range(3)]
+    pos = torch.arange(t)[None]
+    with torch.no_grad():
+        a = m(aux, ids, pos)
+        aux2 = aux.clone()
+        aux2[:, 6:] += 5.0  # change only rows >= 6
+        b = m(aux2, ids, pos)
+    for s in range(3):
+        torch.testing.assert_close(a[s][:, :6], b[s][:, :6])
+        assert not torch.allclose(a[s][:, 6:], b[s][:, 6:])
+
+
+def _batch(t=20, b=2, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    h = TINY["hidden"]
+    lm = torch.zeros(b, t, dtype=torch.uint8)
+    lm[:, 10:15] = 1
+    return {"input_ids": torch.randint(0, TINY["vocab"], (b, t), generator=g), "loss_mask": lm,
+            "aux": torch.randn(b, t, 3 * h, generator=g), "last": torch.randn(b, t, h, generator=g)}
+
+
+def test_loss_only_where_loss_mask(fake_target):
+    m, th = make_draft(fake_target)
+    head = TargetHead(th["norm"], th["lm_head"].float(), 1e-5, m.draft_to_target)
+    batch = _batch()
+    loss, st = ttt_loss(m, head, batch, 3, 0.8, autocast=False)
+    # step s counts rows i with loss_mask[i+s+2] == 1: 5 positions per sample, all in range
+    assert st["count"].tolist() == [10.0, 10.0, 10.0]
+    # Changing states and tokens only where no loss looks (targets at p with loss_mask[p+1]=0; aux rows
+    # after the last counted row of any step) leaves the loss unchanged.
+    b2 = {k: v.clone() for k, v in batch.items()}
+    b2["last"][:, :9] += 3.0
+    b2["last"][:, 14:] += 3.0
+    b2["aux"][:, 13:] += 3.0
+    loss2, _ = ttt_loss(m, head, b2, 3, 0.8, autocast=False)
+    torch.testing.assert_close(loss, loss2)
+    # ... and where the loss does look, it changes
+    b3 = {k: v.clone() for k, v in batch.items()}
+    b3["last"][:, 11] += 3.0
+    loss3, _ = ttt_loss(m, head, b3, 3, 0.8, autocast=False)
+    assert not torch.allclose(loss, loss3)
+    b4 = {k: v.clone() for k, v in batch.items()}
+    b4["loss_mask"].zero_()
+    loss4, st4 = ttt_loss(m, head, b4, 3, 0.8, autocast=False)
+    assert float(loss4) == 0.0 and st4["count"].sum() == 0
+
+
+def test_target_distribution_and_accuracy(fake_target):
+    """A draft whose lm_head copies the target's rows scores 100% top-1 at step 0 when fed the right state."""
+    m, th = make_draft(fake_target, vocab_size=TINY["vocab"])
+    m.set_vocab_map(torch.arange(TINY["vocab"]))
+    head = TargetHead(th["norm"], th["lm_head"].float(), 1e-5, m.draft_to_target)
+    last = torch.randn(7, TINY["hidden"])
+    logp, arg = head(last)
+    full = F.rms_norm(last, (TINY["hidden"],), eps=1e-5) @ th["lm_head"].float().T
+    torch.testing.assert_close(logp, torch.log_softmax(full, -1), atol=1e-4, rtol=1e-4)
+    assert arg.tolist() == full.argmax(-1).tolist()
