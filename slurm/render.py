@@ -78,8 +78,9 @@ def sbatch_header(cfg, kind: str, out_dir: Path) -> list[str]:
         if kind == "extract":
             # submitit's layout, so `eagle-batch status` finds the logs (submit.sh creates the folders).
             log = f"{cfg.run_dir}/slurm/%A_%a/%A_%a_0_log"
+            # append: a requeued attempt adds to the log instead of truncating the previous one's.
             opts += ["--requeue", f"--signal=B:USR2@{sc.signal_delay_s}", f"--output={log}.out",
-                     f"--error={log}.err"]
+                     f"--error={log}.err", "--open-mode=append"]
         else:
             opts.append(f"--output={out_dir}/train-%j.out")
     opts += _sbatch_extra(sc.additional_sbatch)
@@ -92,8 +93,15 @@ def sbatch_header(cfg, kind: str, out_dir: Path) -> list[str]:
     return lines
 
 
+def _bash_word(item) -> str:
+    q = shlex.quote(str(item))
+    # shlex leaves commas bare; quoted, a comma-separated mount list does not read like a mistyped
+    # array (shellcheck SC2054).
+    return f"'{item}'" if "," in q and not q.startswith("'") else q
+
+
 def _bash_array(name: str, items) -> str:
-    return f"{name}=(" + " ".join(shlex.quote(str(i)) for i in items) + ")"
+    return f"{name}=(" + " ".join(_bash_word(i) for i in items) + ")"
 
 
 def env_sh(cfg, out_dir: Path) -> str:

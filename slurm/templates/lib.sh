@@ -22,6 +22,20 @@ eb_python() {
     esac
 }
 
+# The same, replacing the calling (sub)shell: `eb_exec_python ARGS &` makes $! the task's own process
+# (or apptainer's/srun's, which forward signals to it). Without the exec, $! is a bash subshell that
+# dies of the forwarded SIGUSR2 while the task never sees it.
+eb_exec_python() {
+    case "${EB_CONTAINER_RUNTIME}" in
+        none | apptainer) exec "${EB_PYTHON[@]}" "$@" ;;
+        pyxis) exec srun --ntasks=1 --nodes=1 "${EB_SRUN_ARGS[@]}" "${EB_PYTHON[@]}" "$@" ;;
+        *)
+            eb_log "unknown container runtime '${EB_CONTAINER_RUNTIME}' (none | apptainer | pyxis)"
+            exit 2
+            ;;
+    esac
+}
+
 # Task status and failure count from RUN/state/task-XXXXX.json (written by ExtractTask). Parsed with
 # grep so that it works on the host even when Python with eagle-batch lives only in the image.
 eb_task_field() {  # eb_task_field TASK_ID KEY  -> value or empty

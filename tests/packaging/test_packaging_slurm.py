@@ -117,7 +117,7 @@ def test_templates_run_a_small_extraction_on_local_slurm(tmp_path, tiny_model):
     site.write_text(json.dumps({
         "model": {"path": str(tiny_model("llama"))},
         "slurm": {
-            "executor": "slurm", "time_min": 20, "cpus_per_task": 1, "gpus_per_node": 0,
+            "executor": "slurm", "time_min": 20, "cpus_per_task": 1, "gpus_per_node": 0, "array_parallelism": 2,
             "container": {"runtime": "none"},
             "setup": [
                 f". {shlex.quote(str(Path(sys.prefix) / 'bin' / 'activate'))}",
@@ -226,3 +226,6 @@ def test_extract_template_requeues_on_checkpoint_signal_and_on_failure(tmp_path)
     assert [a.outcome for a in st1.attempts] == ["error", "done"], logs
     assert st1.failures == 1 and "planned failure" in st1.last_error
     assert "requeueing" in logs
+    # --open-mode=append: the requeued attempt added to the first attempt's log instead of replacing it.
+    log0 = (run / "slurm" / f"{array}_0" / f"{array}_0_0_log.err").read_text()
+    assert "restart 0" in log0 and "got the checkpoint signal" in log0 and "restart 1" in log0
