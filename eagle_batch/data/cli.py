@@ -31,6 +31,9 @@ def _print_summary(s: dict, out_dir: str) -> None:
            if s["samples_dropped_by_reason"] else "")
         + (f", {s['samples_truncated']} truncated to data.max_length" if s["samples_truncated"] else "")
         + (f", {s['rows_split_per_turn']} rows split per turn" if s["rows_split_per_turn"] else ""),
+        *([f"  note: the chat template does not render "
+            + ", ".join(f"{k} ({v} rows)" for k, v in s["rows_with_unrendered_fields"].items())
+            + "; those parts are not in the samples"] if s.get("rows_with_unrendered_fields") else []),
         f"  tokens: {s['tokens']:,} ({s['loss_tokens']:,} masked, {s['masked_fraction']:.1%})",
     ]
     if pct:

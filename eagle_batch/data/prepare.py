@@ -30,7 +30,8 @@ from eagle_batch.config import ConfigError, RunConfig, save_config
 from .dataset import BAD_ROWS, PLAN, PREPARED, SAMPLES, SUMMARY
 from .formats import BAD_ROW_REASONS, BadRow, row_to_conversation
 from .plan import plan_lpt
-from .readers import RawRecord, _InvalidJson, _Undecodable, count_rows, iter_records, resolve_inputs
+from .readers import (JSONL_SUFFIXES, RawRecord, _InvalidJson, _Undecodable, count_rows, iter_records,
+                      resolve_inputs)
 from .template import (TemplateError, TemplateNotPrefixStable, render_samples, template_info,
                        tokenize_rendered)
 
@@ -83,6 +84,7 @@ class RowResult:
     dropped: list[str] = field(default_factory=list)  # per-sample drop reasons
     truncated: int = 0
     split: bool = False  # the template was not prefix-stable: more than one sample for this row
+    unrendered: tuple[str, ...] = ()  # message fields the template left out (e.g. reasoning in ChatML)
 
 
 # Worker state (set once per process by _init_worker; the main process uses it too when workers=1).
@@ -145,6 +147,7 @@ def process_chunk(records: list[RawRecord]) -> list[RowResult]:
             res.bad = ("no_assistant_turn", str(e))
             continue
         res.split = len(rendered) > 1
+        res.unrendered = _unrendered_fields(messages, rendered)
         rendered_all.extend((len(results) - 1, r) for r in rendered)
     if rendered_all:
         info = template_info(tok, **kwargs)
@@ -161,6 +164,25 @@ def process_chunk(records: list[RawRecord]) -> list[RowResult]:
     return results
 
 
+def _unrendered_fields(messages: list[dict], rendered) -> tuple[str, ...]:
+    """Fields present in the data that the chat template does not write (so they are not trained on).
+
+    Not an error: many templates ignore reasoning or tool calls, but the summary should say so.
+    """
+    text = "".join(r.text for r in rendered)
+    missing = set()
+    for m in messages:
+        if m["role"] != "assistant":
+            continue
+        reasoning = m.get("reasoning_content")
+        if reasoning and reasoning.strip() not in text:
+            missing.add("reasoning_content")
+        for call in m.get("tool_calls") or ():
+            if call["function"]["name"] not in text:
+                missing.add("tool_calls")
+    return tuple(sorted(missing))
+
+
 def _chunks(records: Iterable[RawRecord], n: int) -> Iterator[list[RawRecord]]:
     buf: list[RawRecord] = []
     for r in records:
@@ -175,10 +197,14 @@ def _chunks(records: Iterable[RawRecord], n: int) -> Iterator[list[RawRecord]]:
 class Progress:
     """A plain-stderr progress line: redrawn in place on a terminal, one line every 10 s in logs."""
 
-    def __init__(self, total: int | None, enabled: bool = True, stream=None):
+    def __init__(self, total: int | None, enabled: bool = True, stream=None, total_bytes: int | None = None,
+                 bytes_done=None):
         self.stream = stream or sys.stderr
         self.enabled = enabled
         self.total = total
+        # JSON Lines have no cheap row count: show the fraction of bytes read instead.
+        self.total_bytes = total_bytes
+        self.bytes_done = bytes_done
         self.tty = hasattr(self.stream, "isatty") and self.stream.isatty()
         self.t0 = time.monotonic()
         self.last = self.t0
@@ -195,6 +221,9 @@ class Progress:
             frac = min(rows / self.total, 1.0)
             bar = "#" * int(frac * 24)
             head = f"[{bar:<24}] {frac:6.1%} {rows}/{self.total} rows"
+        elif self.total_bytes and self.bytes_done is not None:
+            frac = min(self.bytes_done() / self.total_bytes, 1.0)
+            head = f"[{'#' * int(frac * 24):<24}] {frac:6.1%} of input read, {rows} rows"
         else:
             head = f"{rows} rows"
         line = (f"prepare: {head}, {samples} samples, {tokens / 1e6:.2f}M tokens, {bad} skipped, "
@@ -280,6 +309,8 @@ def _prepare_into(cfg: RunConfig, cfg_dict: dict, tok, files: list[Path], total:
                   workers: int, show_progress: bool) -> dict:
     d = cfg.data
 
+    consumed = [0]  # bytes of JSON Lines handed to the workers (progress for text inputs)
+
     def records() -> Iterator[RawRecord]:
         n = 0
         for f in files:
@@ -287,6 +318,8 @@ def _prepare_into(cfg: RunConfig, cfg_dict: dict, tok, files: list[Path], total:
                 if d.limit and n >= d.limit:
                     return
                 n += 1
+                if rec.raw is not None:
+                    consumed[0] += len(rec.raw)
                 yield rec
 
     ids_list: list[np.ndarray] = []
@@ -297,8 +330,11 @@ def _prepare_into(cfg: RunConfig, cfg_dict: dict, tok, files: list[Path], total:
     seen: dict[str, int] = {}
     skipped: Counter = Counter()
     dropped: Counter = Counter()
+    unrendered: Counter = Counter()
     rows_read = rows_kept = truncated = split_rows = tokens = 0
-    prog = Progress(total, enabled=show_progress)
+    text_bytes = sum(f.stat().st_size for f in files) if total is None and not d.limit and all(
+        f.name.endswith(JSONL_SUFFIXES) for f in files) else None
+    prog = Progress(total, enabled=show_progress, total_bytes=text_bytes, bytes_done=lambda: consumed[0])
 
     pool = None
     _init_worker(cfg_dict["model"], cfg_dict["data"], tokenizer=tok)
@@ -334,6 +370,8 @@ def _prepare_into(cfg: RunConfig, cfg_dict: dict, tok, files: list[Path], total:
                         bad_f.write(json.dumps({**loc, "reason": reason, "detail": detail}) + "\n")
                         continue
                     truncated += res.truncated
+                    for name in res.unrendered:
+                        unrendered[name] += 1
                     split_rows += int(res.split)
                     for reason in res.dropped:
                         dropped[reason] += 1
@@ -399,6 +437,8 @@ def _prepare_into(cfg: RunConfig, cfg_dict: dict, tok, files: list[Path], total:
         "samples_dropped_by_reason": dict(sorted(dropped.items())),
         "samples_truncated": truncated,
         "rows_split_per_turn": split_rows,
+        # Rows whose assistant turns carry fields the chat template does not render (not trained on).
+        "rows_with_unrendered_fields": dict(sorted(unrendered.items())),
         "tokens": int(lengths.sum()),
         "loss_tokens": int(loss.sum()),
         "masked_fraction": round(float(loss.sum() / max(lengths.sum(), 1)), 6),

@@ -97,7 +97,10 @@ def template_info(tokenizer, **template_kwargs) -> TemplateInfo:
         tail = ""  # the template cannot render the probe; mask through the end of each turn
     probes = ["Hello", " world", "\n\nfoo bar", "x", " 12.5%", "é中"]
     enc = _encode_pieces(tokenizer, probes)
-    segment_safe = all(_decode(tokenizer, ids) == s for ids, s in zip(enc, probes))
+    # Each piece must round-trip alone AND concatenated (a SentencePiece dummy prefix survives the first
+    # check, since decode strips one leading space, but not the second).
+    segment_safe = (all(_decode(tokenizer, ids) == s for ids, s in zip(enc, probes))
+                    and _decode(tokenizer, [t for ids in enc for t in ids]) == "".join(probes))
     info = TemplateInfo(eot_tail=tail, segment_safe=segment_safe)
     with _info_lock:
         _info_cache[key] = (tokenizer, info)

@@ -215,3 +215,26 @@ def test_refuses_to_replace_prepared_data_of_an_extracted_run(tmp_path, smollm2_
     with pytest.raises(ConfigError, match="already has extracted stores"):
         prepare(cfg, progress=False, tokenizer=smollm2_tokenizer)
     assert prepare(cfg, progress=False, tokenizer=smollm2_tokenizer, force=True)["samples"] == 1
+
+
+def test_fields_the_template_ignores_are_reported(tmp_path, smollm2_path, smollm2_tokenizer):
+    # SmolLM2's ChatML template writes neither reasoning nor tool calls: the rows are kept (the content
+    # is still valid training data) and the summary says what was left out.
+    rows = [{"messages": [CONV[0], {"role": "assistant", "content": "Hi.", "reasoning_content": "Greet back."}]},
+            {"messages": [CONV[0], {"role": "assistant", "content": "", "tool_calls": [
+                {"type": "function", "function": {"name": "lookup_user", "arguments": "{}"}}]},
+                {"role": "tool", "content": "Ann"}, {"role": "assistant", "content": "Hello Ann."}]},
+            {"messages": CONV}]
+    path = tmp_path / "in.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    summary, bad = run_prepare(make_cfg(tmp_path, smollm2_path, [path]), smollm2_tokenizer)
+    assert summary["samples"] == 3 and bad == []
+    assert summary["rows_with_unrendered_fields"] == {"reasoning_content": 1, "tool_calls": 1}
+
+
+def test_progress_line_reports_fraction_of_input(tmp_path, smollm2_path, smollm2_tokenizer, capsys):
+    path = tmp_path / "in.jsonl"
+    path.write_text("".join(json.dumps({"messages": CONV}) + "\n" for _ in range(3)))
+    prepare(make_cfg(tmp_path, smollm2_path, [path]), progress=True, tokenizer=smollm2_tokenizer)
+    err = capsys.readouterr().err
+    assert "100.0% of input read, 3 rows" in err and "tok/s" in err

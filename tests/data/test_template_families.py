@@ -195,3 +195,24 @@ def test_leading_assistant_turn_is_context_only(family_tokenizers):
     assert "Hi, how can I help?" in decode(tok, ids)
     with pytest.raises(ValueError, match="no assistant turn"):
         tokenize_conversation(tok, msgs[:1])
+
+
+def test_joint_tokenization_fallback_agrees_on_clean_boundaries(family_tokenizers):
+    # Tokenizers that cannot encode pieces separately (SentencePiece dummy prefix) are encoded in one
+    # go and masked by character offsets; where no token crosses a turn boundary both paths agree.
+    # (Llama-3's "<|end_header_id|>\n\n" + content is such a crossing for this GPT-2-style vocabulary:
+    # jointly "\n\n2" pre-tokenizes as "\n", "\n", "2"; the prompt alone ends in one "\n\n" token,
+    # which is what the model is given at generation time, so the split path keeps that.)
+    from eagle_batch.data.template import TemplateInfo, template_info
+
+    for family in ("chatml", "deepseek_v3", "kimi_k2", "qwen3"):
+        tok = family_tokenizers[family]
+        msgs = [{"role": "user", "content": "Name three primes."}, {"role": "assistant", "content": "2, 3 and 5."},
+                {"role": "user", "content": "And the next one?"}, {"role": "assistant", "content": "7."}]
+        rendered = render_samples(tok, msgs, non_prefix_stable="per_turn")
+        info = template_info(tok)
+        assert info.segment_safe
+        split = tokenize_rendered(tok, rendered, info)
+        joint = tokenize_rendered(tok, rendered, TemplateInfo(eot_tail=info.eot_tail, segment_safe=False))
+        for (a_ids, a_mask), (b_ids, b_mask) in zip(split, joint):
+            assert a_ids.tolist() == b_ids.tolist() and a_mask.tolist() == b_mask.tolist()
