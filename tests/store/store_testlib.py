@@ -121,6 +121,9 @@ def check_final_store(path: Path, ref_store: Path, ref: dict) -> None:
                                   np.concatenate([[0], np.cumsum(ref["lengths"])]))
     assert list(zarr.open_array(path / "sample_ids", mode="r")[:]) == ref["sample_ids"]
     assert (path / "complete").is_file() and not list(path.rglob("*.partial"))
+    from eagle_batch.store import verify
+
+    assert verify(path) == []
 
 
 def kill_trials(workdir: Path, kills_per_store: int, stores: int, n_samples: int = 120, commit_every: int = 3,
