@@ -160,6 +160,8 @@ class TrainConfig:
     aux_layer_ids: list[int] = field(default_factory=list)
     # Export after training to <output_dir>/export (the folder vLLM serves).
     export: bool = True
+    # Training data: a task store or an aggregated run directory (default: run_dir).
+    data: str = ""
 
 
 @dataclass

@@ -243,7 +243,7 @@ def train(cfg, dataset: Any = None, should_stop: Callable[[], bool] = lambda: Fa
 
     if dataset is None:
         from eagle_batch.store import open_dataset
-        dataset = open_dataset(cfg.run_dir)
+        dataset = open_dataset(tc.data or cfg.run_dir)
     aux_ids, last_id = resolve_layers(cfg, list(dataset.layer_ids))
     samples = TrainSamples(dataset, aux_ids, last_id, tc.max_length)
     plan = BatchPlan(samples.lengths(), tc.batch_tokens, tc.seed, world)

@@ -1,0 +1,101 @@
+"""Export layout (what vLLM's eagle3 loader reads) and `eagle-batch train` on a real task store."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from safetensors import safe_open
+
+from conftest import TINY, TINY_LAYERS, write_fake_target
+
+from eagle_batch.train.model import Eagle3Draft, draft_config_from_target, export_draft, target_head
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def test_export_layout_matches_vllm_loader(tmp_path, fake_target):
+    cfg = draft_config_from_target(fake_target, TINY_LAYERS[:3], TINY_LAYERS[3], 100)
+    m = Eagle3Draft(cfg, target_head(fake_target)["embed"])
+    ids = torch.tensor(sorted(np.random.default_rng(0).choice(TINY["vocab"], 100, replace=False).tolist()))
+    m.set_vocab_map(ids)
+    out = export_draft(m, tmp_path / "export")
+    conf = json.loads((out / "config.json").read_text())
+    assert conf["architectures"] == ["LlamaForCausalLMEagle3"]
+    assert conf["draft_vocab_size"] == 100 and conf["vocab_size"] == TINY["vocab"]
+    assert conf["target_hidden_size"] == TINY["hidden"] and conf["num_hidden_layers"] == 1
+    assert conf["eagle_aux_hidden_state_layer_ids"] == TINY_LAYERS[:3]
+    assert conf["eagle_config"]["eagle_aux_hidden_state_layer_ids"] == TINY_LAYERS[:3]
+    with safe_open(str(out / "model.safetensors"), "pt") as f:
+        names = set(f.keys())
+        d2t = f.get_tensor("d2t")
+        t2d = f.get_tensor("t2d")
+        fc = f.get_tensor("fc.weight")
+    # llama_eagle3.load_weights: "midlayer." -> "layers.0.", q/k/v and gate/up stacked, d2t ->
+    # draft_id_to_target_id, t2d skipped; no embed_tokens so vLLM shares the target's embedding.
+    h, hd = TINY["hidden"], TINY["head_dim"]
+    expected = {"fc.weight", "norm.weight", "lm_head.weight", "d2t", "t2d"} | {
+        f"midlayer.{n}.weight" for n in ("input_layernorm", "hidden_norm", "post_attention_layernorm",
+                                         "self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj",
+                                         "self_attn.o_proj", "mlp.gate_proj", "mlp.up_proj", "mlp.down_proj")}
+    assert names == expected
+    assert fc.shape == (h, 3 * h) and fc.dtype == torch.bfloat16
+    assert d2t.dtype == torch.int64 and (torch.arange(100) + d2t).tolist() == ids.tolist()  # vLLM: base + d2t
+    assert t2d.dtype == torch.bool and t2d.nonzero().flatten().tolist() == ids.tolist()
+
+
+def _write_store(run_dir: Path, n: int = 30) -> None:
+    from helpers import random_samples
+
+    from eagle_batch.config.schema import StoreConfig
+    from eagle_batch.store import StoreSpec, TaskStoreWriter
+
+    path = run_dir / "stores" / "task-00000.zarr"
+    w = TaskStoreWriter.open(path, StoreSpec(layer_ids=TINY_LAYERS, hidden_size=TINY["hidden"]),
+                             StoreConfig(fsync=False))
+    for s in random_samples(n, TINY_LAYERS, TINY["hidden"], TINY["vocab"], seed=1):
+        w.append(s["sample_id"], s["input_ids"].numpy().astype(np.int32), s["loss_mask"].numpy(), s["hidden_states"])
+    w.commit()
+    w.finalize()
+    w.close()
+
+
+def test_train_cli_local_sweep_on_a_task_store(tmp_path):
+    target = write_fake_target(tmp_path / "target")
+    run_dir = tmp_path / "run"
+    _write_store(run_dir)
+    conf = tmp_path / "train.yaml"
+    conf.write_text(f"""
+run_dir: {run_dir}
+model: {{path: {target}}}
+train:
+  data: {run_dir}/stores/task-00000.zarr
+  steps: 3
+  batch_tokens: 256
+  num_workers: 1
+  prefetch_factor: 2
+  draft_vocab_size: 64
+  ttt_steps: 2
+  tensorboard: true
+  precision: fp32
+  sweep: [{{train.lr: 0.001}}, {{train.lr: 0.003, train.ttt_steps: 3}}]
+""")
+    cmd = [sys.executable, "-m", "eagle_batch.cli", "train", str(conf), "train.log_every=1"]
+    env = {"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin", "HOME": str(tmp_path)}
+    dry = subprocess.run(cmd + ["--dry-run"], capture_output=True, text=True, env=env, cwd=ROOT)
+    assert dry.returncode == 0, dry.stderr
+    tasks = [json.loads(x) for x in dry.stdout.splitlines()]
+    assert [(t["name"], t["lr"], t["ttt_steps"]) for t in tasks] == [("draft-0", 0.001, 2), ("draft-1", 0.003, 3)]
+    r = subprocess.run(cmd + ["--local"], capture_output=True, text=True, env=env, cwd=ROOT)
+    assert r.returncode == 0, r.stdout + r.stderr
+    for name, k in (("draft-0", 2), ("draft-1", 3)):
+        out = run_dir / "train" / name
+        assert (out / "export" / "model.safetensors").is_file()
+        recs = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines() if '"loss"' in x]
+        assert len(recs) == 3 and len(recs[-1]["acc_per_step"]) == k
+        assert list((out / "tb").glob("events.out.tfevents.*"))
