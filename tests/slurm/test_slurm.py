@@ -137,7 +137,7 @@ def test_real_pipeline_array_completes_and_status_each_stage(tmp_path, capsys, t
         "run_dir": str(run),
         "model": {"path": str(model), "max_model_len": 512},
         "data": {"inputs": [str(REPO / "configs" / "data" / "demo-chat.jsonl")], "format": "messages",
-                 "max_length": 256},
+                 "max_length": 256, "limit": 12},
         "extract": {"num_tasks": 4, "backend": "hf", "batch_samples": 2, "commit_interval_s": 0},
         "store": {"chunk_tokens": 16, "shard_tokens": 256},
         "slurm": {"executor": "slurm", "gpus_per_node": 1, "cpus_per_task": 1, "time_min": 10, "max_attempts": 1},
@@ -197,7 +197,10 @@ def test_cancel_midway_duplicate_refused_resume_identical(tmp_path, capsys, synt
     n = 4
     ref = reference_run(tmp_path, n)
     run, cfg = make_synthetic_run(tmp_path, "cancel", n)
-    (run / "faults" / "sleep_s").write_text("0.7")
+    (run / "faults" / "sleep_s").write_text("1.0")
+    # Task 0 stays busy until the raw duplicate below has met its lock (the node is shared: it may
+    # take a while to start); it is sped up afterwards.
+    (run / "faults" / "sleep_s-0").write_text("3")
     rc, out, err = cli(capsys, "extract", cfg)
     assert rc == 0, err
 
@@ -231,6 +234,7 @@ def test_cancel_midway_duplicate_refused_resume_identical(tmp_path, capsys, synt
     assert "already being written by another job" in str(e.value) and "wrote nothing" in str(e.value)
 
     (run / "faults" / "sleep_s").write_text("0")
+    (run / "faults" / "sleep_s-0").write_text("0")
     st = wait_idle(capsys, run, 90)
     assert [r["state"] for r in st["tasks"]] == ["done", "cancelled", "done", "done"]
     assert st["tasks"][0]["attempts"] == 1  # the duplicate never wrote task 0's state
@@ -363,7 +367,7 @@ def test_whole_array_requeue_resumes_from_commits(tmp_path, capsys, synthetic):
     its last commit; the data equals an uninterrupted run and nothing committed is recomputed."""
     import subprocess
 
-    n = 3
+    n = 2
     ref = reference_run(tmp_path, n)
     run, cfg = make_synthetic_run(tmp_path, "requeue", n)
     # Slow enough that Slurm's KillWait (5 s between SIGTERM and SIGKILL) cannot let a task finish.

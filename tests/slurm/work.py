@@ -5,6 +5,7 @@ Faults are driven by files in RUN/faults/, so a test can arm and disarm them whi
 
     RUN/faults/raise-N       task N raises on every attempt (while the file exists)
     RUN/faults/sleep_s       seconds to sleep after each commit (default 0): lets a test act mid-way
+    RUN/faults/sleep_s-N     the same for task N only (read on every sample)
 
 `synthetic_work` writes deterministic pseudo hidden states through the real TaskStoreWriter (lock,
 commit record, finalize), so duplicate/resume/identical-data checks exercise the real store without
@@ -31,8 +32,18 @@ def _faults(ctx: TaskContext) -> float:
     d = Path(ctx.run_dir) / "faults"
     if (d / f"raise-{ctx.task_id}").exists():
         raise RuntimeError(f"injected failure in task {ctx.task_id} (RUN/faults/raise-{ctx.task_id})")
-    p = d / "sleep_s"
-    return float(p.read_text()) if p.exists() else 0.0
+    return _sleep_s(ctx)
+
+
+def _sleep_s(ctx: TaskContext) -> float:
+    """Read on every sample, so a test can speed a running task up. sleep_s-N overrides sleep_s for task N."""
+    d = Path(ctx.run_dir) / "faults"
+    for p in (d / f"sleep_s-{ctx.task_id}", d / "sleep_s"):
+        try:
+            return float(p.read_text())
+        except (OSError, ValueError):
+            continue
+    return 0.0
 
 
 def synthetic_sample(task_id: int, i: int):
@@ -48,7 +59,7 @@ def synthetic_sample(task_id: int, i: int):
 def synthetic_work(ctx: TaskContext) -> bool:
     from eagle_batch.store import StoreSpec, TaskStoreWriter
 
-    sleep_s = _faults(ctx)
+    _faults(ctx)
     samples = [synthetic_sample(ctx.task_id, i) for i in range(N_SAMPLES)]
     ctx.set_totals(len(samples), sum(len(s[1]) for s in samples))
     spec = StoreSpec(layer_ids=LAYERS, hidden_size=HIDDEN, model_name="synthetic")
@@ -66,7 +77,7 @@ def synthetic_work(ctx: TaskContext) -> bool:
                 return False
             rw.append(sid, ids, mask, hs)
             rw.commit()
-            time.sleep(sleep_s)
+            time.sleep(_sleep_s(ctx))
         w.finalize()
         return True
     finally:
@@ -79,7 +90,7 @@ def slow_capture(ctx: TaskContext) -> bool:
 
     def slow_report(samples: int, tokens: int) -> None:
         report(samples, tokens)
-        time.sleep(sleep_s)
+        time.sleep(_sleep_s(ctx))
 
     ctx.report = slow_report
     return capture_work(ctx)
