@@ -129,9 +129,19 @@ def task_rows(run_dir: str | os.PathLike, num_tasks: int) -> list[TaskRow]:
     return rows
 
 
+def _local_pid(sub: S.Submission) -> int:
+    tail = sub.job_id.split("-")[-1]
+    return int(tail) if tail.isdigit() else -1
+
+
 def _derive(st: Optional[S.TaskState], sub: Optional[S.Submission], sstate: str, repair: bool = False) -> str:
     if st is not None and st.status == S.DONE and not repair:
         return "done"
+    if repair and sub is not None and sub.executor == "local" and _pid_alive(_local_pid(sub)):
+        # The local job of `resume --repair` is running the tasks one after another: the state file still
+        # says `done` (from before the damage) until this task's attempt starts.
+        att = st.attempt if st else None
+        return "running" if st and st.status == S.RUNNING and att and _pid_alive(att.pid) else "pending"
     if repair and not is_live(sstate):
         return "damaged"
     if sub is None:
@@ -139,7 +149,7 @@ def _derive(st: Optional[S.TaskState], sub: Optional[S.Submission], sstate: str,
     if sub.executor == "local":
         att = st.attempt if st else None
         if st is None:
-            pid = int(sub.job_id.split("-")[-1]) if sub.job_id.split("-")[-1].isdigit() else -1
+            pid = _local_pid(sub)
             return "pending" if pid > 0 and _pid_alive(pid) else "unknown"
         if st.status == S.RUNNING:
             return "running" if att and _pid_alive(att.pid) else "failed"

@@ -160,6 +160,13 @@ def _job_identity() -> tuple[str, int, str, str]:
         return f"local-{os.getpid()}", restart, "", ""
 
 
+def _global_rank() -> int:
+    try:
+        return int(submitit.JobEnvironment().global_rank)
+    except RuntimeError:
+        return 0
+
+
 def _last_line(exc: BaseException) -> str:
     lines = [ln for ln in traceback.format_exception_only(type(exc), exc) if ln.strip()]
     return lines[-1].strip() if lines else type(exc).__name__
@@ -184,6 +191,13 @@ class ExtractTask(submitit.helpers.Checkpointable):
         from eagle_batch.config import load_run_config
 
         run_dir = Path(self.run_dir)
+        rank = _global_rank()
+        if rank != 0:
+            # slurm.nodes > 1: srun starts one process per node; the task (and its single store writer)
+            # lives on rank 0, which drives the whole allocation through the engine. The others only
+            # hold their node; they must not open the store (the lock would call them duplicates).
+            print(f"[eagle-batch] task {self.task_id}: rank {rank} idles; rank 0 runs the task", file=sys.stderr)
+            return {"task_id": self.task_id, "rank": rank}
         cfg = load_run_config(run_dir)
         job_id, restart, out_log, err_log = _job_identity()
         stop = {"flag": False}
