@@ -85,7 +85,8 @@ def _plan_totals(run_dir: Path) -> dict[int, tuple[int, int]]:
     """{task_id: (samples, tokens)} from prepared/plan.json: totals before a task has started."""
     try:
         plan = json.loads((run_dir / "prepared" / "plan.json").read_text())
-        return {int(t["task_id"]): (len(t.get("rows", [])), int(t.get("num_tokens", 0))) for t in plan["tasks"]}
+        return {int(t["task_id"]): (int(t.get("num_samples", len(t.get("rows", [])))), int(t.get("num_tokens", 0)))
+                for t in plan["tasks"]}
     except (OSError, ValueError, KeyError, TypeError):
         return {}
 

@@ -156,7 +156,12 @@ def _job_identity() -> tuple[str, int, str, str]:
         job_id = str(env.job_id)
         paths = env.paths
         return job_id, restart, str(paths.stdout), str(paths.stderr)
-    except RuntimeError:  # not inside submitit (called directly)
+    except RuntimeError:  # not inside submitit: a hand-written sbatch script (slurm/), or called directly
+        e = os.environ
+        if e.get("SLURM_ARRAY_JOB_ID"):
+            return f"{e['SLURM_ARRAY_JOB_ID']}_{e.get('SLURM_ARRAY_TASK_ID', '0')}", restart, "", ""
+        if e.get("SLURM_JOB_ID"):
+            return e["SLURM_JOB_ID"], restart, "", ""
         return f"local-{os.getpid()}", restart, "", ""
 
 
