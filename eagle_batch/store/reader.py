@@ -306,7 +306,8 @@ def open_dataset(path: str | os.PathLike, layer_ids: Sequence[int] | None = None
         index = _load_json(p / DATASET_NAME, "the aggregate index; rerun `eagle-batch aggregate`")
         stores, counts = [], []
         for entry in index["stores"]:
-            stores.append(TaskStore(p / entry["path"], metas=entry.get("arrays"), attrs=index.get("attributes")))
+            stores.append(TaskStore(p / entry["path"], metas=entry.get("arrays") or index.get("arrays") or None,
+                                    attrs=index.get("attributes")))
             counts.append(int(entry["num_samples"]))
         return StoreDataset(stores, counts, layer_ids)
     if (p / PROGRESS_NAME).is_file():
