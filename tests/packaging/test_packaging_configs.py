@@ -88,7 +88,7 @@ def test_demo_config_and_data(monkeypatch):
     monkeypatch.setenv("EAGLE_BATCH_CACHE", "/tmp/eb-cache")
     cfg = load_config([CONFIGS / "demo.yaml"])
     check_values(cfg)
-    assert cfg.model.path == "/tmp/eb-cache/models/SmolLM2-135M-Instruct-bfloat16"
+    assert cfg.model.path == "/tmp/eb-cache/models/SmolLM2-135M-Instruct-bfloat16-v2"
     assert cfg.model.layer_ids is None
     (inp,) = cfg.data.inputs
     rows = [json.loads(line) for line in Path(inp).read_text().splitlines()]
