@@ -278,9 +278,11 @@ def test_time_limit_checkpoints_requeues_and_completes(tmp_path, capsys, synthet
 def test_failing_task_gives_up_is_reported_and_only_it_is_resumed(tmp_path, capsys, synthetic):
     run, cfg = make_synthetic_run(tmp_path, "raise", 4, max_attempts=2)
     (run / "faults" / "raise-2").write_text("")
-    rc, out, err = cli(capsys, "extract", cfg)
-    assert rc == 0, err
-    st = wait_idle(capsys, run, 120)
+    # --wait follows the array to its end (progress lines on a non-tty) and fails: one task gave up.
+    rc, out, err = cli(capsys, "extract", cfg, "--wait", "--interval", "1")
+    assert rc == 1, out + err
+    assert "submitted Slurm array" in out and "3/4 tasks done" in out.splitlines()[-1] and "gave_up=1" in out
+    st = status(capsys, run)
     states = [r["state"] for r in st["tasks"]]
     assert states == ["done", "done", "gave_up", "done"], json.dumps(st, indent=1)
     bad = st["tasks"][2]
