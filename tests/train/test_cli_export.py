@@ -99,3 +99,23 @@ train:
         recs = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines() if '"loss"' in x]
         assert len(recs) == 3 and len(recs[-1]["acc_per_step"]) == k
         assert list((out / "tb").glob("events.out.tfevents.*"))
+
+
+def test_ddp_two_ranks_gloo(tmp_path):
+    """Two CPU ranks (gloo): same steps on both, gradients averaged, one export, metrics from rank 0."""
+    from conftest import tiny_cfg
+
+    from eagle_batch.train.cli import run_local
+
+    target = write_fake_target(tmp_path / "target")
+    run_dir = tmp_path / "run"
+    _write_store(run_dir, n=40)
+    cfg = tiny_cfg(run_dir, target, f"train.data={run_dir}/stores/task-00000.zarr", "train.steps=3")
+    r = run_local(cfg, nproc=2)
+    assert r["status"] == "done" and r["step"] == 3
+    out = run_dir / "train" / "draft"
+    recs = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
+    assert recs[0]["world_size"] == 2
+    assert len([x for x in recs if "loss" in x]) == 3
+    ck = torch.load(sorted((out / "checkpoints").glob("step-*.pt"))[-1], weights_only=False)
+    assert ck["world_size"] == 2 and set(ck["rng"]) == {"0", "1"}
