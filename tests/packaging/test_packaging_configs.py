@@ -88,7 +88,13 @@ def test_demo_config_and_data(monkeypatch):
     monkeypatch.setenv("EAGLE_BATCH_CACHE", "/tmp/eb-cache")
     cfg = load_config([CONFIGS / "demo.yaml"])
     check_values(cfg)
-    assert cfg.model.path == "/tmp/eb-cache/models/SmolLM2-135M-Instruct-bfloat16-v2"
+    # Exactly where eagle_batch.models.smollm2.materialize() writes the model (its folder name is
+    # versioned: a change there must show up here, not as a missing model at run time).
+    from eagle_batch.models import smollm2
+
+    assert cfg.model.path == str(smollm2.cache_root() / "models"
+                                 / f"SmolLM2-135M-Instruct-bfloat16-{smollm2.FORMAT_VERSION}")
+    assert cfg.model.path.startswith("/tmp/eb-cache/")
     assert cfg.model.layer_ids is None
     (inp,) = cfg.data.inputs
     rows = [json.loads(line) for line in Path(inp).read_text().splitlines()]
