@@ -162,6 +162,9 @@ class TrainConfig:
     export: bool = True
     # Training data: a task store or an aggregated run directory (default: run_dir).
     data: str = ""
+    # Top-1 accuracy against the target's argmax over its full vocabulary (full) or only over the draft
+    # vocabulary (draft: skips V x H target logits per token; an upper bound; for CPU runs).
+    accuracy_vs: str = "full"
 
 
 @dataclass

@@ -319,26 +319,38 @@ def target_head(target_path: str | os.PathLike) -> dict[str, torch.Tensor]:
 
 
 class TargetHead(nn.Module):
-    """The target's final norm + lm_head restricted to what the loss needs (frozen)."""
+    """The target's final norm + lm_head restricted to what the loss needs (frozen).
 
-    def __init__(self, norm_w: torch.Tensor, lm_head_w: torch.Tensor, eps: float, draft_to_target: torch.Tensor):
+    `full_argmax=False` skips the full-vocabulary logits (the expensive part on a CPU: V x H per token)
+    and reports the argmax over the draft vocabulary instead; accuracy is then an upper bound (a token
+    outside the draft vocabulary can never be drafted).
+    """
+
+    def __init__(self, norm_w: torch.Tensor, lm_head_w: torch.Tensor, eps: float, draft_to_target: torch.Tensor,
+                 full_argmax: bool = True):
         super().__init__()
         self.register_buffer("norm_w", norm_w.float(), persistent=False)
-        self.register_buffer("lm_head_w", lm_head_w, persistent=False)
+        self.full_argmax = full_argmax
+        ids = draft_to_target.long().to(lm_head_w.device)
+        self.register_buffer("lm_head_w", lm_head_w if full_argmax else lm_head_w[ids].clone(), persistent=False)
         self.register_buffer("d2t_ids", draft_to_target.long(), persistent=False)
         self.eps = eps
 
     @torch.no_grad()
     def forward(self, last: torch.Tensor, chunk: int = 4096) -> tuple[torch.Tensor, torch.Tensor]:
-        """last: [N, H] pre-norm last-layer states -> (log-probs over the draft vocab [N, Vd], full argmax [N])."""
+        """last: [N, H] pre-norm last-layer states -> (log-probs over the draft vocab [N, Vd], argmax [N])."""
         logps, argmax = [], []
         w = self.lm_head_w
         for i in range(0, last.shape[0], chunk):
             x = last[i:i + chunk].float()
             x = (x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps)) * self.norm_w
-            logits = x.to(w.dtype) @ w.T  # [n, V]
-            argmax.append(logits.argmax(-1))
-            logps.append(torch.log_softmax(logits[:, self.d2t_ids].float(), dim=-1))
+            logits = x.to(w.dtype) @ w.T  # [n, V] (full) or [n, Vd]
+            if self.full_argmax:
+                argmax.append(logits.argmax(-1))
+                logits = logits[:, self.d2t_ids]
+            else:
+                argmax.append(self.d2t_ids[logits.argmax(-1)])
+            logps.append(torch.log_softmax(logits.float(), dim=-1))
         return torch.cat(logps), torch.cat(argmax)
 
 

@@ -266,7 +266,8 @@ def train(cfg, dataset: Any = None, should_stop: Callable[[], bool] = lambda: Fa
             (out / "vocab.json").write_text(json.dumps({"draft_vocab_size": dcfg.draft_vocab_size,
                                                        "distinct_tokens": int((freq > 0).sum()),
                                                        "loss_token_coverage": covered}) + "\n")
-    head = TargetHead(th["norm"], th["lm_head"], dcfg.rms_norm_eps, model.draft_to_target).to(device)
+    head = TargetHead(th["norm"], th["lm_head"], dcfg.rms_norm_eps, model.draft_to_target.cpu(),
+                      full_argmax=tc.accuracy_vs == "full").to(device)
     del th
 
     params = [p for p in model.parameters() if p.requires_grad]

@@ -179,3 +179,14 @@ def test_target_distribution_and_accuracy(fake_target):
     full = F.rms_norm(last, (TINY["hidden"],), eps=1e-5) @ th["lm_head"].float().T
     torch.testing.assert_close(logp, torch.log_softmax(full, -1), atol=1e-4, rtol=1e-4)
     assert arg.tolist() == full.argmax(-1).tolist()
+
+
+def test_target_head_draft_only_argmax(fake_target):
+    """accuracy_vs=draft: same log-probs, argmax over the draft vocabulary (mapped to target ids)."""
+    m, th = make_draft(fake_target, vocab_size=128)
+    full = TargetHead(th["norm"], th["lm_head"].float(), 1e-5, m.draft_to_target)
+    cheap = TargetHead(th["norm"], th["lm_head"].float(), 1e-5, m.draft_to_target, full_argmax=False)
+    last = torch.randn(9, TINY["hidden"])
+    (lp1, _), (lp2, a2) = full(last), cheap(last)
+    torch.testing.assert_close(lp1, lp2)
+    assert a2.tolist() == m.draft_to_target[lp1.argmax(-1)].tolist()
