@@ -30,7 +30,7 @@ import threading
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any
 
 import crc32c
 import numpy as np
@@ -179,13 +179,13 @@ class TaskStoreWriter:
             self._load_existing(repair)
         else:
             self._create()
-        n = threads or min(8, os.cpu_count() or 1)
-        self._encode_pool = ThreadPoolExecutor(n, thread_name_prefix="store-encode")
+        n_threads = threads or min(8, os.cpu_count() or 1)
+        self._encode_pool = ThreadPoolExecutor(n_threads, thread_name_prefix="store-encode")
         # One IO thread per array: writes of one array stay in order, fsyncs of different arrays overlap.
         self._io_pools = {n: ThreadPoolExecutor(1, thread_name_prefix=f"store-io-{n}") for n in TOKEN_ARRAYS}
         self._dirty_dirs: set[Path] = set()  # directories whose new entries need an fsync before the record
         # Bounds raw chunk buffers waiting for compression, so append() blocks instead of growing memory.
-        self._encode_slots = threading.Semaphore(2 * n + 2)
+        self._encode_slots = threading.Semaphore(2 * n_threads + 2)
         self._pending_io: list[Future] = []
         self._streams = {name: _Stream(self.layouts[name], self) for name in TOKEN_ARRAYS}
         for name, st in self._streams.items():
@@ -441,7 +441,11 @@ class TaskStoreWriter:
     def _submit_shard(self, st: _Stream, k: int, chunks: list, tokens: int, raw_crc: int) -> None:
         # More than a few shards queued means the disk is the bottleneck: wait here rather than buffer.
         while len(self._pending_io) >= 8:
-            self._record_shard(*self._pending_io.pop(0).result())
+            try:
+                self._record_shard(*self._pending_io.pop(0).result())
+            except BaseException as e:  # a failed background write: no later commit may claim it
+                self._broken = e
+                raise
         self._pending_io.append(self._io_pools[st.layout.name].submit(
             self._write_shard_job, st.layout, k, chunks, tokens, raw_crc, True))
 
@@ -655,7 +659,3 @@ def committed_samples_of_shard(record: dict, shard_tokens: int, k: int) -> list[
     last = int(np.searchsorted(bounds, hi, side="left"))
     return list(range(max(first, 0), min(last, len(record["lengths"]))))
 
-
-def iter_ids(record: dict, indices: Iterable[int]) -> list[str]:
-    ids = record["sample_ids"]
-    return [ids[i] for i in indices]
