@@ -124,7 +124,8 @@ def _child(args) -> int:
     path = Path(args.model_path)
     lengths = [int(x) for x in args.lengths.split(",")]
     samples = random_prompts(args.num_prompts, lengths, seed=1)
-    over = [f"extract.max_num_batched_tokens={args.max_num_batched_tokens}", "extract.enforce_eager=true"]
+    over = [f"extract.max_num_batched_tokens={args.max_num_batched_tokens}", "extract.enforce_eager=true",
+            f"extract.max_num_seqs={min(256, args.max_num_batched_tokens)}"]  # vLLM: seqs <= token budget
     if args.gpu_memory_utilization:
         over.append(f"extract.gpu_memory_utilization={args.gpu_memory_utilization}")
     cfg = make_config(path, spec["layer_ids"], args.tp, args.dtype, max(lengths) + 8, args.backend,

@@ -114,6 +114,11 @@ class HooksBackend(VllmBackend):
 
     def __init__(self, cfg, layer_ids: list[int] | None = None):
         super().__init__(cfg, layer_ids)
+        # The hooks read the V1 model runner's batch layout (vllm_compat.current_batch_layout); vLLM's
+        # "model runner V2" (default on GPUs when Triton is present) keeps it elsewhere.
+        import os
+
+        os.environ.setdefault("VLLM_USE_V2_MODEL_RUNNER", "0")
         try:
             self._start(enforce_eager=True, worker_extension_cls="eagle_batch.capture.hooks.HooksWorkerExtension")
             res = self.llm.collective_rpc("eb_install_hooks", args=(self.layer_ids,))

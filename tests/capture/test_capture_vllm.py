@@ -153,3 +153,30 @@ def test_run_capture_commits_bf16_and_resumes(captured):
         cos = torch.nn.functional.cosine_similarity(got.double(), exp.double(), dim=-1)
         assert float(cos.min()) >= 0.99999, s.sample_id
         assert float(((got - exp).abs() / (exp.abs() + 1e-3 * exp.abs().amax())).max()) <= 2 ** -7, s.sample_id
+
+
+def test_native_out_of_process_worker_uses_shared_memory(tiny_model, samples_factory, fake_writer_cls,
+                                                         tmp_path, monkeypatch):
+    """With the engine core in its own process (vLLM's default; always so for TP>1) the connector cannot
+    see our sink: states travel through the shared-memory ring and must arrive intact and complete."""
+    monkeypatch.setenv("VLLM_ENABLE_V1_MULTIPROCESSING", "1")
+    path = tiny_model("llama")
+    cfg = load_config(None, [
+        f"run_dir={tmp_path}", f"model.path={path}", "model.dtype=float32", "model.max_model_len=512",
+        f"extract.max_num_batched_tokens={BUDGET}", "extract.max_num_seqs=8", "extract.enforce_eager=true",
+        "extract.batch_samples=4",
+        "extract.commit_interval_s=0", "extract.backend=native"])
+    samples = samples_factory(LENGTHS, vocab=40000, seed=3, prefix="mp-")
+    backend = make_backend(cfg)
+    try:
+        assert backend._shm is not None  # the out-of-process transport is in use
+        w = fake_writer_cls()
+        stats = run_capture(cfg, samples, w, backend=backend)
+    finally:
+        backend.close()
+    assert stats.samples == len(samples) and set(w.committed) == {s.sample_id for s in samples}
+    ref = _reference("llama", path, backend.layer_ids, samples)
+    for s in samples:
+        got = w.committed[s.sample_id]["hidden_states"].double()
+        cos = torch.nn.functional.cosine_similarity(got, ref[s.sample_id].double(), dim=-1)
+        assert float(cos.min()) >= 0.99999, s.sample_id
