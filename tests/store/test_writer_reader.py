@@ -228,3 +228,33 @@ def test_reader_sees_only_committed_samples_of_live_store(tmp_path, spec, small_
         for s in samples[4:]:
             w.append(*s)
         assert_matches(open_dataset(tmp_path / "s.zarr"), samples[:4])
+
+
+@settings(max_examples=20, deadline=None)
+@given(lengths=st.lists(st.integers(1, 45), min_size=1, max_size=12),
+       commits=st.sets(st.integers(0, 11)),
+       chunk=st.sampled_from([1, 3, 8]), chunks_per_shard=st.sampled_from([1, 2, 5]),
+       reopen_at=st.integers(0, 12))
+def test_any_lengths_commit_points_and_layouts(tmp_path_factory, lengths, commits, chunk, chunks_per_shard, reopen_at):
+    """Samples crossing chunk and shard edges anywhere, commits anywhere, one reopen: plain zarr agrees."""
+    path = tmp_path_factory.mktemp("p") / "s.zarr"
+    spec = StoreSpec(layer_ids=LAYERS, hidden_size=HIDDEN)
+    cfg = StoreConfig(chunk_tokens=chunk, shard_tokens=chunk * chunks_per_shard, fsync=False)
+    rng = np.random.default_rng(len(lengths))
+    samples = [(f"s{i}", rng.integers(0, 9, t).astype(np.int32), rng.integers(0, 2, t).astype(np.uint8),
+                rng.integers(0, 1 << 16, (t, len(LAYERS), HIDDEN)).astype(np.uint16)) for i, t in enumerate(lengths)]
+    w = TaskStoreWriter.open(path, spec, cfg)
+    for i, s in enumerate(samples):
+        if i == reopen_at:  # close (dropping uncommitted samples) and resume from the record
+            w.commit()
+            w.close()
+            w = TaskStoreWriter.open(path, spec, cfg)
+        w.append(*s)
+        if i in commits:
+            w.commit()
+    w.finalize()
+    w.close()
+    assert_matches(open_dataset(path), samples)
+    ref = np.concatenate([s[3] for s in samples])
+    np.testing.assert_array_equal(zarr.open_array(path / "hidden_states", mode="r")[:].view(np.uint16), ref)
+    np.testing.assert_array_equal(zarr.open_array(path / "offsets", mode="r")[:], np.concatenate([[0], np.cumsum(lengths)]))
