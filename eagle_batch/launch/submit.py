@@ -28,7 +28,7 @@ import submitit
 
 from . import state as S
 from .slurm_query import have_slurm, is_live, job_states
-from .task import ExtractTask
+from .task import HOST_REQUEUE_ENV, ExtractTask
 
 
 class SubmitError(RuntimeError):
@@ -136,8 +136,17 @@ def make_executor(cfg, run_dir: str | os.PathLike, kind: str = "extract", job_na
             params[key] = getattr(sc, key)
     if sc.exclusive:
         params["exclusive"] = True
-    if sc.setup:
-        params["setup"] = list(sc.setup)
+    setup = list(sc.setup)
+    if sc.container.runtime != "none" or os.environ.get(HOST_REQUEUE_ENV):
+        # The task runs in a container that usually lacks `scontrol`: it leaves a request file and this
+        # batch script (on the host) requeues the job after srun returns (see task._host_requeue).
+        req = run_dir.resolve() / S.SLURM_DIR / "requeue"
+        setup.insert(0, f"export {HOST_REQUEUE_ENV}={shlex.quote(str(req))}")
+        params["teardown"] = [
+            f'if [ -f "${HOST_REQUEUE_ENV}/$SLURM_JOB_ID" ]; then rm -f "${HOST_REQUEUE_ENV}/$SLURM_JOB_ID"; '
+            'scontrol requeue "$SLURM_JOB_ID"; fi']
+    if setup:
+        params["setup"] = setup
     if srun_args:
         params["srun_args"] = srun_args
     extra = _parse_sbatch_lines(sc.additional_sbatch)

@@ -291,8 +291,15 @@ class ExtractTask(submitit.helpers.Checkpointable):
     def _hand_to_submitit(self, original) -> None:
         """Run submitit's checkpoint-and-requeue now that our data is committed (requeues and exits)."""
         signal.signal(signal.SIGUSR2, original)
-        if callable(original):
-            original(signal.SIGUSR2, None)
+        if not callable(original):
+            return
+        if _host_requeue():
+            # Inside a container without the Slurm client: submitit still pickles checkpoint(), but the
+            # `scontrol requeue` it would run is left to the batch script's teardown, on the host.
+            env = getattr(getattr(original, "__self__", None), "env", None)
+            if env is not None:
+                env._requeue = lambda countdown: _request_host_requeue()
+        original(signal.SIGUSR2, None)
 
     def _failed(self, run_dir: Path, cfg, st: S.TaskState, attempt: S.Attempt, exc: BaseException) -> dict:
         traceback.print_exc()
@@ -323,7 +330,30 @@ class ExtractTask(submitit.helpers.Checkpointable):
             job_id = str(submitit.JobEnvironment().job_id)
         except RuntimeError:
             return False
+        if _host_requeue():
+            return _request_host_requeue()
         r = subprocess.run(["scontrol", "requeue", job_id], capture_output=True, text=True, timeout=60)
         if r.returncode != 0:
             print(f"[eagle-batch] scontrol requeue {job_id} failed: {r.stderr.strip()}", file=sys.stderr)
         return r.returncode == 0
+
+
+HOST_REQUEUE_ENV = "EAGLE_BATCH_HOST_REQUEUE"
+
+
+def _host_requeue() -> bool:
+    """True when the batch script (host side) does the requeue: containers without `scontrol`.
+
+    launch.submit adds, for container runtimes, `export EAGLE_BATCH_HOST_REQUEUE=<dir>` before srun and a
+    teardown after it that requeues the job if the task left a request file in <dir>.
+    """
+    return bool(os.environ.get(HOST_REQUEUE_ENV)) and os.environ.get("SLURM_JOB_ID") is not None
+
+
+def _request_host_requeue() -> bool:
+    d = Path(os.environ[HOST_REQUEUE_ENV])
+    d.mkdir(parents=True, exist_ok=True)
+    (d / os.environ["SLURM_JOB_ID"]).write_text(os.environ["SLURM_JOB_ID"])
+    print(f"[eagle-batch] requeue of job {os.environ['SLURM_JOB_ID']} requested from the batch script "
+          f"({d})", file=sys.stderr, flush=True)
+    return True

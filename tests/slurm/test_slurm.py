@@ -426,3 +426,22 @@ def test_resume_repair_recomputes_only_the_damaged_part(tmp_path, capsys, synthe
 
     assert verify(run / "stores" / "task-00001.zarr") == []
     assert_same_data(run, ref, n)
+
+
+# ------------------------------------------------- requeue from the batch script (container runs)
+def test_host_side_requeue_when_the_task_cannot_run_scontrol(tmp_path, capsys, synthetic, monkeypatch):
+    """In a container the task usually has no `scontrol`: it leaves a request file and the batch script's
+    teardown (on the host) requeues it. Forced here without a container: the failed first attempt must be
+    requeued that way and the second attempt must run."""
+    monkeypatch.setenv("EAGLE_BATCH_HOST_REQUEUE", "1")
+    run, cfg = make_synthetic_run(tmp_path, "hostrq", 1, max_attempts=2)
+    (run / "faults" / "raise-0").write_text("")
+    rc, out, err = cli(capsys, "extract", cfg)
+    assert rc == 0, err
+    script = next((run / "slurm").rglob("*_submission.sh")).read_text()
+    assert "export EAGLE_BATCH_HOST_REQUEUE=" in script and 'scontrol requeue "$SLURM_JOB_ID"' in script
+    st = wait_idle(capsys, run, 120)
+    r = st["tasks"][0]
+    assert r["state"] == "gave_up" and r["attempts"] == 2 and r["failures"] == 2, json.dumps(st, indent=1)
+    assert "requested from the batch script" in Path(r["log"]).read_text()
+    assert not any((run / "slurm" / "requeue").iterdir())  # the teardown consumed the request
