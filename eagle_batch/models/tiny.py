@@ -57,7 +57,7 @@ def build_tiny_model(kind: str, dest: str | os.PathLike, dtype: str = "bfloat16"
     import torch
     from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
-    from .smollm2 import materialize
+    from .smollm2 import honour_umask, materialize
 
     tok_src = materialize()
     tok = AutoTokenizer.from_pretrained(tok_src)
@@ -78,6 +78,7 @@ def build_tiny_model(kind: str, dest: str | os.PathLike, dtype: str = "bfloat16"
         model.save_pretrained(tmp, safe_serialization=True)
         tok.save_pretrained(tmp)
         (tmp / ".complete").write_text(f"tiny {kind} seed={seed}\n")
+        honour_umask(tmp)
         try:
             os.rename(tmp, dest)
         except OSError:
