@@ -569,9 +569,10 @@ class TaskStoreWriter:
         self._committed_ids = None
 
     def _set_shapes(self, num_tokens: int) -> None:
-        # After the record: a plain zarr reader never sees a shape that covers unwritten shards.
+        # After the record: a plain zarr reader never sees a shape that covers unwritten shards. Synced too,
+        # so a power loss cannot leave an empty zarr.json on file systems that do not order rename after data.
         for name, lay in self.layouts.items():
-            write_json_atomic(self.path / name / "zarr.json", lay.zarr_json(num_tokens), fsync=False)
+            write_json_atomic(self.path / name / "zarr.json", lay.zarr_json(num_tokens), fsync=self.fsync)
 
     def finalize(self) -> None:
         """Commit, then write offsets, sample_ids, consolidated metadata and (last) the `complete` marker."""
