@@ -218,6 +218,7 @@ def fork_task(run: Path, task_id: int = 0, env: dict | None = None) -> int:
             os.dup2(devnull, 1)  # the progress bars of from_pretrained
             err = os.open(str(run / f"task-{task_id}.child.err"), os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
             os.dup2(err, 2)
+            sys.stderr = open(2, "w", buffering=1, closefd=False)  # not pytest's capture buffer
             ExtractTask(str(run), task_id)()
             code = 0
         except BaseException:  # noqa: BLE001 - the child reports by exit code and its stderr file
@@ -225,6 +226,7 @@ def fork_task(run: Path, task_id: int = 0, env: dict | None = None) -> int:
 
             traceback.print_exc()
         finally:
+            sys.stderr.flush()
             os._exit(code)
     return pid
 
