@@ -74,7 +74,7 @@ def _state_pool(rows: int, layers: int, hidden: int, rng: np.random.Generator) -
 
 
 def build_store(path: Path, samples: int, mean_tokens: int, hidden: int, num_layers: int, codec: str,
-                seed: int = 0) -> dict:
+                seed: int = 0, vocab: int = 32000) -> dict:
     from eagle_batch.config.schema import StoreConfig
     from eagle_batch.store import StoreSpec, TaskStoreWriter
 
@@ -89,7 +89,7 @@ def build_store(path: Path, samples: int, mean_tokens: int, hidden: int, num_lay
     try:
         for i, t in enumerate(lengths.tolist()):
             rows = pool[rng.integers(0, pool.shape[0], t)]
-            input_ids = rng.integers(0, 32000, t).astype(np.int32)
+            input_ids = rng.integers(0, vocab, t).astype(np.int32)
             loss_mask = (np.arange(t) >= t // 4).astype(np.uint8)
             w.append(f"s{i:06d}", input_ids, loss_mask, rows)
             if i % 16 == 15:
@@ -225,7 +225,7 @@ def run(args: argparse.Namespace) -> int:
         if not (store / "progress.json").exists():
             shutil.rmtree(store, ignore_errors=True)  # a half-written one from an interrupted run
             result["store"] = build_store(store, args.samples, args.mean_tokens, args.hidden, args.num_layers,
-                                          args.codec, args.seed)
+                                          args.codec, args.seed, vocab=min(32000, args.target_vocab))
         else:
             result["store"] = {"reused": str(store)}
         result["loader"] = [measure_loader(store, args.num_layers, int(w), args.batch_tokens, args.prefetch,

@@ -69,16 +69,21 @@ def render_prompts(target_path: str | os.PathLike, prompts: Sequence[str | list[
 def measure_acceptance(target_path: str | os.PathLike, draft_dir: str | os.PathLike | None,
                        prompts: Sequence[str | list[dict]], k: int = 3, max_tokens: int = 64,
                        reference: dict | None = None, timeout_s: float = 900.0,
-                       max_model_len: int = 2048) -> dict[str, Any]:
+                       max_model_len: int = 2048, dtype: str = "auto") -> dict[str, Any]:
     """Greedy-generate `prompts` with and without the EAGLE-3 draft in `draft_dir`.
 
     Returns mean_acceptance_length, identical_outputs, num_drafts, num_draft_tokens,
     num_accepted_tokens, accepted_per_position, acceptance_rate, mismatches (prompt indexes), timings,
     and `reference` (the no-speculation outputs; pass it back in to skip re-running the plain engine).
+    dtype: the engines' compute dtype; "auto" = bfloat16 on a GPU, float32 on a CPU (CPUs without
+    AVX512-BF16/AMX run bf16 several times slower; both engines use the same dtype either way).
     """
+    if dtype == "auto":
+        import torch
+        dtype = "bfloat16" if torch.cuda.is_available() else "float32"
     prompt_ids = render_prompts(target_path, prompts)
     common = dict(target=str(target_path), prompts=prompt_ids, max_tokens=max_tokens,
-                  max_model_len=max_model_len)
+                  max_model_len=max_model_len, dtype=dtype)
     if reference is None:
         reference = _run_engine(dict(common, draft=None, k=0), timeout_s)
     spec = _run_engine(dict(common, draft=str(draft_dir), k=int(k)), timeout_s) if draft_dir else None
@@ -108,7 +113,7 @@ def _engine_main(inp: Path, out: Path) -> None:
     from vllm.inputs import TokensPrompt
 
     spec = json.loads(inp.read_text())
-    kwargs: dict[str, Any] = dict(model=spec["target"], dtype="bfloat16", max_model_len=spec["max_model_len"],
+    kwargs: dict[str, Any] = dict(model=spec["target"], dtype=spec.get("dtype", "bfloat16"), max_model_len=spec["max_model_len"],
                                   enforce_eager=True, disable_log_stats=False, seed=0)
     if spec.get("draft"):
         kwargs["speculative_config"] = {"method": "eagle3", "model": spec["draft"],

@@ -55,7 +55,10 @@ def eval_prompts(n: int, offset: int) -> list[str]:
 
 
 def run(work: Path, samples: int = 300, steps: int = 80, max_length: int = 256, k: int = 3,
-        num_prompts: int = 6, max_tokens: int = 48, batch_tokens: int = 1024, log=print) -> dict:
+        num_prompts: int = 6, max_tokens: int = 48, batch_tokens: int = 1024, dtype: str = "float32",
+        partial_store: bool = False, log=print) -> dict:
+    """partial_store: skip capture/aggregate and train on the committed samples of the (possibly still
+    incomplete) task store - for a machine too slow to capture everything in time."""
     from eagle_batch.config import load_config, save_config
 
     work.mkdir(parents=True, exist_ok=True)
@@ -67,6 +70,9 @@ def run(work: Path, samples: int = 300, steps: int = 80, max_length: int = 256, 
     run_dir = work / "run"
     overrides = [
         f"run_dir={run_dir}", f"model.path={target}", "model.name=SmolLM2-135M-Instruct", "model.max_model_len=1024",
+        # fp32 compute: this CPU (AVX2, no AVX512-BF16/AMX) runs bf16 matmuls several times slower;
+        # the store keeps bf16 either way.
+        f"model.dtype={dtype}",
         f"data.inputs=[{data}]", "data.format=messages", f"data.max_length={max_length}",
         "extract.num_tasks=1", "extract.enforce_eager=true", "extract.max_num_seqs=32",
         "extract.max_num_batched_tokens=4096", "extract.batch_samples=64", "extract.commit_interval_s=0",
@@ -89,7 +95,11 @@ def run(work: Path, samples: int = 300, steps: int = 80, max_length: int = 256, 
     log(f"[e2e] prepared in {timings['prepare_s']:.0f}s")
 
     t0 = time.perf_counter()
-    if not (run_dir / "dataset.json").is_file():
+    store = run_dir / "stores" / "task-00000.zarr"
+    if partial_store:
+        overrides.append(f"train.data={store}")
+        cfg = load_config(None, overrides)
+    elif not (run_dir / "dataset.json").is_file():
         env = dict(os.environ, PYTHONPATH=str(ROOT), VLLM_CPU_KVCACHE_SPACE=os.environ.get("VLLM_CPU_KVCACHE_SPACE", "1"),
                    VLLM_ENABLE_V1_MULTIPROCESSING="0")
         # the real extraction task (vLLM capture into the task store), in its own process
@@ -107,7 +117,7 @@ def run(work: Path, samples: int = 300, steps: int = 80, max_length: int = 256, 
     from eagle_batch.store import open_dataset
     from eagle_batch.train.trainer import train
 
-    ds = open_dataset(run_dir)
+    ds = open_dataset(cfg.train.data or run_dir)
     n_tokens = int(ds.lengths().sum())
     log(f"[e2e] dataset: {len(ds)} samples, {n_tokens} tokens, layers {ds.layer_ids}")
 
@@ -123,14 +133,14 @@ def run(work: Path, samples: int = 300, steps: int = 80, max_length: int = 256, 
 
     prompts = eval_prompts(num_prompts, samples)
     t0 = time.perf_counter()
-    base = measure_acceptance(target, untrained["export_dir"], prompts, k=k, max_tokens=max_tokens)
+    base = measure_acceptance(target, untrained["export_dir"], prompts, k=k, max_tokens=max_tokens, dtype=dtype)
     tr = measure_acceptance(target, trained["export_dir"], prompts, k=k, max_tokens=max_tokens,
-                            reference=base["reference"])
+                            reference=base["reference"], dtype=dtype)
     timings["serve_s"] = time.perf_counter() - t0
     keys = ("mean_acceptance_length", "acceptance_rate", "identical_outputs", "num_drafts", "num_accepted_tokens",
             "accepted_per_position", "mismatches", "generated_tokens", "spec_s")
     result = {
-        "samples": len(ds), "tokens": n_tokens, "train_steps": trained["step"], "k": k, "prompts": len(prompts),
+        "samples": len(ds), "tokens": n_tokens, "partial_store": partial_store, "train_steps": trained["step"], "k": k, "prompts": len(prompts),
         "max_tokens": max_tokens, "baseline_s": base["baseline_s"],
         "untrained": {x: base.get(x) for x in keys}, "trained": {x: tr.get(x) for x in keys},
         "first_logged": steps_m[0] if steps_m else None, "last_logged": steps_m[-1] if steps_m else None,
@@ -153,8 +163,10 @@ if __name__ == "__main__":
     ap.add_argument("--prompts", type=int, default=6)
     ap.add_argument("--max-tokens", type=int, default=48)
     ap.add_argument("--batch-tokens", type=int, default=1024)
+    ap.add_argument("--partial-store", action="store_true", help="train on the task store's committed samples")
     a = ap.parse_args()
     os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
     os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
-    r = run(a.work, a.samples, a.steps, a.max_length, a.k, a.prompts, a.max_tokens, a.batch_tokens)
+    r = run(a.work, a.samples, a.steps, a.max_length, a.k, a.prompts, a.max_tokens, a.batch_tokens,
+            partial_store=a.partial_store)
     print(json.dumps(r, indent=2))
