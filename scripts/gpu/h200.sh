@@ -1,0 +1,31 @@
+#!/usr/bin/env bash
+# GPU validation and benchmarks on the H200 device machine (results in docs/gpu-validation.md and
+# docs/benchmarks.md). Needs vLLM 0.26.0 there: the device bundle (see docs/gpu-validation.md) must have
+# been unpacked, i.e. /root/site/.complete exists. Usage: bash scripts/gpu/h200.sh STAGE OUTDIR
+#   validate-tp1 | validate-tp2 | bench-capture | bench-loader
+set -uo pipefail
+stage=${1:?stage}
+out=${2:?output folder}
+mkdir -p "$out"
+export PYTHONPATH=$PWD:/root/extra:/root/site${PYTHONPATH:+:$PYTHONPATH}
+export PYTHONUNBUFFERED=1 VLLM_USE_FLASHINFER_SAMPLER=0 HF_HUB_OFFLINE=1 TOKENIZERS_PARALLELISM=false
+export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
+work=/root/ebwork
+mkdir -p $work
+{
+  date -u
+  nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv
+  python3 -c "import vllm, torch, transformers, zarr; print('vllm', vllm.__version__, 'torch', torch.__version__, 'cuda', torch.version.cuda, 'transformers', transformers.__version__, 'zarr', zarr.__version__)"
+} > "$out/env-$stage.txt" 2>&1
+case "$stage" in
+  validate-tp1) python3 -m eagle_batch.bench.gpu_validate --models llama-1b,dsv3-moe --tp 1 --out $work/val --json ;;
+  validate-tp2) python3 -m eagle_batch.bench.gpu_validate --models llama-1b,dsv3-moe --tp 2 --out $work/val --json ;;
+  bench-capture) python3 -m eagle_batch.bench.capture --build llama-1b --num-prompts 2048 --prompt-len 512 \
+                   --work-dir $work/cap --json ;;
+  bench-loader) python3 -m eagle_batch.bench.loader --step-sim --hidden 7168 --device cuda --json ;;
+  *) echo "unknown stage $stage"; exit 2 ;;
+esac > "$out/$stage.json" 2> "$out/$stage.log"
+rc=$?
+tail -c 3000 "$out/$stage.log"
+cat "$out/$stage.json"
+exit $rc
