@@ -119,3 +119,38 @@ def test_ddp_two_ranks_gloo(tmp_path):
     assert len([x for x in recs if "loss" in x]) == 3
     ck = torch.load(sorted((out / "checkpoints").glob("step-*.pt"))[-1], weights_only=False)
     assert ck["world_size"] == 2 and set(ck["rng"]) == {"0", "1"}
+
+
+@pytest.mark.slurm
+def test_train_submits_a_slurm_array_and_it_trains(tmp_path):
+    """`eagle-batch train` without --local: a 2-task array (sweep) on the local Slurm; both export."""
+    import time
+
+    target = write_fake_target(tmp_path / "target")
+    run_dir = tmp_path / "run"
+    _write_store(run_dir)
+    conf = tmp_path / "train.yaml"
+    conf.write_text(f"""
+run_dir: {run_dir}
+model: {{path: {target}}}
+slurm: {{executor: slurm, gpus_per_node: 0, cpus_per_task: 1, time_min: 20}}
+train:
+  data: {run_dir}/stores/task-00000.zarr
+  steps: 2
+  batch_tokens: 256
+  num_workers: 0
+  draft_vocab_size: 64
+  ttt_steps: 2
+  tensorboard: false
+  precision: fp32
+  sweep: [{{train.lr: 0.001}}, {{train.lr: 0.002}}]
+""")
+    r = subprocess.run([sys.executable, "-m", "eagle_batch.cli", "train", str(conf)], capture_output=True,
+                       text=True, cwd=ROOT)
+    assert r.returncode == 0 and "submitted 2 training task(s)" in r.stdout, r.stdout + r.stderr
+    deadline = time.time() + 600
+    outs = [run_dir / "train" / f"draft-{i}" / "result.json" for i in (0, 1)]
+    while time.time() < deadline and not all(p.is_file() for p in outs):
+        time.sleep(5)
+    assert all(p.is_file() for p in outs), list((run_dir / "slurm").rglob("*.err"))
+    assert all(json.loads(p.read_text())["status"] == "done" for p in outs)
