@@ -302,7 +302,7 @@ class ExtractTask(submitit.helpers.Checkpointable):
         original(signal.SIGUSR2, None)
 
     def _failed(self, run_dir: Path, cfg, st: S.TaskState, attempt: S.Attempt, exc: BaseException) -> dict:
-        traceback.print_exc()
+        traceback.print_exception(type(exc), exc, exc.__traceback__)
         attempt.ended = time.time()
         attempt.outcome = "error"
         attempt.error = _last_line(exc)

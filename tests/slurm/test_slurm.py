@@ -345,15 +345,20 @@ def test_sbatch_resources_and_container_wrapping(tmp_path):
         assert f"#SBATCH {line}" in s, (line, s)
     assert "module load cuda" in s
 
+    def command(s):
+        return next(ln for ln in s.splitlines() if "submitit.core._submit" in ln)
+
     s = script("slurm.container.runtime=apptainer", "slurm.container.image=/img/eb.sif",
                "slurm.container.binds=['/scratch:/scratch']")
-    cmd = s.strip().splitlines()[-1]
+    cmd = command(s)
+    # No scontrol in the image: the host-side teardown does the requeues (see test_host_side_requeue...).
+    assert "export EAGLE_BATCH_HOST_REQUEUE=" in s and 'scontrol requeue "$SLURM_JOB_ID"' in s
     assert "apptainer exec --nv" in cmd and "/img/eb.sif python3 -u -m submitit.core._submit" in cmd
     assert f"--bind {tmp_path / 'r'}:{tmp_path / 'r'}" in cmd and "--bind /models/m:/models/m" in cmd
     assert "--bind /scratch:/scratch" in cmd
 
     s = script("slurm.container.runtime=pyxis", "slurm.container.image=nvcr.io#eb:1")
-    cmd = s.strip().splitlines()[-1]
+    cmd = command(s)
     assert cmd.startswith("srun ") and "--container-image=nvcr.io#eb:1" in cmd
     assert "--container-mounts=" in cmd and " python3 -u -m submitit.core._submit" in cmd
 
