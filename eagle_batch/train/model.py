@@ -129,6 +129,13 @@ def _rotate_half(x: torch.Tensor) -> torch.Tensor:
     return torch.cat((-x2, x1), dim=-1)
 
 
+def ttt_mask(t: int, steps_before: int, device) -> torch.Tensor:
+    """[T, (steps_before+1)*T] bool: causal over step 0's keys, the diagonal of each later step's keys."""
+    causal = torch.ones(t, t, dtype=torch.bool, device=device).tril()
+    eye = torch.eye(t, dtype=torch.bool, device=device)
+    return torch.cat([causal] + [eye] * steps_before, dim=1)
+
+
 class DraftAttention(nn.Module):
     def __init__(self, cfg: DraftConfig):
         super().__init__()
@@ -165,25 +172,18 @@ class DraftAttention(nn.Module):
         v = self.v_proj(x).view(b, t, c.num_key_value_heads, c.head_dim).transpose(1, 2)
         q, k = self._rope(q, positions), self._rope(k, positions)
         cache.append((k, v))
-        rep = c.num_attention_heads // c.num_key_value_heads
-        scale = 1.0 / math.sqrt(c.head_dim)
-        k0, v0 = cache[0]
-        if rep > 1:
-            k0, v0 = k0.repeat_interleave(rep, dim=1), v0.repeat_interleave(rep, dim=1)
-        scores0 = torch.matmul(q, k0.transpose(-1, -2)) * scale  # [B, h, T, T]
-        causal = torch.ones(t, t, dtype=torch.bool, device=x.device).tril()
-        scores0 = scores0.masked_fill(~causal, float("-inf"))
-        diag_scores, diag_values = [], []
-        for kj, vj in cache[1:]:
-            if rep > 1:
-                kj, vj = kj.repeat_interleave(rep, dim=1), vj.repeat_interleave(rep, dim=1)
-            diag_scores.append((q * kj).sum(-1, keepdim=True) * scale)  # [B, h, T, 1]
-            diag_values.append(vj)
-        scores = torch.cat([scores0] + diag_scores, dim=-1).float()
-        probs = scores.softmax(-1).to(q.dtype)
-        out = torch.matmul(probs[..., :t], v0)
-        for j, vj in enumerate(diag_values):
-            out = out + probs[..., t + j: t + j + 1] * vj
+        # One fused attention over the concatenated keys [step 0 | step 1 | ... | step s] with a mask
+        # (causal block, then a diagonal per later step): SDPA's memory-efficient / flash kernels keep
+        # memory O(T) instead of materializing [B, heads, T, T] scores for every unrolled step.
+        s = len(cache) - 1
+        keys = torch.cat([kv[0] for kv in cache], dim=2) if s else k
+        values = torch.cat([kv[1] for kv in cache], dim=2) if s else v
+        gqa = c.num_attention_heads != c.num_key_value_heads
+        if s == 0:
+            out = F.scaled_dot_product_attention(q, keys, values, is_causal=True, enable_gqa=gqa)
+        else:
+            out = F.scaled_dot_product_attention(q, keys, values, attn_mask=ttt_mask(t, s, x.device),
+                                                 enable_gqa=gqa)
         out = out.transpose(1, 2).reshape(b, t, c.num_attention_heads * c.head_dim)
         return self.o_proj(out)
 
