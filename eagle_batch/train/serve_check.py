@@ -39,6 +39,30 @@ def _engine_env() -> dict[str, str]:
     return env
 
 
+def servable_target(target_path: str | os.PathLike, dest: str | os.PathLike | None = None) -> Path:
+    """`target_path`, or a view of it that vLLM loads when its config.json carries a GGUF loader's
+    `quantization_config` over plain safetensors weights (what transformers writes after loading a GGUF
+    file, as `eagle_batch.models.smollm2.materialize()` does; vLLM 0.32 rejects "quantization method:
+    gguf"). The view symlinks every file and rewrites config.json without that key."""
+    src = Path(target_path)
+    raw = json.loads((src / "config.json").read_text())
+    q = raw.get("quantization_config")
+    if not (isinstance(q, dict) and q.get("quant_method") == "gguf" and list(src.glob("*.safetensors"))):
+        return src
+    dest = Path(dest) if dest else Path(tempfile.gettempdir()) / f"eagle-batch-servable-{src.name}-{os.getuid()}"
+    dest.mkdir(parents=True, exist_ok=True)
+    for f in src.iterdir():
+        link = dest / f.name
+        if f.name in ("config.json", ".complete") or link.exists() or link.is_symlink():
+            continue
+        link.symlink_to(f.resolve())
+    raw.pop("quantization_config")
+    tmp = dest / "config.json.tmp"
+    tmp.write_text(json.dumps(raw, indent=2))
+    os.replace(tmp, dest / "config.json")
+    return dest
+
+
 def _run_engine(spec: dict, timeout_s: float) -> dict:
     with tempfile.TemporaryDirectory(prefix="eagle-serve-") as d:
         inp, out = Path(d) / "in.json", Path(d) / "out.json"
@@ -81,6 +105,7 @@ def measure_acceptance(target_path: str | os.PathLike, draft_dir: str | os.PathL
     if dtype == "auto":
         import torch
         dtype = "bfloat16" if torch.cuda.is_available() else "float32"
+    target_path = servable_target(target_path)
     prompt_ids = render_prompts(target_path, prompts)
     common = dict(target=str(target_path), prompts=prompt_ids, max_tokens=max_tokens,
                   max_model_len=max_model_len, dtype=dtype)

@@ -27,25 +27,11 @@ from helpers import chat_conversations  # noqa: E402
 
 
 def servable_smollm2(dest: Path) -> Path:
-    """The materialized SmolLM2 folder as vLLM can load it.
-
-    `eagle_batch.models.smollm2.materialize()` writes the GGUF loader's `quantization_config`
-    (quant_method gguf) into config.json although the weights are plain bf16 safetensors; vLLM 0.32
-    refuses that ("Unknown quantization method: gguf"). Same weights (symlinked), config without it.
-    """
+    """The materialized SmolLM2 as vLLM loads it (see serve_check.servable_target)."""
     from eagle_batch.models.smollm2 import materialize
+    from eagle_batch.train.serve_check import servable_target
 
-    src = materialize()
-    raw = json.loads((src / "config.json").read_text())
-    if "quantization_config" not in raw:
-        return src
-    dest.mkdir(parents=True, exist_ok=True)
-    for f in src.iterdir():
-        if f.name not in ("config.json", ".complete") and not (dest / f.name).exists():
-            (dest / f.name).symlink_to(f)
-    raw.pop("quantization_config")
-    (dest / "config.json").write_text(json.dumps(raw, indent=2))
-    return dest
+    return servable_target(materialize(), dest)
 
 
 def eval_prompts(n: int, offset: int) -> list[str]:
