@@ -32,6 +32,7 @@ from pathlib import Path
 from typing import Any
 
 VOCAB = 32000
+ROUTER_SCALE = 16.0  # DeepSeek-V3-shaped model: see build_random_model
 
 MODELS: dict[str, dict[str, Any]] = {
     "llama-1b": dict(kind="llama", layer_ids=[2, 8, 13, 16],
@@ -65,6 +66,15 @@ def build_random_model(name: str, root: str | os.PathLike, dtype: str = "bfloat1
     with torch.device(device):  # initialise on the GPU when there is one (a 1B model inits in seconds)
         model = AutoModelForCausalLM.from_config(config, dtype=getattr(torch, dtype))
     small = spec["kind"] != "deepseek_v3" and d["hidden_size"] <= 512
+    if spec["kind"] == "deepseek_v3":
+        # Random routers score every expert almost alike, so bf16 rounding differences between vLLM's
+        # fused MoE and transformers flip top-k choices near ties, and a flipped token's later layers
+        # differ although both are right (seen on the H200: layer-1 cos 0.99998, MoE layers min 0.76).
+        # Trained routers are decisive; scaling the random gates makes these ones decisive too.
+        with torch.no_grad():
+            for name, p in model.named_parameters():
+                if name.endswith("mlp.gate.weight"):
+                    p.mul_(ROUTER_SCALE)
     if small:  # same recipe as eagle_batch.models.tiny: a larger init gives less degenerate states
         with torch.no_grad():
             for p in model.parameters():

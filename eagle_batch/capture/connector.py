@@ -146,7 +146,7 @@ class EagleBatchConnector(KVConnectorBase_V1, SupportsHMA):
     @classmethod
     def get_required_kvcache_layout(cls, vllm_config) -> str | None:
         # Same as vLLM's hidden-state connector: keep each token's [L, H] rows contiguous.
-        return "LBNHC"
+        return compat.token_major_kv_layout()
 
     # ------------------------------------------------------------------ worker side
     def register_kv_caches(self, kv_caches: dict[str, torch.Tensor]):

