@@ -73,7 +73,7 @@ def _samples(kind, path, samples_factory):
 
 
 def _reference(kind, path, layer_ids, samples):
-    key = f"{kind}:{layer_ids}"
+    key = f"{kind}:{layer_ids}:{samples[0].sample_id}"  # per sample set
     if key not in _REF:
         from eagle_batch.capture.hf import hf_hidden_states, load_hf_model
 
