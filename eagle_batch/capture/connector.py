@@ -192,13 +192,18 @@ class EagleBatchConnector(KVConnectorBase_V1, SupportsHMA):
     def _gather(self, item: ExtractItem) -> torch.Tensor:
         kv = self._kv
         bs = self._block_size
-        blocks = torch.tensor(item.block_ids, dtype=torch.long)
-        pos = torch.arange(item.num_tokens, dtype=torch.long)
+        if kv.is_cuda:
+            # Only the block ids cross to the device, from pinned memory: a copy from pageable memory would
+            # synchronise the side stream, which waits for this step's compute, i.e. block the engine thread.
+            blk = torch.empty(len(item.block_ids), dtype=torch.long, pin_memory=True)
+            blk.numpy()[:] = item.block_ids
+            blocks = blk.to(kv.device, non_blocking=True)
+            pos = torch.arange(item.num_tokens, dtype=torch.long, device=kv.device)
+        else:
+            blocks = torch.tensor(item.block_ids, dtype=torch.long)
+            pos = torch.arange(item.num_tokens, dtype=torch.long)
         b = blocks[pos // bs]
         o = pos % bs
-        if kv.is_cuda:
-            b = b.to(kv.device, non_blocking=True)
-            o = o.to(kv.device, non_blocking=True)
         return kv[b, :, o] if self._layout == "LBH" else kv[b, o]
 
     def wait_for_save(self):
