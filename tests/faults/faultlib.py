@@ -333,8 +333,9 @@ def kill_trials(base: Path, prepared: Path, ref_store: Path, trials: int, kills_
             n = assert_committed_prefix(store_of(run), ref_store)
             res["committed_at_kill"].append(n)
             at.append(n)
-            if res["kills"] >= trials:
-                break
+            res["complete_at_kill"] = res.get("complete_at_kill", 0) + (store_of(run) / "complete").is_file()
+            if res["kills"] >= trials or (store_of(run) / "complete").is_file():
+                break  # a finished store: further kills would only hit its quick re-open
         code, _ = run_forked(run)
         assert code == 0, child_stderr(run)
         res["samples_compared"] += assert_same_store(store_of(run), ref_store)
