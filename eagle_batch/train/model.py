@@ -19,7 +19,6 @@ mask over the target vocabulary.
 from __future__ import annotations
 
 import json
-import math
 import os
 from dataclasses import asdict, dataclass, field
 from pathlib import Path

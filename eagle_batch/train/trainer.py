@@ -24,7 +24,6 @@ import json
 import math
 import os
 import random
-import signal
 import time
 from dataclasses import asdict
 from pathlib import Path
@@ -35,7 +34,7 @@ import torch
 import torch.nn.functional as F
 
 from .data import BatchPlan, TrainSamples, build_vocab_map, make_loader, token_frequencies
-from .model import DraftConfig, Eagle3Draft, TargetHead, draft_config_from_target, export_draft, target_head
+from .model import Eagle3Draft, TargetHead, draft_config_from_target, export_draft, target_head
 
 
 # ----------------------------------------------------------------------------------------------------
