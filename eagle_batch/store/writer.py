@@ -179,7 +179,9 @@ class TaskStoreWriter:
             self._load_existing(repair)
         else:
             self._create()
-        n_threads = threads or min(8, os.cpu_count() or 1)
+        # Encode threads: blosc-zstd-1 does ~0.6 GB/s per core, so a fast GPU node needs several;
+        # EAGLE_BATCH_STORE_THREADS overrides the default for nodes with many idle cores.
+        n_threads = threads or int(os.environ.get("EAGLE_BATCH_STORE_THREADS", 0)) or min(8, os.cpu_count() or 1)
         self._encode_pool = ThreadPoolExecutor(n_threads, thread_name_prefix="store-encode")
         # One IO thread per array: writes of one array stay in order, fsyncs of different arrays overlap.
         self._io_pools = {n: ThreadPoolExecutor(1, thread_name_prefix=f"store-io-{n}") for n in TOKEN_ARRAYS}

@@ -9,6 +9,8 @@ out=${2:?output folder}
 mkdir -p "$out"
 export PYTHONPATH=$PWD:/root/extra:/root/site${PYTHONPATH:+:$PYTHONPATH}
 export PYTHONUNBUFFERED=1 VLLM_USE_FLASHINFER_SAMPLER=0 HF_HUB_OFFLINE=1 TOKENIZERS_PARALLELISM=false
+# The bench's stock-connector phase starts vLLM's engine process after CUDA is initialised: spawn, not fork.
+export VLLM_WORKER_MULTIPROC_METHOD=spawn EAGLE_BATCH_STORE_THREADS=${EAGLE_BATCH_STORE_THREADS:-24}
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 work=/root/ebwork
 mkdir -p $work
@@ -22,6 +24,8 @@ case "$stage" in
   validate-tp2) python3 -m eagle_batch.bench.gpu_validate --models llama-1b,dsv3-moe --tp 2 --out $work/val --json ;;
   bench-capture) python3 -m eagle_batch.bench.capture --build llama-1b --num-prompts 2048 --prompt-len 512 \
                    --work-dir $work/cap --json ;;
+  bench-capture-nofsync) python3 -m eagle_batch.bench.capture --build llama-1b --num-prompts 2048 --prompt-len 512 \
+                   --work-dir $work/cap --no-fsync --phases eagle-batch,stock --json ;;
   bench-loader) python3 -m eagle_batch.bench.loader --step-sim --hidden 7168 --device cuda --json ;;
   *) echo "unknown stage $stage"; exit 2 ;;
 esac > "$out/$stage.json" 2> "$out/$stage.log"
