@@ -243,7 +243,7 @@ class Eagle3Draft(nn.Module):
         """draft_to_target: sorted target ids of the draft vocabulary, length draft_vocab_size."""
         ids = draft_to_target.to(torch.long)
         assert ids.numel() == self.cfg.draft_vocab_size
-        self.d2t.copy_(ids - torch.arange(ids.numel()))
+        self.d2t.copy_(ids - torch.arange(ids.numel(), device=ids.device))
         self.t2d.zero_()
         self.t2d[ids] = True
 
