@@ -190,6 +190,9 @@ def run(args: argparse.Namespace) -> int:
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    # vLLM on the CPU drops torch to one thread "for serving" unless OMP_NUM_THREADS is set; the demo's
+    # tasks run one at a time (array_parallelism=1), so each may use every core. Slurm jobs inherit it.
+    os.environ.setdefault("OMP_NUM_THREADS", str(os.cpu_count() or 1))
     t_start = time.time()
     from eagle_batch.config import check_config, save_config
     from eagle_batch.data import prepare
