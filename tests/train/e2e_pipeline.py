@@ -64,7 +64,11 @@ def run(work: Path, samples: int = 300, steps: int = 80, max_length: int = 256, 
         "extract.max_num_batched_tokens=4096", "extract.batch_samples=64", "extract.commit_interval_s=0",
         "slurm.executor=local", "slurm.gpus_per_node=0",
         f"train.steps={steps}", f"train.batch_tokens={batch_tokens}", f"train.max_length={max_length}", "train.lr=3e-3",
-        "train.warmup_steps=5", "train.draft_vocab_size=2048", f"train.ttt_steps={k}", "train.num_workers=1",
+        "train.warmup_steps=5", "train.draft_vocab_size=2048", f"train.ttt_steps={k}",
+        # No DataLoader worker: this process already ran a vLLM engine in-process, and forking a worker
+        # after its threads started can deadlock (seen in a full CI run); worker loading is tested in a
+        # fresh process by test_cli_export.py.
+        "train.num_workers=0",
         "train.accuracy_vs=draft",  # full-vocab target logits (49152 x 576 per token) are the CPU bottleneck
         "train.prefetch_factor=2", "train.checkpoint_every=1000", "train.log_every=5", "train.tensorboard=true",
         "train.precision=fp32",
