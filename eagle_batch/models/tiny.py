@@ -11,9 +11,9 @@ kernels in vLLM give wrong states, so use it on GPUs only).
 from __future__ import annotations
 
 import os
-import shutil
-import tempfile
 from pathlib import Path
+
+from .folder import is_complete, write_model_folder
 from typing import Any
 
 KINDS = ("llama", "qwen3", "qwen3_moe", "deepseek_v3")
@@ -52,12 +52,12 @@ def build_tiny_model(kind: str, dest: str | os.PathLike, dtype: str = "bfloat16"
                      **overrides: Any) -> Path:
     """Build (once) a random-weight model folder with the SmolLM2 tokenizer; return its path."""
     dest = Path(dest)
-    if (dest / ".complete").is_file():
+    if is_complete(dest):
         return dest
     import torch
     from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
-    from .smollm2 import honour_umask, materialize
+    from .smollm2 import materialize
 
     tok_src = materialize()
     tok = AutoTokenizer.from_pretrained(tok_src)
@@ -72,18 +72,8 @@ def build_tiny_model(kind: str, dest: str | os.PathLike, dtype: str = "bfloat16"
         for name, p in model.named_parameters():
             if p.dim() >= 2:
                 p.normal_(0.0, 0.05)
-    dest.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=dest.name + ".", dir=dest.parent))
-    try:
+    def write(tmp: Path) -> None:
         model.save_pretrained(tmp, safe_serialization=True)
         tok.save_pretrained(tmp)
-        (tmp / ".complete").write_text(f"tiny {kind} seed={seed}\n")
-        honour_umask(tmp)
-        try:
-            os.rename(tmp, dest)
-        except OSError:
-            if not (dest / ".complete").is_file():
-                raise
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
-    return dest
+
+    return write_model_folder(dest, write, f"tiny {kind} seed={seed}")
