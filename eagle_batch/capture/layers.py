@@ -20,22 +20,15 @@ from __future__ import annotations
 
 from typing import Sequence
 
+from eagle_batch.config.model_info import check_layer_ids
+
 SEMANTICS = ("k = residual stream after k decoder layers (0 = embeddings); "
              "N = last decoder layer output before the final norm")
 
 
 def validate_layer_ids(layer_ids: Sequence[int], num_hidden_layers: int) -> list[int]:
-    """Return layer_ids as a list, raising ValueError naming the bad ids."""
-    ids = [int(i) for i in layer_ids]
-    if not ids:
-        raise ValueError("layer_ids is empty; give at least one id in 0..num_hidden_layers")
-    bad = [i for i in ids if i < 0 or i > num_hidden_layers]
-    if bad:
-        raise ValueError(f"layer ids {bad} are outside 0..{num_hidden_layers} "
-                         f"(the model has {num_hidden_layers} decoder layers; {SEMANTICS})")
-    if len(set(ids)) != len(ids):
-        raise ValueError(f"layer ids {ids} contain repeats")
-    return ids
+    """Return layer_ids as a list, raising ValueError (ConfigError) naming the bad ids."""
+    return check_layer_ids([int(i) for i in layer_ids], num_hidden_layers)
 
 
 def hf_hidden_state_source(layer_id: int, num_hidden_layers: int) -> tuple[str, int]:

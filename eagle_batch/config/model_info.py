@@ -73,17 +73,22 @@ def default_layer_ids(num_hidden_layers: int) -> list[int]:
     return out
 
 
+def check_layer_ids(ids: list[int], n: int, key: str = "layer_ids") -> list[int]:
+    """The one check of a layer-id list against a model with `n` decoder layers; errors name `key`."""
+    if not ids:
+        raise ConfigError(f"{key} is empty; give at least one layer id (the EAGLE-3 default for this model "
+                          f"is {default_layer_ids(n)}).")
+    bad = [i for i in ids if i < 0 or i > n]
+    if bad:
+        raise ConfigError(f"{key}={ids}: ids {bad} are outside 0..{n} (the model has {n} "
+                          f"decoder layers; id {n} is the last layer's output before the final norm).")
+    if len(set(ids)) != len(ids):
+        raise ConfigError(f"{key}={ids} repeats ids; list each layer once.")
+    return ids
+
+
 def resolve_layer_ids(model: ModelConfig, info: ModelInfo | None = None) -> list[int]:
     info = info or model_info(model.path)
     n = info.num_hidden_layers
     ids = list(model.layer_ids) if model.layer_ids is not None else default_layer_ids(n)
-    if not ids:
-        raise ConfigError("model.layer_ids is empty; give at least one layer id or leave it unset "
-                          f"for the EAGLE-3 default {default_layer_ids(n)}.")
-    bad = [i for i in ids if i < 0 or i > n]
-    if bad:
-        raise ConfigError(f"model.layer_ids={ids}: ids {bad} are outside 0..{n} (the model has {n} "
-                          f"decoder layers; id {n} is the last layer's output before the final norm).")
-    if len(set(ids)) != len(ids):
-        raise ConfigError(f"model.layer_ids={ids} has repeated ids; list each layer once.")
-    return ids
+    return check_layer_ids(ids, n, key="model.layer_ids")
