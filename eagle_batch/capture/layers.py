@@ -22,9 +22,6 @@ from typing import Sequence
 
 from eagle_batch.config.model_info import check_layer_ids
 
-SEMANTICS = ("k = residual stream after k decoder layers (0 = embeddings); "
-             "N = last decoder layer output before the final norm")
-
 
 def validate_layer_ids(layer_ids: Sequence[int], num_hidden_layers: int) -> list[int]:
     """Return layer_ids as a list, raising ValueError (ConfigError) naming the bad ids."""
