@@ -55,6 +55,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--gpu-memory-utilization", type=float, default=0.85)
     p.add_argument("--enforce-eager", action="store_true", help="no torch.compile / CUDA graphs (hooks forces it)")
     p.add_argument("--no-fsync", action="store_true", help="store.fsync=false for the eagle-batch phase")
+    p.add_argument("--no-adaptive", action="store_true",
+                   help="store.adaptive=false: compress every chunk even when that makes the engine wait")
     p.add_argument("--work-dir", default="", help="models, store and stock files go here (default: a temp folder)")
     p.add_argument("--keep", action="store_true", help="keep the written store / files")
     p.add_argument("--timeout", type=int, default=3600, help="seconds per phase")
@@ -82,7 +84,8 @@ def _cfg(args, path: Path, layer_ids: list[int], run_dir: str):
             f"extract.gpu_memory_utilization={args.gpu_memory_utilization}",
             f"extract.enforce_eager={'true' if args.enforce_eager else 'false'}",
             f"extract.batch_samples={args.num_prompts}", "extract.commit_interval_s=1e9",
-            f"store.fsync={'false' if args.no_fsync else 'true'}"]
+            f"store.fsync={'false' if args.no_fsync else 'true'}",
+            f"store.adaptive={'false' if args.no_adaptive else 'true'}"]
     return make_config(path, layer_ids, args.tp, args.dtype, args.prompt_len + 16, args.backend, run_dir, over)
 
 
@@ -137,12 +140,14 @@ def _phase_eagle(args, cfg, samples, warm, work: Path) -> dict:
             t0 = time.perf_counter()
             stats = run_capture(cfg, samples, writer, backend=backend)  # returns after the final commit
             dt = time.perf_counter() - t0
+            chunk_stats = writer.chunk_stats()
         finally:
             writer.close()
     finally:
         backend.close()
     out = dict(seconds=dt, samples=stats.samples, commits=stats.commits, store_bytes=_du(store),
-               raw_bytes=stats.tokens * len(backend.layer_ids) * backend.hidden_size * 2)
+               raw_bytes=stats.tokens * len(backend.layer_ids) * backend.hidden_size * 2,
+               fsync=bool(cfg.store.fsync), adaptive=bool(cfg.store.adaptive), chunks=chunk_stats)
     out["compression_ratio"] = round(out["raw_bytes"] / max(out["store_bytes"], 1), 3)
     if not args.keep:
         shutil.rmtree(store, ignore_errors=True)
@@ -230,7 +235,7 @@ def _run_phase(args, name: str, path: Path, work: Path, mp: str) -> dict:
            "--gpu-memory-utilization", str(args.gpu_memory_utilization), "--layer-ids",
            ",".join(map(str, _layer_ids(args, path)))]
     cmd += ["--model", str(path)] if args.model else ["--build", args.build]
-    cmd += ["--enforce-eager"] * args.enforce_eager + ["--no-fsync"] * args.no_fsync + ["--keep"] * args.keep
+    cmd += ["--enforce-eager"] * args.enforce_eager + ["--no-fsync"] * args.no_fsync + ["--no-adaptive"] * args.no_adaptive + ["--keep"] * args.keep
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join([str(Path(__file__).resolve().parents[2]), env.get("PYTHONPATH", "")])
     t0 = time.perf_counter()

@@ -15,6 +15,9 @@ Models (`--models`):
   layers [2, 8, 13, 16];
 - `dsv3-moe`: DeepSeek-V3-shaped MLA + MoE (hidden 1024, 6 layers, 16 routed experts + 1 shared, top-4,
   real MLA head dims, noaux_tc routing), layers [1, 3, 4, 6];
+- `dsv3-moe-fixedroute`: the same with `e_score_correction_bias` set so that every token selects the
+  same experts (see build_random_model): MLA, the shared expert, fused MoE and the routing weights are
+  all exercised, but no top-k choice sits near a tie that bf16 rounding can flip;
 - `tiny-llama`, `tiny-qwen3-moe`: hidden 256, 6 layers (CPU smoke tests).
 """
 
@@ -31,7 +34,6 @@ from pathlib import Path
 from typing import Any
 
 VOCAB = 32000
-ROUTER_SCALE = 16.0  # DeepSeek-V3-shaped model: see build_random_model
 
 MODELS: dict[str, dict[str, Any]] = {
     "llama-1b": dict(kind="llama", layer_ids=[2, 8, 13, 16],
@@ -42,8 +44,13 @@ MODELS: dict[str, dict[str, Any]] = {
                                 num_key_value_heads=8, intermediate_size=2048, moe_intermediate_size=512,
                                 n_routed_experts=16, num_experts_per_tok=4)),
     "tiny-llama": dict(kind="llama", layer_ids=[2, 3, 6], shape=dict()),
+    "tiny-dsv3-fixedroute": dict(kind="deepseek_v3", layer_ids=[1, 2, 3], fixed_route=True,
+                                 shape=dict(hidden_size=128, num_hidden_layers=3, num_attention_heads=4,
+                                            num_key_value_heads=4, intermediate_size=256, moe_intermediate_size=64,
+                                            n_routed_experts=16, num_experts_per_tok=4)),
     "tiny-qwen3-moe": dict(kind="qwen3_moe", layer_ids=[2, 3, 6], shape=dict()),
 }
+MODELS["dsv3-moe-fixedroute"] = dict(MODELS["dsv3-moe"], fixed_route=True)
 
 
 def build_random_model(name: str, root: str | os.PathLike, dtype: str = "bfloat16", seed: int = 0) -> Path:
@@ -65,15 +72,18 @@ def build_random_model(name: str, root: str | os.PathLike, dtype: str = "bfloat1
     with torch.device(device):  # initialise on the GPU when there is one (a 1B model inits in seconds)
         model = AutoModelForCausalLM.from_config(config, dtype=getattr(torch, dtype))
     small = spec["kind"] != "deepseek_v3" and d["hidden_size"] <= 512
-    if spec["kind"] == "deepseek_v3":
-        # Random routers score every expert almost alike, so bf16 rounding differences between vLLM's
-        # fused MoE and transformers flip top-k choices near ties, and a flipped token's later layers
-        # differ although both are right (seen on the H200: layer-1 cos 0.99998, MoE layers min 0.76).
-        # Trained routers are decisive; scaling the random gates makes these ones decisive too.
+    if spec.get("fixed_route"):
+        # A random router's scores for different experts are nearly alike, so bf16 rounding (vLLM's bf16
+        # gate GEMM vs transformers' fp32 router) flips top-k choices that sit near a tie, and a flipped
+        # token differs in every later layer although both engines are right (H200: dense layer cos
+        # 0.99998, MoE layers min 0.76). Scaling the gate does not help: relative rounding error scales
+        # with it and sigmoid scoring saturates. noaux_tc selects on sigmoid(logit) + bias but weighs by
+        # sigmoid(logit) alone, so a bias spaced 1.0 apart (more than sigmoid's whole range) fixes the
+        # choice for every token while the weights stay token-dependent.
         with torch.no_grad():
-            for name, p in model.named_parameters():
-                if name.endswith("mlp.gate.weight"):
-                    p.mul_(ROUTER_SCALE)
+            for name, b in model.named_buffers():
+                if name.endswith("mlp.gate.e_score_correction_bias"):
+                    b.copy_(torch.arange(b.numel(), 0, -1, dtype=b.dtype))
     if small:  # same recipe as eagle_batch.models.tiny: a larger init gives less degenerate states
         with torch.no_grad():
             for p in model.parameters():
@@ -166,6 +176,21 @@ def _child(args) -> int:
     out = dict(model=args.models, tp=args.tp, backend=args.backend, dtype=args.dtype, samples=len(samples),
                tokens=rep.tokens, engine_start_s=round(start_s, 1), token_echo_ok=echo_ok,
                passed=bool(rep.passed and echo_ok), layers=[vars(l) for l in rep.layers])
+    if args.fp32_reference and args.dtype != "float32":
+        # How far is each bf16 engine from the fp32 computation of the same weights? If transformers' own
+        # bf16 run is as far from it as vLLM's capture, the bf16-vs-bf16 gap is bf16 itself, not capture.
+        refs16 = {s.sample_id: hf_hidden_states(model, s.input_ids, spec["layer_ids"]).cpu() for s in samples}
+        del model
+        gc.collect()
+        model32 = load_hf_model(str(path), "float32")
+        cap32, hf32 = LayerAccumulator(spec["layer_ids"]), LayerAccumulator(spec["layer_ids"])
+        for s in samples:
+            ref32 = hf_hidden_states(model32, s.input_ids, spec["layer_ids"]).cpu()
+            cap32.add(s.sample_id, keep.items[s.sample_id].states.to(torch.float32), ref32)
+            hf32.add(s.sample_id, refs16[s.sample_id].to(torch.float32), ref32)
+        out["vs_fp32_reference"] = {
+            "capture": [vars(l) for l in cap32.report(args.min_cosine, args.max_rel_err).layers],
+            "transformers_bf16": [vars(l) for l in hf32.report(args.min_cosine, args.max_rel_err).layers]}
     Path(args.result).write_text(json.dumps(out))
     return 0
 
@@ -202,6 +227,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--gpu-memory-utilization", type=float, default=0.0, help="0: config default")
     p.add_argument("--min-cosine", type=float, default=0.999)
     p.add_argument("--max-rel-err", type=float, default=0.05)
+    p.add_argument("--fp32-reference", action="store_true",
+                   help="also compare the capture and transformers' bf16 run with transformers in fp32")
     p.add_argument("--out", default="", help="folder for models and results (default: a temp folder)")
     p.add_argument("--timeout", type=int, default=1800, help="seconds per (model, TP) cell")
     # internal: one cell in a child process
@@ -227,7 +254,7 @@ def run(args: argparse.Namespace) -> int:
                    "--lengths", args.lengths, "--max-num-batched-tokens", str(args.max_num_batched_tokens),
                    "--gpu-memory-utilization", str(args.gpu_memory_utilization), "--min-cosine",
                    str(args.min_cosine), "--max-rel-err", str(args.max_rel_err), "--model-path", str(path),
-                   "--result", str(res)]
+                   "--result", str(res)] + ["--fp32-reference"] * args.fp32_reference
             env = dict(os.environ)
             env["PYTHONPATH"] = os.pathsep.join([str(Path(__file__).resolve().parents[2]), env.get("PYTHONPATH", "")])
             t0 = time.perf_counter()
@@ -249,6 +276,10 @@ def run(args: argparse.Namespace) -> int:
             for l in r.get("layers", []):
                 print(f"{r['model']:<16}{r['tp']:>3} {l['layer_id']:>6} {l['cos_mean']:>10.6f} {l['cos_min']:>10.6f} "
                       f"{l['max_rel']:>10.2e}{'' if l['passed'] else '  FAIL'}")
+            for who, rows in r.get("vs_fp32_reference", {}).items():
+                print(f"  vs transformers fp32, {who}: cos_mean " +
+                      " ".join(f"L{l['layer_id']}={l['cos_mean']:.6f}" for l in rows) +
+                      "  cos_min " + " ".join(f"{l['cos_min']:.4f}" for l in rows))
             if "error" in r:
                 print(f"{r['model']:<16}{r['tp']:>3}  error: {r['error']}")
         print(f"overall: {'PASS' if summary['passed'] else 'FAIL'}")

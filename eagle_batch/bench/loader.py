@@ -82,7 +82,8 @@ def build_store(path: Path, samples: int, mean_tokens: int, hidden: int, num_lay
     ids = _layer_ids(num_layers)
     pool = _state_pool(4096, len(ids), hidden, rng)
     spec = StoreSpec(layer_ids=ids, hidden_size=hidden, model_name="synthetic", tokenizer="synthetic")
-    store_cfg = StoreConfig(codec=codec, fsync=False)
+    # adaptive off: every chunk compressed, as on a node with CPU to spare, so reads pay full decoding.
+    store_cfg = StoreConfig(codec=codec, fsync=False, adaptive=False)
     lengths = np.clip(rng.integers(mean_tokens // 4, mean_tokens * 7 // 4 + 1, samples), 8, None)
     t0 = time.perf_counter()
     w = TaskStoreWriter.open(path, spec, store_cfg)

@@ -38,7 +38,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--commit-every", type=int, default=16, help="samples between commits")
     p.add_argument("--pool-rows", type=int, default=256, help="distinct real 7168-wide rows to draw from")
     p.add_argument("--reads", type=int, default=200, help="random samples to read")
-    p.add_argument("--threads", type=int, default=0, help="writer compression threads (0: min(8, cpus))")
+    p.add_argument("--threads", type=int, default=0, help="writer compression threads (0: the store's default)")
+    p.add_argument("--adaptive", action="store_true",
+                   help="store.adaptive=true: keep chunks raw when every compression thread is busy")
     p.add_argument("--dir", default=None, help="where to write the store (default: a temp folder; removed after)")
     p.add_argument("--keep", action="store_true", help="keep the store")
     p.add_argument("--seed", type=int, default=0)
@@ -166,6 +168,7 @@ def _machine(bench_dir: Path) -> dict:
 def run(args: argparse.Namespace) -> int:
     from eagle_batch.config import StoreConfig
     from eagle_batch.store import StoreSpec, TaskStoreWriter, open_dataset
+    from eagle_batch.store.writer import default_encode_threads
 
     rng = np.random.default_rng(args.seed)
     pool, pool_info = real_state_pool(args.pool_rows)
@@ -178,7 +181,8 @@ def run(args: argparse.Namespace) -> int:
     base.mkdir(parents=True, exist_ok=True)
     work = Path(tempfile.mkdtemp(prefix="bench-store-", dir=base))
     store = work / "task-00000.zarr"
-    cfg = StoreConfig(codec=args.codec, level=args.level)
+    # Adaptive off by default: the ratio measured is the codec's, not what a busy machine left CPU for.
+    cfg = StoreConfig(codec=args.codec, level=args.level, adaptive=args.adaptive)
     spec = StoreSpec(layer_ids=LAYER_IDS, hidden_size=WIDE, model_name="SmolLM2-135M-Instruct-x13-wide")
     # Sample i's rows: a shuffled walk through the pool (consecutive rows distinct within every chunk).
     order = np.concatenate([rng.permutation(len(pool)) for _ in range(-(-n_samples * T // len(pool)))])
@@ -200,6 +204,7 @@ def run(args: argparse.Namespace) -> int:
             a = time.perf_counter()
             w.finalize()
             append_s += time.perf_counter() - a
+            chunks = w.chunk_stats()
         write_cpu_s = time.process_time() - cpu0
         write_s = append_s  # only the store's time, not building the batches
         wall_s = time.perf_counter() - t0
@@ -234,7 +239,8 @@ def run(args: argparse.Namespace) -> int:
             "read_mb_per_cpu_s": round(got / 1e6 / read_cpu_s, 1),
             "raw_mb": round(raw / 1e6, 1), "stored_mb": round(stored / 1e6, 1),
             "samples": n_samples, "sample_tokens": T, "row_shape": list(pool.shape[1:]),
-            "commit_every": args.commit_every, "threads": args.threads or min(8, os.cpu_count() or 1),
+            "commit_every": args.commit_every, "threads": args.threads or default_encode_threads(),
+            "adaptive": args.adaptive, "chunks": chunks,
             "fsync": True, "read_cache": "dropped (posix_fadvise DONTNEED) before reads",
             "states": pool_info, "machine": _machine(work),
         }

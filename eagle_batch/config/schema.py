@@ -88,6 +88,10 @@ class StoreConfig:
     chunk_tokens: int = 64
     shard_tokens: int = 4096
     fsync: bool = True
+    # blosc-zstd only: when every compression thread is busy, store the chunk uncompressed (a blosc
+    # "memcpyed" frame every blosc reader decodes) instead of making the engine wait. Compression then
+    # uses the CPU the node has spare; false compresses every chunk whatever it costs in throughput.
+    adaptive: bool = True
 
 
 @dataclass

@@ -9,8 +9,11 @@
 
 Commit protocol (one writer per store, enforced by a flock):
 1. Rows are copied into per-array chunk buffers on append; full inner chunks are compressed on a thread
-   pool and full shards written by one IO thread (`<shard>.<uuid>.partial`, fsync, rename, fsync dir),
-   so the producer only waits when it runs more than a couple of shards ahead of the disk.
+   pool and full shards written by IO threads (`<shard>.<uuid>.partial`, fsync, rename, fsync dir),
+   so the producer only waits when it runs more than a few shards ahead of the disk. With
+   `store.adaptive` (blosc-zstd), a chunk that finds every compression slot taken is kept as an
+   uncompressed blosc frame (16-byte header + the buffer itself, no copy): the producer never waits
+   on compression, and the ratio reflects the CPU the node had spare.
 2. `commit()` also writes the partially filled tail shard of each array (its already committed prefix
    is byte-identical), waits for every write, then atomically replaces `progress.json` (the committed
    record: samples, lengths, ids, per-shard size, crc32c of the file and of the raw rows). Only then
@@ -62,6 +65,23 @@ def hidden_states_to_uint16(hidden_states: Any) -> np.ndarray:
     raise TypeError(f"hidden_states must be torch.bfloat16 or numpy uint16/bfloat16 bits, got {a.dtype}.")
 
 
+def default_encode_threads() -> int:
+    """All CPUs this process may use (a Slurm allocation, not the whole host) but two for the engine."""
+    try:
+        cpus = len(os.sched_getaffinity(0))
+    except AttributeError:  # not Linux
+        cpus = os.cpu_count() or 1
+    return max(2, min(32, cpus - 2))
+
+
+def _lower_thread_priority() -> None:
+    # On Linux, nice applies per thread: compression yields to the engine's threads when both want a core.
+    try:
+        os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), 5)
+    except (AttributeError, OSError):
+        pass
+
+
 def _as_1d(name: str, x: Any, dtype: np.dtype) -> np.ndarray:
     if type(x).__module__.startswith("torch"):
         x = x.detach().cpu().numpy()
@@ -75,6 +95,38 @@ def _as_1d(name: str, x: Any, dtype: np.dtype) -> np.ndarray:
     return np.ascontiguousarray(a)
 
 
+class _RawChunk:
+    """A full chunk kept uncompressed: a blosc memcpyed-frame header and the chunk buffer itself.
+
+    The buffer goes back to its stream's free list once its full shard is on disk (not after a tail
+    write: the same chunk is written again when the shard fills)."""
+
+    __slots__ = ("header", "buf")
+
+    def __init__(self, header: bytes, buf: np.ndarray):
+        self.header = header
+        self.buf = buf
+
+    def parts(self) -> tuple:
+        return (self.header, self.buf)
+
+
+def _blosc_raw_header(codec: Codec, chunk_shape: tuple, dtype: np.dtype) -> bytes | None:
+    """The 16-byte header blosc gives an uncompressed (clevel 0, memcpyed) frame of one full chunk.
+
+    It depends only on the chunk's byte size, typesize and flags, so `header + raw bytes` is exactly what
+    blosc would write for any content: every blosc decoder, zarr's included, reads it."""
+    if codec.name != "blosc-zstd":
+        return None
+    from numcodecs import Blosc
+
+    zeros = np.zeros(chunk_shape, dtype)
+    frame = bytes(Blosc(cname="zstd", clevel=0, shuffle=Blosc.SHUFFLE, blocksize=codec.blocksize).encode(zeros))
+    if len(frame) != zeros.nbytes + 16 or frame[16:] != zeros.tobytes():
+        return None  # not the frame layout this relies on: always compress
+    return frame[:16]
+
+
 class _Stream:
     """Rows of one token array on their way into shard files."""
 
@@ -82,9 +134,13 @@ class _Stream:
         self.layout = layout
         self.w = writer
         self.codec = layout.codec.numcodec()
+        self.raw_header = (_blosc_raw_header(layout.codec, (layout.chunk_tokens, *layout.row_shape), layout.np_dtype)
+                           if writer.adaptive else None)
+        self.chunks_compressed = 0
+        self.chunks_raw = 0
         self.shard = 0  # index of the shard being filled
         self.fill = 0  # rows in that shard
-        self.chunks: list[Future | bytes] = []  # its full inner chunks, encoded or being encoded
+        self.chunks: list[Future | bytes | _RawChunk] = []  # its full inner chunks, encoded, being encoded or raw
         # Chunk buffers are recycled: fresh multi-MB allocations page-fault on every first touch, which
         # measured 3x slower than copying into a reused buffer (2-core VM).
         self.free: list[np.ndarray] = []
@@ -127,7 +183,7 @@ class _Stream:
                     self.chunks = []
                     self.raw_crc = 0
 
-    def tail_chunks(self) -> list[Future | bytes]:
+    def tail_chunks(self) -> list[Future | bytes | _RawChunk]:
         """Chunks of the partially filled shard, the last one zero-padded (the array's fill value)."""
         out = list(self.chunks)
         if self.buf_fill:
@@ -161,6 +217,7 @@ class TaskStoreWriter:
         self.spec = spec
         self.cfg = store_cfg if store_cfg is not None else StoreConfig()
         self.fsync = bool(getattr(self.cfg, "fsync", True))
+        self.adaptive = bool(getattr(self.cfg, "adaptive", False))
         self._closed = False
         self._broken: BaseException | None = None
         self._lock = None
@@ -179,12 +236,17 @@ class TaskStoreWriter:
             self._load_existing(repair)
         else:
             self._create()
-        # Encode threads: blosc-zstd-1 does ~0.6 GB/s per core, so a fast GPU node needs several;
-        # EAGLE_BATCH_STORE_THREADS overrides the default for nodes with many idle cores.
-        n_threads = threads or int(os.environ.get("EAGLE_BATCH_STORE_THREADS", 0)) or min(8, os.cpu_count() or 1)
-        self._encode_pool = ThreadPoolExecutor(n_threads, thread_name_prefix="store-encode")
-        # One IO thread per array: writes of one array stay in order, fsyncs of different arrays overlap.
-        self._io_pools = {n: ThreadPoolExecutor(1, thread_name_prefix=f"store-io-{n}") for n in TOKEN_ARRAYS}
+        # Encode threads: blosc-zstd-1 on real bf16 states does only 0.26 GB/s per core on an H200 host's
+        # Xeon, so a fast GPU node needs most of its cores; they run at a lower priority (nice +5) so they
+        # take what the engine leaves. EAGLE_BATCH_STORE_THREADS overrides the default.
+        n_threads = threads or int(os.environ.get("EAGLE_BATCH_STORE_THREADS", 0)) or default_encode_threads()
+        self._encode_pool = ThreadPoolExecutor(n_threads, thread_name_prefix="store-encode",
+                                               initializer=_lower_thread_priority)
+        # IO threads: a single thread's writes into the page cache ran at ~1 GB/s on an H200 host, a quarter
+        # of what the node produces, so hidden_states shards are written (and fsynced) by several. Order
+        # between shards does not matter: each is its own file, and a commit waits for all of them.
+        self._io_pools = {n: ThreadPoolExecutor(4 if n == "hidden_states" else 1, thread_name_prefix=f"store-io-{n}")
+                          for n in TOKEN_ARRAYS}
         self._dirty_dirs: set[Path] = set()  # directories whose new entries need an fsync before the record
         # Bounds raw chunk buffers waiting for compression, so append() blocks instead of growing memory.
         self._encode_slots = threading.Semaphore(2 * n_threads + 2)
@@ -434,8 +496,14 @@ class TaskStoreWriter:
 
     # ----- background work -----
 
-    def _submit_encode(self, st: _Stream, chunk: np.ndarray) -> Future:
-        self._encode_slots.acquire()
+    def _submit_encode(self, st: _Stream, chunk: np.ndarray) -> Future | _RawChunk:
+        if st.raw_header is not None:
+            if not self._encode_slots.acquire(blocking=False):  # every compression slot busy: keep it raw
+                st.chunks_raw += 1
+                return _RawChunk(st.raw_header, chunk)
+        else:
+            self._encode_slots.acquire()
+        st.chunks_compressed += 1
         fut = self._encode_pool.submit(st.encode_and_recycle, chunk)
         fut.add_done_callback(lambda _f: self._encode_slots.release())
         return fut
@@ -449,32 +517,43 @@ class TaskStoreWriter:
                 self._broken = e
                 raise
         self._pending_io.append(self._io_pools[st.layout.name].submit(
-            self._write_shard_job, st.layout, k, chunks, tokens, raw_crc, True))
+            self._write_shard_job, st.layout, k, chunks, tokens, raw_crc, True, st))
 
     def _record_shard(self, name: str, info: dict) -> None:
         # Tables feed the record only at the next commit; a tail rewrite replaces the older entry.
         self._shard_tables[name][info["index"]] = info
 
     def _write_shard_job(self, lay: ArrayLayout, k: int, chunks: list, tokens: int, raw_crc: int,
-                         defer_dir_sync: bool) -> tuple[str, dict]:
-        pieces = [c.result() if isinstance(c, Future) else c for c in chunks]
-        return lay.name, self._write_shard(lay, k, pieces, tokens, raw_crc, defer_dir_sync)
+                         defer_dir_sync: bool, recycle_to: _Stream | None = None) -> tuple[str, dict]:
+        pieces = [c.result() if isinstance(c, Future) else c.parts() if isinstance(c, _RawChunk) else c
+                  for c in chunks]
+        info = self._write_shard(lay, k, pieces, tokens, raw_crc, defer_dir_sync)
+        if recycle_to is not None:  # a full shard: its raw chunk buffers are free again
+            recycle_to.free.extend(c.buf for c in chunks if isinstance(c, _RawChunk))
+        return lay.name, info
 
-    def _write_shard(self, lay: ArrayLayout, k: int, pieces: list[bytes], tokens: int, raw_crc: int,
+    def _write_shard(self, lay: ArrayLayout, k: int, pieces: list, tokens: int, raw_crc: int,
                      defer_dir_sync: bool = False) -> dict:
+        """`pieces`: one per inner chunk, its encoded bytes or a tuple of buffers written back to back."""
         index = np.full((lay.chunks_per_shard, 2), EMPTY, dtype="<u8")
         off = 0
         crc = 0
-        for c, b in enumerate(pieces):
-            index[c] = (off, len(b))
-            off += len(b)
-            crc = crc32c.crc32c(b, crc)
+        flat: list = []
+        for c, piece in enumerate(pieces):
+            parts = piece if isinstance(piece, tuple) else (piece,)
+            size = 0
+            for b in parts:
+                crc = crc32c.crc32c(b, crc)
+                size += memoryview(b).nbytes
+            index[c] = (off, size)
+            off += size
+            flat.extend(parts)
         idx = encode_index(index)
         crc = crc32c.crc32c(idx, crc)
         f = lay.shard_path(self.path, k)
         defer = self._dirty_dirs if defer_dir_sync else None
         makedirs_durable(f.parent, self.fsync, defer)
-        write_atomic(f, [*pieces, idx], fsync=self.fsync, sync_dir=not defer_dir_sync)
+        write_atomic(f, [*flat, idx], fsync=self.fsync, sync_dir=not defer_dir_sync)
         if defer is not None:
             defer.add(f.parent)
         return {"index": k, "tokens": tokens, "nbytes": off + len(idx), "crc32c": crc, "raw_crc32c": int(raw_crc)}
@@ -487,6 +566,11 @@ class TaskStoreWriter:
         if self._committed_ids is None:  # cached: callers test membership once per sample
             self._committed_ids = frozenset(self.record["sample_ids"])
         return self._committed_ids
+
+    def chunk_stats(self) -> dict[str, int]:
+        """hidden_states inner chunks compressed vs kept raw by `store.adaptive` since open()."""
+        st = self._streams["hidden_states"]
+        return {"compressed": st.chunks_compressed, "stored_raw": st.chunks_raw}
 
     @property
     def num_committed(self) -> int:

@@ -2,7 +2,8 @@
 # GPU validation and benchmarks on the H200 device machine (results in docs/gpu-validation.md and
 # docs/benchmarks.md). Needs vLLM 0.26.0 there: the device bundle (see docs/gpu-validation.md) must have
 # been unpacked, i.e. /root/site/.complete exists. Usage: bash scripts/gpu/h200.sh STAGE OUTDIR
-#   validate-tp1 | validate-tp2 | bench-capture | bench-loader
+#   validate-tp1 | validate-tp2 | validate-dsv3-tp1 | validate-dsv3-tp2 | bench-capture |
+#   bench-capture-nofsync | bench-capture-nofsync-noadaptive | bench-loader
 set -uo pipefail
 stage=${1:?stage}
 out=${2:?output folder}
@@ -10,7 +11,7 @@ mkdir -p "$out"
 export PYTHONPATH=$PWD:/root/extra:/root/site${PYTHONPATH:+:$PYTHONPATH}
 export PYTHONUNBUFFERED=1 VLLM_USE_FLASHINFER_SAMPLER=0 HF_HUB_OFFLINE=1 TOKENIZERS_PARALLELISM=false
 # The bench's stock-connector phase starts vLLM's engine process after CUDA is initialised: spawn, not fork.
-export VLLM_WORKER_MULTIPROC_METHOD=spawn EAGLE_BATCH_STORE_THREADS=${EAGLE_BATCH_STORE_THREADS:-24}
+export VLLM_WORKER_MULTIPROC_METHOD=spawn
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 work=/root/ebwork
 mkdir -p $work
@@ -22,11 +23,18 @@ mkdir -p $work
 case "$stage" in
   validate-tp1) python3 -m eagle_batch.bench.gpu_validate --models llama-1b,dsv3-moe --tp 1 --out $work/val --json ;;
   validate-tp2) python3 -m eagle_batch.bench.gpu_validate --models llama-1b,dsv3-moe --tp 2 --out $work/val --json ;;
+  validate-dsv3-tp1) python3 -m eagle_batch.bench.gpu_validate --models dsv3-moe,dsv3-moe-fixedroute --tp 1 \
+                   --fp32-reference --out $work/val --json ;;
+  validate-dsv3-tp2) python3 -m eagle_batch.bench.gpu_validate --models dsv3-moe,dsv3-moe-fixedroute --tp 2 \
+                   --fp32-reference --out $work/val --json ;;
   bench-capture) python3 -m eagle_batch.bench.capture --build llama-1b --num-prompts 2048 --prompt-len 512 \
                    --work-dir $work/cap --json ;;
   bench-capture-nofsync) python3 -m eagle_batch.bench.capture --build llama-1b --num-prompts 2048 --prompt-len 512 \
-                   --work-dir $work/cap --no-fsync --phases eagle-batch,stock --json ;;
-  bench-loader) python3 -m eagle_batch.bench.loader --step-sim --hidden 7168 --device cuda --json ;;
+                   --work-dir $work/cap --no-fsync --phases eagle-batch --json ;;
+  bench-capture-nofsync-noadaptive) python3 -m eagle_batch.bench.capture --build llama-1b --num-prompts 2048 \
+                   --prompt-len 512 --work-dir $work/cap --no-fsync --no-adaptive --phases eagle-batch --json ;;
+  bench-loader) python3 -m eagle_batch.bench.loader --step-sim --hidden 7168 --samples 192 --workers 8 \
+                   --sim-workers 8 --device cuda --dir $work/loader --json ;;
   *) echo "unknown stage $stage"; exit 2 ;;
 esac > "$out/$stage.json" 2> "$out/$stage.log"
 rc=$?
