@@ -154,7 +154,7 @@ def measure_loader(store: Path, num_layers: int, workers: int, batch_tokens: int
 def step_sim(store: Path, args) -> dict:
     import torch
 
-    from eagle_batch.train.data import BatchPlan, make_loader
+    from eagle_batch.train.data import BatchPlan, EpochLoader
     from eagle_batch.train.model import DraftConfig, Eagle3Draft, TargetHead
     from eagle_batch.train.trainer import ttt_loss
 
@@ -182,10 +182,11 @@ def step_sim(store: Path, args) -> dict:
     step = 0
     epoch = 0
     t_start = None
+    epochs = EpochLoader(ts, plan, 0, num_workers=args.sim_workers, prefetch_factor=args.prefetch,
+                         pin_memory=dev.type == "cuda")  # the trainer's loader: workers kept across epochs
+    t_prev = time.perf_counter()
     while step < need:
-        loader = make_loader(ts, plan, epoch, 0, num_workers=args.sim_workers, prefetch_factor=args.prefetch,
-                             pin_memory=dev.type == "cuda")
-        t_prev = time.perf_counter()
+        loader = epochs.epoch(epoch)
         for batch in loader:
             t_got = time.perf_counter()
             batch = {k: v.to(dev, non_blocking=True) for k, v in batch.items()}
@@ -212,6 +213,7 @@ def step_sim(store: Path, args) -> dict:
             "hidden": h, "draft_params_m": sum(p.numel() for p in model.parameters()) / 1e6, "ttt": args.ttt,
             "batch_tokens": args.batch_tokens, "workers": args.sim_workers, "steps": len(steps),
             "step_s_mean": float(np.mean(steps)), "wait_s_mean": float(np.mean(waits)),
+            "wait_s_max": float(np.max(waits)), "epochs_started": epoch, "batches_per_epoch": len(plan.rank_batches(0, 0)),
             "data_wait_frac": float(sum(waits) / wall),
             "max_memory_gb": torch.cuda.max_memory_allocated(dev) / 2**30 if dev.type == "cuda" else None}
 

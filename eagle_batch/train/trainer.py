@@ -33,7 +33,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from .data import BatchPlan, TrainSamples, build_vocab_map, make_loader, token_frequencies
+from .data import BatchPlan, EpochLoader, TrainSamples, build_vocab_map, token_frequencies
 from .model import Eagle3Draft, TargetHead, draft_config_from_target, export_draft, target_head
 
 
@@ -318,11 +318,12 @@ def train(cfg, dataset: Any = None, should_stop: Callable[[], bool] = lambda: Fa
         if rank == 0:
             save_checkpoint(out, st)
 
+    epochs = EpochLoader(samples, plan, rank, num_workers=tc.num_workers, prefetch_factor=tc.prefetch_factor,
+                         pin_memory=pin)
     while step < total_steps and status == "done":
         if steps_per_epoch and batch_in_epoch >= steps_per_epoch:
             epoch, batch_in_epoch = epoch + 1, 0
-        loader = make_loader(samples, plan, epoch, rank, skip=batch_in_epoch, num_workers=tc.num_workers,
-                             prefetch_factor=tc.prefetch_factor, pin_memory=pin)
+        loader = epochs.epoch(epoch, skip=batch_in_epoch)
         if len(loader) == 0:
             raise ValueError("no training batches: the dataset is empty or batch_tokens is too small")
         t_last = time.perf_counter()
