@@ -180,40 +180,37 @@ def step_sim(store: Path, args) -> dict:
     need = warm + args.sim_steps
     waits, steps = [], []
     step = 0
-    epoch = 0
     t_start = None
-    epochs = EpochLoader(ts, plan, 0, num_workers=args.sim_workers, prefetch_factor=args.prefetch,
-                         pin_memory=dev.type == "cuda")  # the trainer's loader: workers kept across epochs
+    stream = EpochLoader(ts, plan, 0, num_workers=args.sim_workers, prefetch_factor=args.prefetch,
+                         pin_memory=dev.type == "cuda").stream()  # the trainer's loader
     t_prev = time.perf_counter()
-    while step < need:
-        loader = epochs.epoch(epoch)
-        for batch in loader:
-            t_got = time.perf_counter()
-            batch = {k: v.to(dev, non_blocking=True) for k, v in batch.items()}
-            loss, _ = ttt_loss(model, head, batch, args.ttt, 0.8, autocast=True)
-            opt.zero_grad(set_to_none=True)
-            loss.backward()
-            torch.nn.utils.clip_grad_norm_(model.parameters(), 0.5)
-            opt.step()
-            if dev.type == "cuda":
-                torch.cuda.synchronize()
-            t_done = time.perf_counter()
-            if step == warm:
-                t_start = t_got
-            if step >= warm:
-                waits.append(t_got - t_prev)
-                steps.append(t_done - t_got)
-            t_prev = t_done
-            step += 1
-            if step >= need:
-                break
-        epoch += 1
+    for epoch, _, batch in stream:
+        t_got = time.perf_counter()
+        batch = {k: v.to(dev, non_blocking=True) for k, v in batch.items()}
+        loss, _ = ttt_loss(model, head, batch, args.ttt, 0.8, autocast=True)
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 0.5)
+        opt.step()
+        if dev.type == "cuda":
+            torch.cuda.synchronize()
+        t_done = time.perf_counter()
+        if step == warm:
+            t_start = t_got
+        if step >= warm:
+            waits.append(t_got - t_prev)
+            steps.append(t_done - t_got)
+        t_prev = t_done
+        step += 1
+        if step >= need:
+            break
+    stream.close()
     wall = time.perf_counter() - t_start
     return {"device": str(dev), "device_name": torch.cuda.get_device_name(dev) if dev.type == "cuda" else "cpu",
             "hidden": h, "draft_params_m": sum(p.numel() for p in model.parameters()) / 1e6, "ttt": args.ttt,
             "batch_tokens": args.batch_tokens, "workers": args.sim_workers, "steps": len(steps),
             "step_s_mean": float(np.mean(steps)), "wait_s_mean": float(np.mean(waits)),
-            "wait_s_max": float(np.max(waits)), "epochs_started": epoch, "batches_per_epoch": len(plan.rank_batches(0, 0)),
+            "wait_s_max": float(np.max(waits)), "epochs_started": epoch + 1, "batches_per_epoch": len(plan.rank_batches(0, 0)),
             "data_wait_frac": float(sum(waits) / wall),
             "max_memory_gb": torch.cuda.max_memory_allocated(dev) / 2**30 if dev.type == "cuda" else None}
 

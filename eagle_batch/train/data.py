@@ -10,13 +10,15 @@
   shuffled, and batches are dealt round-robin to ranks (truncated to a multiple of world_size so every
   rank takes the same number of steps - DDP needs that). The data position is (epoch, batch index):
   rebuilding the plan for that epoch and skipping gives exactly the same order after a resume.
-- `EpochLoader`: the trainer's loader, workers kept across epochs; `make_loader(...)`: a DataLoader over the rank's remaining batches, with workers, prefetch and
+- `EpochLoader`: the trainer's loader, one stream of batches across epochs; `make_loader(...)`: a DataLoader over the rank's remaining batches, with workers, prefetch and
   pinned memory, so decode/collate runs in worker processes ahead of the step.
 - `token_frequencies(ds)` / `build_vocab_map(freq, draft_vocab_size)`: draft vocabulary from the
   frequencies of the loss-masked tokens of the training data.
 """
 
 from __future__ import annotations
+
+import collections
 
 from dataclasses import dataclass
 from typing import Any, Iterator, Sequence
@@ -187,31 +189,59 @@ def make_loader(samples: TrainSamples, plan: BatchPlan, epoch: int, rank: int, s
                       **_loader_kwargs(num_workers, prefetch_factor, persistent=False))
 
 
+class _BatchStream(torch.utils.data.Sampler):
+    """The rank's batches of epoch e from batch `skip` on, then of every later epoch, without end.
+
+    Runs in the main process (DataLoader asks it for the next batch as workers free up), so it can
+    note each batch's (epoch, index in epoch) in `positions`, in the order the loader returns them."""
+
+    def __init__(self, plan: BatchPlan, rank: int, epoch: int, skip: int):
+        self.plan, self.rank, self.epoch, self.skip = plan, rank, epoch, skip
+        self.positions: collections.deque = collections.deque()
+
+    def __iter__(self) -> Iterator[list[int]]:
+        epoch, skip = self.epoch, self.skip
+        while True:
+            batches = self.plan.rank_batches(epoch, self.rank)
+            if not batches:
+                raise ValueError("no training batches: the dataset is empty or batch_tokens is too small")
+            for i in range(skip, len(batches)):
+                self.positions.append((epoch, i))
+                yield batches[i]
+            epoch, skip = epoch + 1, 0
+
+
 class EpochLoader:
-    """One DataLoader for a whole run, its workers kept across epochs.
+    """The trainer's loader: one stream of batches across epoch boundaries.
 
-    A fresh DataLoader per epoch restarts every worker, and each reopens the stores: at hidden 7168
-    with 8 workers on an H200 host that was 3.7 s before an epoch's first batch, a third of the step
-    time of a short-epoch run. Here `epoch(e, skip)` points the same workers at epoch e's batches.
+    A DataLoader per epoch restarts its workers and drains its prefetch queue at every epoch end: at
+    hidden 7168 with 8 workers on an H200 host, each worker needs ~4 s for a 16k-token batch (0.94 GB
+    of states), so every epoch began with a ~4 s stall (data wait 32% of step time on a 7-batch
+    epoch). Here the workers never stop and prefetching runs on into the next epoch.
 
-        loader = EpochLoader(samples, plan, rank, num_workers=8)
-        for batch in loader.epoch(e, skip=batch_in_epoch): ...
+        for epoch, batch_in_epoch, batch in EpochLoader(samples, plan, rank, 8).stream(epoch, skip): ...
     """
 
     def __init__(self, samples: TrainSamples, plan: BatchPlan, rank: int, num_workers: int = 4,
                  prefetch_factor: int = 4, pin_memory: bool = False):
-        self.plan, self.rank = plan, rank
-        self._batches = _PlannedBatches([])
-        self.loader = DataLoader(samples, batch_sampler=self._batches, collate_fn=collate, num_workers=num_workers,
-                                 pin_memory=pin_memory,
-                                 **_loader_kwargs(num_workers, prefetch_factor, persistent=True))
+        self.samples, self.plan, self.rank = samples, plan, rank
+        self.num_workers, self.prefetch_factor, self.pin_memory = num_workers, prefetch_factor, pin_memory
 
-    def epoch(self, epoch: int, skip: int = 0) -> DataLoader:
-        """The loader, now yielding the rank's batches of `epoch` from batch `skip` on (len() = their count).
-
-        Iterate it before calling epoch() again: the batch list is read when iteration starts."""
-        self._batches.batches = self.plan.rank_batches(epoch, self.rank)[skip:]
-        return self.loader
+    def stream(self, epoch: int = 0, skip: int = 0) -> Iterator[tuple[int, int, dict]]:
+        """(epoch, index of the batch in its epoch, batch) from batch `skip` of `epoch` on, without end."""
+        order = _BatchStream(self.plan, self.rank, epoch, skip)
+        loader = DataLoader(self.samples, batch_sampler=order, collate_fn=collate, num_workers=self.num_workers,
+                            pin_memory=self.pin_memory,
+                            **_loader_kwargs(self.num_workers, self.prefetch_factor, persistent=False))
+        it = iter(loader)
+        try:
+            for batch in it:
+                e, i = order.positions.popleft()
+                yield e, i, batch
+        finally:
+            shutdown = getattr(it, "_shutdown_workers", None)
+            if shutdown is not None:  # stop the workers now, not when the iterator is collected
+                shutdown()
 
 
 # ----------------------------------------------------------------------------------------------------

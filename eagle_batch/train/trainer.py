@@ -318,70 +318,63 @@ def train(cfg, dataset: Any = None, should_stop: Callable[[], bool] = lambda: Fa
         if rank == 0:
             save_checkpoint(out, st)
 
-    epochs = EpochLoader(samples, plan, rank, num_workers=tc.num_workers, prefetch_factor=tc.prefetch_factor,
-                         pin_memory=pin)
-    while step < total_steps and status == "done":
-        if steps_per_epoch and batch_in_epoch >= steps_per_epoch:
-            epoch, batch_in_epoch = epoch + 1, 0
-        loader = epochs.epoch(epoch, skip=batch_in_epoch)
-        if len(loader) == 0:
-            raise ValueError("no training batches: the dataset is empty or batch_tokens is too small")
-        t_last = time.perf_counter()
-        for batch in loader:
-            t_got = time.perf_counter()
-            batch = {k: v.to(device, non_blocking=True) for k, v in batch.items()}
-            model.train()
-            if world > 1:
-                loss, st = _ddp_loss(ddp, model, head, batch, tc, autocast)
-            else:
-                loss, st = ttt_loss(model, head, batch, tc.ttt_steps, tc.ttt_decay, autocast)
-            opt.zero_grad(set_to_none=True)
-            loss.backward()
-            gnorm = torch.nn.utils.clip_grad_norm_(params, tc.grad_clip) if tc.grad_clip > 0 else torch.tensor(0.0)
-            opt.step()
-            sched.step()
-            step += 1
-            batch_in_epoch += 1
-            steps_this_run += 1
-            if on_step is not None:
-                on_step(step, batch)
-            if device.type == "cuda":
-                torch.cuda.synchronize()
-            t_done = time.perf_counter()
-            acc_window["wait"] += t_got - t_last
-            acc_window["compute"] += t_done - t_got
-            acc_window["tokens"] += int(batch["lengths"].sum())
-            acc_window["n"] += 1
-            t_last = t_done
-            if step % max(1, tc.log_every) == 0 or step == total_steps or step == 1:
-                vec = torch.cat([st["loss_sum"], st["correct"], st["count"]]).detach().float()
-                vec = _all_reduce_sum(vec)
-                k = tc.ttt_steps
-                cnt = vec[2 * k:].clamp_min(1)
-                elapsed = acc_window["wait"] + acc_window["compute"]
-                metrics.log({
-                    "step": step, "epoch": epoch, "lr": sched.get_last_lr()[0], "loss": float(loss.detach()),
-                    "loss_per_step": (vec[:k] / cnt).tolist(), "acc_per_step": (vec[k:2 * k] / cnt).tolist(),
-                    "acc": float(vec[k] / cnt[0]), "grad_norm": float(gnorm),
-                    "tokens_per_s": acc_window["tokens"] * world / max(elapsed, 1e-9),
-                    "data_wait_frac": acc_window["wait"] / max(elapsed, 1e-9), "time": time.time(),
-                })
-                acc_window = {"wait": 0.0, "compute": 0.0, "tokens": 0, "n": 0}
-            stop_now = bool(should_stop()) or (max_steps_this_run and steps_this_run >= max_steps_this_run)
-            if world > 1:
-                flag = _all_reduce_sum(torch.tensor([1.0 if stop_now else 0.0], device=device))
-                stop_now = bool(flag.item() > 0)
-            if step % max(1, tc.checkpoint_every) == 0 or stop_now or step == total_steps:
-                checkpoint()
-            if stop_now and step < total_steps:
-                status = "stopped"
-                break
-            if step >= total_steps:
-                break
+    if len(plan.rank_batches(epoch, rank)) == 0:
+        raise ValueError("no training batches: the dataset is empty or batch_tokens is too small")
+    stream = EpochLoader(samples, plan, rank, num_workers=tc.num_workers, prefetch_factor=tc.prefetch_factor,
+                         pin_memory=pin).stream(epoch, skip=batch_in_epoch)
+    t_last = time.perf_counter()
+    for epoch, index, batch in (stream if step < total_steps else ()):
+        t_got = time.perf_counter()
+        batch = {k: v.to(device, non_blocking=True) for k, v in batch.items()}
+        model.train()
+        if world > 1:
+            loss, st = _ddp_loss(ddp, model, head, batch, tc, autocast)
         else:
-            continue
+            loss, st = ttt_loss(model, head, batch, tc.ttt_steps, tc.ttt_decay, autocast)
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        gnorm = torch.nn.utils.clip_grad_norm_(params, tc.grad_clip) if tc.grad_clip > 0 else torch.tensor(0.0)
+        opt.step()
+        sched.step()
+        step += 1
+        batch_in_epoch = index + 1
+        steps_this_run += 1
+        if on_step is not None:
+            on_step(step, batch)
+        if device.type == "cuda":
+            torch.cuda.synchronize()
+        t_done = time.perf_counter()
+        acc_window["wait"] += t_got - t_last
+        acc_window["compute"] += t_done - t_got
+        acc_window["tokens"] += int(batch["lengths"].sum())
+        acc_window["n"] += 1
+        t_last = t_done
+        if step % max(1, tc.log_every) == 0 or step == total_steps or step == 1:
+            vec = torch.cat([st["loss_sum"], st["correct"], st["count"]]).detach().float()
+            vec = _all_reduce_sum(vec)
+            k = tc.ttt_steps
+            cnt = vec[2 * k:].clamp_min(1)
+            elapsed = acc_window["wait"] + acc_window["compute"]
+            metrics.log({
+                "step": step, "epoch": epoch, "lr": sched.get_last_lr()[0], "loss": float(loss.detach()),
+                "loss_per_step": (vec[:k] / cnt).tolist(), "acc_per_step": (vec[k:2 * k] / cnt).tolist(),
+                "acc": float(vec[k] / cnt[0]), "grad_norm": float(gnorm),
+                "tokens_per_s": acc_window["tokens"] * world / max(elapsed, 1e-9),
+                "data_wait_frac": acc_window["wait"] / max(elapsed, 1e-9), "time": time.time(),
+            })
+            acc_window = {"wait": 0.0, "compute": 0.0, "tokens": 0, "n": 0}
+        stop_now = bool(should_stop()) or (max_steps_this_run and steps_this_run >= max_steps_this_run)
+        if world > 1:
+            flag = _all_reduce_sum(torch.tensor([1.0 if stop_now else 0.0], device=device))
+            stop_now = bool(flag.item() > 0)
+        if step % max(1, tc.checkpoint_every) == 0 or stop_now or step == total_steps:
+            checkpoint()
+        if stop_now and step < total_steps:
+            status = "stopped"
+            break
         if step >= total_steps:
             break
+    stream.close()
 
     result = {"status": status, "step": step, "total_steps": total_steps, "out_dir": str(out)}
     if status == "done" and rank == 0 and tc.export:
