@@ -157,7 +157,8 @@ def write_report(run_dir: Path, summary: dict, train_dir: Path) -> Path:
     ax.set_xlabel("seconds since the task started")
     ax.set_ylabel("tokens/s committed")
     ax.set_title("capture throughput per task")
-    ax.legend(fontsize=7)
+    if ax.lines:  # no task committed twice (nothing to plot): no empty legend
+        ax.legend(fontsize=7)
     figs.append(("Throughput over time per task", _png(fig)))
     plt.close(fig)
 

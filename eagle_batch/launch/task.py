@@ -221,6 +221,14 @@ class ExtractTask(submitit.helpers.Checkpointable):
         base = {"tokens": None}  # tokens already committed when this attempt started
 
         def report(samples: int, tokens: int) -> None:
+            # (time, tokens committed) at every commit, for throughput-over-time plots (demo report);
+            # an attempt's first point is where it started. Thinned by half past 400 points.
+            hist = st.extra.setdefault("history", [])
+            if base["tokens"] is None:
+                hist.append([t_start, st.tokens_committed])
+            hist.append([time.time(), tokens])
+            if len(hist) > 400:
+                hist[:] = hist[::2]
             if base["tokens"] is None:
                 base["tokens"] = tokens
             st.attempt_tokens = tokens - base["tokens"]

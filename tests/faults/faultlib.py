@@ -341,6 +341,10 @@ def kill_trials(base: Path, prepared: Path, ref_store: Path, trials: int, kills_
         res["samples_compared"] += assert_same_store(store_of(run), ref_store)
         st = json.loads((run / "state" / "task-00000.json").read_text())
         assert st["status"] == "done" and st["samples_committed"] == n_total, st
+        # Throughput history over all attempts (the demo report plots it): ordered, ends at the total.
+        hist = st["extra"]["history"]
+        assert hist[-1][1] == st["tokens_committed"] and len(hist) >= 2, hist
+        assert all(a[0] <= b[0] and a[1] <= b[1] for a, b in zip(hist, hist[1:])), hist
         log(f"run {r}: committed samples at each kill {at}; "
             "resumed store bit-identical to the reference")
         res["runs"] += 1
