@@ -41,6 +41,11 @@ def load_config(paths: str | os.PathLike | Sequence[str | os.PathLike] | None = 
         paths = []
     elif isinstance(paths, (str, os.PathLike)):
         paths = [paths]
+    # `eagle-batch CMD a.yaml b.yaml k=v`: argparse leaves b.yaml among the overrides; merge it as a file.
+    overrides = list(overrides)
+    more = [o for o in overrides if "=" not in o and str(o).endswith((".yaml", ".yml"))]
+    paths = [*paths, *more]
+    overrides = [o for o in overrides if o not in more]
     for p in paths:
         p = Path(p)
         if not p.is_file():
@@ -53,7 +58,6 @@ def load_config(paths: str | os.PathLike | Sequence[str | os.PathLike] | None = 
             base = OmegaConf.merge(base, loaded)
         except OmegaConfBaseException as e:
             raise ConfigError(_format_omegaconf_error(e, str(p))) from e
-    overrides = list(overrides)
     for ov in overrides:
         if "=" not in ov:
             raise ConfigError(f"override '{ov}' is not of the form key=value (e.g. extract.num_tasks=8).")
