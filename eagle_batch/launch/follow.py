@@ -8,8 +8,11 @@ import time
 from .status import progress_line, run_status
 
 
-def follow(run_dir, interval_s: float = 5.0, out=sys.stdout) -> dict:
+def follow(run_dir, interval_s: float = 5.0, out=None) -> dict:
     """Poll `run_status` until nothing is queued or running; returns the final status."""
+    # sys.stdout looked up per call, not bound at import: whoever replaced it since (pytest's capture,
+    # a notebook) owns the stream now, and the import-time one may be closed.
+    out = out if out is not None else sys.stdout
     tty = out.isatty()
     last = ""
     while True:
