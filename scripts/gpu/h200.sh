@@ -3,7 +3,7 @@
 # docs/benchmarks.md). Needs vLLM 0.26.0 there: the device bundle (see docs/gpu-validation.md) must have
 # been unpacked, i.e. /root/site/.complete exists. Usage: bash scripts/gpu/h200.sh STAGE OUTDIR
 #   validate-tp1 | validate-tp2 | validate-dsv3-tp1 | validate-dsv3-tp2 | bench-capture |
-#   bench-capture-nofsync | bench-capture-nofsync-noadaptive | bench-loader
+#   bench-capture-nofsync | bench-capture-nofsync-noadaptive | bench-capture-shm | bench-loader
 set -uo pipefail
 stage=${1:?stage}
 out=${2:?output folder}
@@ -33,6 +33,10 @@ case "$stage" in
                    --work-dir $work/cap --no-fsync --phases eagle-batch --json ;;
   bench-capture-nofsync-noadaptive) python3 -m eagle_batch.bench.capture --build llama-1b --num-prompts 2048 \
                    --prompt-len 512 --work-dir $work/cap --no-fsync --no-adaptive --phases eagle-batch --json ;;
+  bench-capture-shm) # is the no-fsync limit the disk behind the page cache? the same run with the store in RAM
+                   grep -H . /proc/sys/vm/dirty_* >&2
+                   python3 -m eagle_batch.bench.capture --build llama-1b --num-prompts 2048 --prompt-len 512 \
+                   --work-dir /dev/shm/ebcap --no-fsync --phases plain,eagle-batch,stock --json ;;
   bench-loader) python3 -m eagle_batch.bench.loader --step-sim --hidden 7168 --samples 192 --workers 8 \
                    --sim-workers 8 --device cuda --dir $work/loader --json ;;
   *) echo "unknown stage $stage"; exit 2 ;;
