@@ -65,26 +65,23 @@ def _write_store(run_dir: Path, n: int = 30) -> None:
     w.close()
 
 
-def test_train_cli_local_sweep_on_a_task_store(tmp_path):
+def _train_config(tmp_path: Path, train: dict, **sections) -> tuple[Path, Path]:
+    """A fake target, one task store of tiny samples, and a train config file over them -> (run_dir, file)."""
     target = write_fake_target(tmp_path / "target")
     run_dir = tmp_path / "run"
     _write_store(run_dir)
     conf = tmp_path / "train.yaml"
-    conf.write_text(f"""
-run_dir: {run_dir}
-model: {{path: {target}}}
-train:
-  data: {run_dir}/stores/task-00000.zarr
-  steps: 3
-  batch_tokens: 256
-  num_workers: 1
-  prefetch_factor: 2
-  draft_vocab_size: 64
-  ttt_steps: 2
-  tensorboard: true
-  precision: fp32
-  sweep: [{{train.lr: 0.001}}, {{train.lr: 0.003, train.ttt_steps: 3}}]
-""")
+    conf.write_text(json.dumps({  # JSON is YAML
+        "run_dir": str(run_dir), "model": {"path": str(target)}, **sections,
+        "train": {"data": f"{run_dir}/stores/task-00000.zarr", "batch_tokens": 256, "draft_vocab_size": 64,
+                  "ttt_steps": 2, "precision": "fp32", **train}}))
+    return run_dir, conf
+
+
+def test_train_cli_local_sweep_on_a_task_store(tmp_path):
+    run_dir, conf = _train_config(tmp_path, {
+        "steps": 3, "num_workers": 1, "prefetch_factor": 2, "tensorboard": True,
+        "sweep": [{"train.lr": 0.001}, {"train.lr": 0.003, "train.ttt_steps": 3}]})
     cmd = [sys.executable, "-m", "eagle_batch.cli", "train", str(conf), "train.log_every=1"]
     env = {"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin", "HOME": str(tmp_path)}
     dry = subprocess.run(cmd + ["--dry-run"], capture_output=True, text=True, env=env, cwd=ROOT)
@@ -126,25 +123,10 @@ def test_train_submits_a_slurm_array_and_it_trains(tmp_path):
     """`eagle-batch train` without --local: a 2-task array (sweep) on the local Slurm; both export."""
     import time
 
-    target = write_fake_target(tmp_path / "target")
-    run_dir = tmp_path / "run"
-    _write_store(run_dir)
-    conf = tmp_path / "train.yaml"
-    conf.write_text(f"""
-run_dir: {run_dir}
-model: {{path: {target}}}
-slurm: {{executor: slurm, gpus_per_node: 0, cpus_per_task: 1, time_min: 20}}
-train:
-  data: {run_dir}/stores/task-00000.zarr
-  steps: 2
-  batch_tokens: 256
-  num_workers: 0
-  draft_vocab_size: 64
-  ttt_steps: 2
-  tensorboard: false
-  precision: fp32
-  sweep: [{{train.lr: 0.001}}, {{train.lr: 0.002}}]
-""")
+    run_dir, conf = _train_config(
+        tmp_path, {"steps": 2, "num_workers": 0, "tensorboard": False,
+                   "sweep": [{"train.lr": 0.001}, {"train.lr": 0.002}]},
+        slurm={"executor": "slurm", "gpus_per_node": 0, "cpus_per_task": 1, "time_min": 20})
     r = subprocess.run([sys.executable, "-m", "eagle_batch.cli", "train", str(conf)], capture_output=True,
                        text=True, cwd=ROOT)
     assert r.returncode == 0 and "submitted 2 training task(s)" in r.stdout, r.stdout + r.stderr
