@@ -10,8 +10,9 @@
   shuffled, and batches are dealt round-robin to ranks (truncated to a multiple of world_size so every
   rank takes the same number of steps - DDP needs that). The data position is (epoch, batch index):
   rebuilding the plan for that epoch and skipping gives exactly the same order after a resume.
-- `EpochLoader`: the trainer's loader, one stream of batches across epochs; `make_loader(...)`: a DataLoader over the rank's remaining batches, with workers, prefetch and
-  pinned memory, so decode/collate runs in worker processes ahead of the step.
+- `EpochLoader(...).stream(epoch, skip)`: the trainer's loader, one stream of batches running on across
+  epoch boundaries; `make_loader(...)`: a DataLoader over one epoch's remaining batches. Both have
+  workers, prefetch and pinned memory, so decode/collate runs in worker processes ahead of the step.
 - `token_frequencies(ds)` / `build_vocab_map(freq, draft_vocab_size)`: draft vocabulary from the
   frequencies of the loss-masked tokens of the training data.
 """
@@ -19,7 +20,6 @@
 from __future__ import annotations
 
 import collections
-
 from dataclasses import dataclass
 from typing import Any, Iterator, Sequence
 
@@ -172,10 +172,10 @@ class _PlannedBatches(torch.utils.data.Sampler):
         return len(self.batches)
 
 
-def _loader_kwargs(num_workers: int, prefetch_factor: int, persistent: bool) -> dict[str, Any]:
+def _loader_kwargs(num_workers: int, prefetch_factor: int) -> dict[str, Any]:
     if num_workers <= 0:
         return {}
-    return dict(prefetch_factor=prefetch_factor, persistent_workers=persistent,
+    return dict(prefetch_factor=prefetch_factor,
                 multiprocessing_context="fork" if torch.multiprocessing.get_start_method(True) in (None, "fork")
                 else None)
 
@@ -186,7 +186,7 @@ def make_loader(samples: TrainSamples, plan: BatchPlan, epoch: int, rank: int, s
     batches = plan.rank_batches(epoch, rank)[skip:]
     return DataLoader(samples, batch_sampler=_PlannedBatches(batches), collate_fn=collate,
                       num_workers=num_workers, pin_memory=pin_memory,
-                      **_loader_kwargs(num_workers, prefetch_factor, persistent=False))
+                      **_loader_kwargs(num_workers, prefetch_factor))
 
 
 class _BatchStream(torch.utils.data.Sampler):
@@ -232,7 +232,7 @@ class EpochLoader:
         order = _BatchStream(self.plan, self.rank, epoch, skip)
         loader = DataLoader(self.samples, batch_sampler=order, collate_fn=collate, num_workers=self.num_workers,
                             pin_memory=self.pin_memory,
-                            **_loader_kwargs(self.num_workers, self.prefetch_factor, persistent=False))
+                            **_loader_kwargs(self.num_workers, self.prefetch_factor))
         it = iter(loader)
         try:
             for batch in it:

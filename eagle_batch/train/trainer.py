@@ -318,8 +318,7 @@ def train(cfg, dataset: Any = None, should_stop: Callable[[], bool] = lambda: Fa
         if rank == 0:
             save_checkpoint(out, st)
 
-    if len(plan.rank_batches(epoch, rank)) == 0:
-        raise ValueError("no training batches: the dataset is empty or batch_tokens is too small")
+    # An empty epoch raises "no training batches" from the stream's first batch.
     stream = EpochLoader(samples, plan, rank, num_workers=tc.num_workers, prefetch_factor=tc.prefetch_factor,
                          pin_memory=pin).stream(epoch, skip=batch_in_epoch)
     t_last = time.perf_counter()
