@@ -168,7 +168,6 @@ def _machine(bench_dir: Path) -> dict:
 def run(args: argparse.Namespace) -> int:
     from eagle_batch.config import StoreConfig
     from eagle_batch.store import StoreSpec, TaskStoreWriter, open_dataset
-    from eagle_batch.store.writer import default_encode_threads
 
     rng = np.random.default_rng(args.seed)
     pool, pool_info = real_state_pool(args.pool_rows)
@@ -204,7 +203,7 @@ def run(args: argparse.Namespace) -> int:
             a = time.perf_counter()
             w.finalize()
             append_s += time.perf_counter() - a
-            chunks = w.chunk_stats()
+            chunks, threads = w.chunk_stats(), w.encode_threads
         write_cpu_s = time.process_time() - cpu0
         write_s = append_s  # only the store's time, not building the batches
         wall_s = time.perf_counter() - t0
@@ -239,7 +238,7 @@ def run(args: argparse.Namespace) -> int:
             "read_mb_per_cpu_s": round(got / 1e6 / read_cpu_s, 1),
             "raw_mb": round(raw / 1e6, 1), "stored_mb": round(stored / 1e6, 1),
             "samples": n_samples, "sample_tokens": T, "row_shape": list(pool.shape[1:]),
-            "commit_every": args.commit_every, "threads": args.threads or default_encode_threads(),
+            "commit_every": args.commit_every, "threads": threads,
             "adaptive": args.adaptive, "chunks": chunks,
             "fsync": True, "read_cache": "dropped (posix_fadvise DONTNEED) before reads",
             "states": pool_info, "machine": _machine(work),

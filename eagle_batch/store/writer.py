@@ -240,6 +240,7 @@ class TaskStoreWriter:
         # Xeon, so a fast GPU node needs most of its cores; they run at a lower priority (nice +5) so they
         # take what the engine leaves. EAGLE_BATCH_STORE_THREADS overrides the default.
         n_threads = threads or int(os.environ.get("EAGLE_BATCH_STORE_THREADS", 0)) or default_encode_threads()
+        self.encode_threads = n_threads
         self._encode_pool = ThreadPoolExecutor(n_threads, thread_name_prefix="store-encode",
                                                initializer=_lower_thread_priority)
         # IO threads: a single thread's writes into the page cache ran at ~1 GB/s on an H200 host, a quarter
