@@ -40,12 +40,14 @@ def check_values(cfg: RunConfig) -> None:
         if value not in allowed:
             raise ConfigError(f"{key}={value!r} is not one of {', '.join(allowed)}.")
     positive = ("model.tensor_parallel_size", "model.max_model_len", "extract.num_tasks",
-                "extract.max_num_seqs", "extract.max_num_batched_tokens", "store.chunk_tokens",
+                "extract.max_num_seqs", "extract.max_num_batched_tokens",
                 "store.shard_tokens", "slurm.max_attempts", "data.max_length")
     for key in positive:
         if _get(cfg, key) <= 0:
             raise ConfigError(f"{key}={_get(cfg, key)} must be > 0.")
-    if cfg.store.shard_tokens % cfg.store.chunk_tokens:
+    if cfg.store.chunk_tokens < 0:
+        raise ConfigError(f"store.chunk_tokens={cfg.store.chunk_tokens} must be > 0, or 0 for about 4 MiB chunks.")
+    if cfg.store.chunk_tokens and cfg.store.shard_tokens % cfg.store.chunk_tokens:
         raise ConfigError(f"store.shard_tokens={cfg.store.shard_tokens} must be a multiple of "
                           f"store.chunk_tokens={cfg.store.chunk_tokens}.")
     if not 0.0 < cfg.extract.gpu_memory_utilization <= 1.0:

@@ -8,9 +8,12 @@
         w.finalize()
 
 Commit protocol (one writer per store, enforced by a flock):
-1. Rows are copied into per-array chunk buffers on append; full inner chunks are compressed on a thread
-   pool and full shards written by IO threads (`<shard>.<uuid>.partial`, fsync, rename, fsync dir),
-   so the producer only waits when it runs more than a few shards ahead of the disk. With
+1. append() cuts rows into inner chunks; full chunks are compressed (and checksummed) on a thread pool
+   and full shards written by IO threads (`<shard>.<uuid>.partial`, fsync, rename, fsync dir), so the
+   producer only waits when it runs more than a few shards ahead of the disk. Rows are copied into a
+   chunk buffer only where a chunk spans two samples: with `on_release` (the capture path) a chunk that
+   lies inside one sample is compressed straight from the caller's memory, which is handed back once
+   the last such chunk is encoded; the shard's raw crc32c is combined from the chunk crcs. With
    `store.adaptive` (blosc-zstd), a chunk that finds every compression slot taken is kept as an
    uncompressed blosc frame (16-byte header + the buffer itself, no copy): the producer never waits
    on compression, and the ratio reflects the CPU the node had spare.
@@ -33,11 +36,12 @@ import threading
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import crc32c
 import numpy as np
 
+from .crc import crc32c_combine
 from .format import (BF16, COMPLETE_NAME, FORMAT_NAME, FORMAT_VERSION, PARTIAL_SUFFIX, PROGRESS_NAME,
                      TOKEN_ARRAYS, ArrayLayout, Codec, EMPTY, ShardError, decode_index, encode_index,
                      fsync_dir, make_decoder, makedirs_durable, write_atomic, write_json_atomic)
@@ -53,16 +57,35 @@ def hidden_states_to_uint16(hidden_states: Any) -> np.ndarray:
         if hidden_states.dtype != torch.bfloat16:
             raise TypeError(f"hidden_states must be torch.bfloat16, got {hidden_states.dtype}; the store keeps "
                             "the model's bf16 states bit-exactly and never converts.")
-        t = hidden_states.detach()
+        # Each torch call drops and retakes the GIL, which the capture's many store threads contend for:
+        # a CPU, contiguous tensor without grad (the capture's case) takes two.
+        t = hidden_states
+        if t.requires_grad:
+            t = t.detach()
         if t.device.type != "cpu":
             t = t.cpu()
-        return t.contiguous().view(torch.uint16).numpy()
+        if not t.is_contiguous():
+            t = t.contiguous()
+        return t.view(torch.uint16).numpy()
     a = np.asarray(hidden_states)
     if a.dtype == BF16:
         return a.view(np.uint16)
     if a.dtype == np.uint16:
         return a
     raise TypeError(f"hidden_states must be torch.bfloat16 or numpy uint16/bfloat16 bits, got {a.dtype}.")
+
+
+CHUNK_TARGET_BYTES = 4 << 20
+
+
+def auto_chunk_tokens(row_nbytes: int, shard_tokens: int) -> int:
+    """store.chunk_tokens=0: the largest power of two <= 4 MiB of hidden-state rows that divides
+    shard_tokens, within 16..1024 tokens (1024 keeps random reads of small models' samples cheap)."""
+    want = max(16, min(1024, CHUNK_TARGET_BYTES // max(1, row_nbytes)))
+    t = 1 << (int(want).bit_length() - 1)
+    while t > 1 and shard_tokens % t:
+        t >>= 1
+    return t
 
 
 def default_encode_threads() -> int:
@@ -99,16 +122,60 @@ class _RawChunk:
     """A full chunk kept uncompressed: a blosc memcpyed-frame header and the chunk buffer itself.
 
     The buffer goes back to its stream's free list once its full shard is on disk (not after a tail
-    write: the same chunk is written again when the shard fills)."""
+    write: the same chunk is written again when the shard fills). A chunk of lent rows starts as a view
+    of them; an IO thread copies it into a buffer of ours (`detached`) and ends the loan, so a loan never
+    waits for its shard to fill. IO jobs run in submission order, so a shard job waiting on `detached`
+    waits for a copy that is already running."""
 
-    __slots__ = ("header", "buf")
+    __slots__ = ("header", "buf", "_crc", "detached")
 
     def __init__(self, header: bytes, buf: np.ndarray):
         self.header = header
         self.buf = buf
+        self._crc: int | None = None
+        self.detached: Future | None = None
 
     def parts(self) -> tuple:
+        if self.detached is not None:
+            self.detached.result()
         return (self.header, self.buf)
+
+    def crc(self) -> int:
+        """crc32c of the raw rows, computed by the IO thread that first writes the chunk."""
+        if self._crc is None:
+            self._crc = crc32c.crc32c(self.parts()[1])
+        return self._crc
+
+    def detach(self, own: np.ndarray, loan: "_Loan") -> None:
+        np.copyto(own, self.buf)
+        self.buf = own
+        loan.drop()
+
+
+class _Loan:
+    """Caller memory that append() reads in place; `release` runs once, when the last reader is done.
+
+    append() itself holds it until it returns; each chunk encoded straight from it holds it until its
+    compression thread finished (never longer: a chunk kept raw is copied instead, so a loan never waits
+    for a shard to fill, i.e. for more input)."""
+
+    __slots__ = ("_n", "_lock", "_release")
+
+    def __init__(self, release: Callable[[], None]):
+        self._n = 1
+        self._lock = threading.Lock()
+        self._release = release
+
+    def hold(self) -> None:
+        with self._lock:
+            self._n += 1
+
+    def drop(self) -> None:
+        with self._lock:
+            self._n -= 1
+            last = self._n == 0
+        if last:
+            self._release()
 
 
 def _blosc_raw_header(codec: Codec, chunk_shape: tuple, dtype: np.dtype) -> bytes | None:
@@ -140,57 +207,77 @@ class _Stream:
         self.chunks_raw = 0
         self.shard = 0  # index of the shard being filled
         self.fill = 0  # rows in that shard
-        self.chunks: list[Future | bytes | _RawChunk] = []  # its full inner chunks, encoded, being encoded or raw
+        # Its full inner chunks: being encoded (Future of (bytes, raw crc32c)), kept raw, or restored from disk
+        # (bytes; the first `restored` entries, whose rows' crc32c is `restored_crc`).
+        self.chunks: list[Future | bytes | _RawChunk] = []
+        self.restored = 0
+        self.restored_crc = 0
         # Chunk buffers are recycled: fresh multi-MB allocations page-fault on every first touch, which
         # measured 3x slower than copying into a reused buffer (2-core VM).
         self.free: list[np.ndarray] = []
         self.buf = self._new_buf()
         self.buf_fill = 0
-        self.raw_crc = 0  # crc32c of the shard's rows so far (row-major bytes)
 
     def _new_buf(self) -> np.ndarray:
-        if self.free:
-            return self.free.pop()
+        try:
+            return self.free.pop()  # atomic; IO threads take buffers too (raw chunks of lent rows)
+        except IndexError:
+            pass
         return np.empty((self.layout.chunk_tokens, *self.layout.row_shape), self.layout.np_dtype)
 
     def encode(self, chunk: np.ndarray) -> bytes:
         return chunk.tobytes() if self.codec is None else bytes(self.codec.encode(chunk))
 
-    def encode_and_recycle(self, chunk: np.ndarray) -> bytes:
+    def encode_job(self, chunk: np.ndarray, loan: _Loan | None) -> tuple[bytes, int, int]:
+        """Runs on a compression thread: (encoded bytes, crc32c of the raw rows, crc32c of the encoded bytes)."""
         try:
-            return self.encode(chunk)
+            data = self.encode(chunk)
+            return data, crc32c.crc32c(chunk), crc32c.crc32c(data)
         finally:
-            self.free.append(chunk)  # list.append is atomic; the buffer is not referenced elsewhere
+            if loan is None:
+                self.free.append(chunk)  # our chunk buffer (list.append is atomic); reuse it
+            else:
+                loan.drop()
 
-    def push(self, rows: np.ndarray) -> None:
+    def push(self, rows: np.ndarray, loan: _Loan | None = None) -> None:
         lay = self.layout
+        C = lay.chunk_tokens
         pos = 0
         while pos < len(rows):
-            n = min(lay.chunk_tokens - self.buf_fill, len(rows) - pos)
+            if loan is not None and self.buf_fill == 0 and len(rows) - pos >= C:
+                # A whole chunk inside the caller's rows: compressed in place, no copy on this thread.
+                self._add_chunk(self.w._submit_encode(self, rows[pos:pos + C], loan), C)
+                pos += C
+                continue
+            n = min(C - self.buf_fill, len(rows) - pos)
             self.buf[self.buf_fill:self.buf_fill + n] = rows[pos:pos + n]
-            self.raw_crc = crc32c.crc32c(rows[pos:pos + n], self.raw_crc)
             self.buf_fill += n
-            self.fill += n
             pos += n
-            if self.buf_fill == lay.chunk_tokens:
-                self.chunks.append(self.w._submit_encode(self, self.buf))
-                self.buf = self._new_buf()
-                self.buf_fill = 0
-                if self.fill == lay.shard_tokens:
-                    self.w._submit_shard(self, self.shard, list(self.chunks), self.fill, self.raw_crc)
-                    self.shard += 1
-                    self.fill = 0
-                    self.chunks = []
-                    self.raw_crc = 0
+            if self.buf_fill < C:
+                self.fill += n
+                continue
+            chunk, self.buf, self.buf_fill = self.buf, self._new_buf(), 0
+            self._add_chunk(self.w._submit_encode(self, chunk, None), n)
 
-    def tail_chunks(self) -> list[Future | bytes | _RawChunk]:
-        """Chunks of the partially filled shard, the last one zero-padded (the array's fill value)."""
-        out = list(self.chunks)
-        if self.buf_fill:
-            padded = np.zeros_like(self.buf)
-            padded[:self.buf_fill] = self.buf[:self.buf_fill]
-            out.append(self.encode(padded))
-        return out
+    def _add_chunk(self, entry: Future | _RawChunk, new_rows: int) -> None:
+        """A full chunk whose last `new_rows` rows were not yet counted in `fill`."""
+        self.chunks.append(entry)
+        self.fill += new_rows
+        if self.fill == self.layout.shard_tokens:
+            self.w._submit_shard(self, self.shard, list(self.chunks), self.fill, self.restored, self.restored_crc)
+            self.shard += 1
+            self.fill = 0
+            self.chunks = []
+            self.restored = self.restored_crc = 0
+
+    def tail(self) -> tuple[bytes, int, int] | None:
+        """The partially filled last chunk, zero-padded (the array's fill value): (encoded, raw crc, raw bytes)."""
+        if not self.buf_fill:
+            return None
+        rows = self.buf[:self.buf_fill]
+        padded = np.zeros_like(self.buf)
+        padded[:self.buf_fill] = rows
+        return self.encode(padded), crc32c.crc32c(rows), rows.nbytes
 
 
 class TaskStoreWriter:
@@ -246,8 +333,11 @@ class TaskStoreWriter:
         # IO threads: a single thread's writes into the page cache ran at ~1 GB/s on an H200 host, a quarter
         # of what the node produces, so hidden_states shards are written (and fsynced) by several. Order
         # between shards does not matter: each is its own file, and a commit waits for all of them.
-        self._io_pools = {n: ThreadPoolExecutor(4 if n == "hidden_states" else 1, thread_name_prefix=f"store-io-{n}")
-                          for n in TOKEN_ARRAYS}
+        self.io_threads = int(os.environ.get("EAGLE_BATCH_STORE_IO_THREADS", 0)) or 4
+        self._io_pools = {n: ThreadPoolExecutor(self.io_threads if n == "hidden_states" else 1,
+                                                thread_name_prefix=f"store-io-{n}") for n in TOKEN_ARRAYS}
+        # Seconds append() spent waiting: for a compression slot (adaptive off) and for shard writes.
+        self.stall_s = {"encode": 0.0, "io": 0.0}
         self._dirty_dirs: set[Path] = set()  # directories whose new entries need an fsync before the record
         # Bounds raw chunk buffers waiting for compression, so append() blocks instead of growing memory.
         self._encode_slots = threading.Semaphore(2 * n_threads + 2)
@@ -257,16 +347,21 @@ class TaskStoreWriter:
             self._restore_tail(st)
         self._complete = (self.path / COMPLETE_NAME).is_file()
 
+    def _chunk_tokens(self) -> int:
+        c = self.cfg
+        return c.chunk_tokens or auto_chunk_tokens(self.spec.num_layers * self.spec.hidden_size * 2, c.shard_tokens)
+
     def _make_layouts(self, chunk_tokens: int, shard_tokens: int, codec: Codec) -> dict[str, ArrayLayout]:
         rows = {"hidden_states": (self.spec.num_layers, self.spec.hidden_size), "input_ids": (), "loss_mask": ()}
         return {n: ArrayLayout(n, rows[n], chunk_tokens, shard_tokens, codec) for n in TOKEN_ARRAYS}
 
     def _create(self) -> None:
         c = self.cfg
-        if c.chunk_tokens <= 0 or c.shard_tokens <= 0 or c.shard_tokens % c.chunk_tokens:
+        chunk = self._chunk_tokens()
+        if chunk <= 0 or c.shard_tokens <= 0 or c.shard_tokens % chunk:
             raise ValueError(f"store.shard_tokens={c.shard_tokens} must be a positive multiple of "
                              f"store.chunk_tokens={c.chunk_tokens}; fix the store section of the config.")
-        self.layouts = self._make_layouts(c.chunk_tokens, c.shard_tokens, Codec(c.codec, c.level, c.blocksize))
+        self.layouts = self._make_layouts(chunk, c.shard_tokens, Codec(c.codec, c.level, c.blocksize))
         # A half-created store (killed before progress.json existed) holds nothing committed: start over.
         ours = {".lock", "zarr.json", *TOKEN_ARRAYS}
         children = list(self.path.iterdir())
@@ -304,7 +399,7 @@ class TaskStoreWriter:
                 ". Point this task at a new run directory, or delete the store to recompute it.")
         self.spec = stored  # keep what the store says (e.g. its eagle-batch version)
         self.layouts = read_layouts(p)
-        want = (self.cfg.chunk_tokens, self.cfg.shard_tokens, self.cfg.codec)
+        want = (self._chunk_tokens(), self.cfg.shard_tokens, self.cfg.codec)
         have = (self.layouts["hidden_states"].chunk_tokens, self.layouts["hidden_states"].shard_tokens,
                 self.layouts["hidden_states"].codec.name)
         if want != have:
@@ -489,63 +584,103 @@ class TaskStoreWriter:
         index = decode_index(data[-lay.index_nbytes():], lay.chunks_per_shard, str(f))
         full, part = divmod(st.fill, lay.chunk_tokens)
         st.chunks = [data[int(o):int(o + b)] for o, b in index[:full]]
+        st.restored = full
         if part:
             rows = self._decode_rows(lay, data, st.fill, str(f))
             st.buf[:part] = rows[full * lay.chunk_tokens:]
             st.buf_fill = part
-        st.raw_crc = int(info["raw_crc32c"])
+            st.restored_crc = crc32c.crc32c(rows[:full * lay.chunk_tokens])
+        else:
+            st.restored_crc = int(info["raw_crc32c"])
 
     # ----- background work -----
 
-    def _submit_encode(self, st: _Stream, chunk: np.ndarray) -> Future | _RawChunk:
+    def _submit_encode(self, st: _Stream, chunk: np.ndarray, loan: _Loan | None) -> Future | _RawChunk:
+        """`loan`: `chunk` is the caller's memory (else one of the stream's buffers, recycled after use)."""
         if st.raw_header is not None:
             if not self._encode_slots.acquire(blocking=False):  # every compression slot busy: keep it raw
                 st.chunks_raw += 1
-                return _RawChunk(st.raw_header, chunk)
-        else:
+                raw = _RawChunk(st.raw_header, chunk)
+                if loan is not None:  # a raw chunk lives until its shard is written, a loan must not: copy
+                    loan.hold()
+                    raw.detached = self._io_pools[st.layout.name].submit(raw.detach, st._new_buf(), loan)
+                return raw
+        elif not self._encode_slots.acquire(blocking=False):
+            t0 = time.perf_counter()
             self._encode_slots.acquire()
+            self.stall_s["encode"] += time.perf_counter() - t0
         st.chunks_compressed += 1
-        fut = self._encode_pool.submit(st.encode_and_recycle, chunk)
+        if loan is not None:
+            loan.hold()
+        fut = self._encode_pool.submit(st.encode_job, chunk, loan)
         fut.add_done_callback(lambda _f: self._encode_slots.release())
         return fut
 
-    def _submit_shard(self, st: _Stream, k: int, chunks: list, tokens: int, raw_crc: int) -> None:
+    def _submit_shard(self, st: _Stream, k: int, chunks: list, tokens: int, restored: int, restored_crc: int) -> None:
         # More than a few shards queued means the disk is the bottleneck: wait here rather than buffer.
         while len(self._pending_io) >= 8:
+            t0 = time.perf_counter()
             try:
                 self._record_shard(*self._pending_io.pop(0).result())
             except BaseException as e:  # a failed background write: no later commit may claim it
                 self._broken = e
                 raise
+            finally:
+                self.stall_s["io"] += time.perf_counter() - t0
         self._pending_io.append(self._io_pools[st.layout.name].submit(
-            self._write_shard_job, st.layout, k, chunks, tokens, raw_crc, True, st))
+            self._write_shard_job, st.layout, k, chunks, tokens, restored, restored_crc, None, True, st))
 
     def _record_shard(self, name: str, info: dict) -> None:
         # Tables feed the record only at the next commit; a tail rewrite replaces the older entry.
         self._shard_tables[name][info["index"]] = info
 
-    def _write_shard_job(self, lay: ArrayLayout, k: int, chunks: list, tokens: int, raw_crc: int,
-                         defer_dir_sync: bool, recycle_to: _Stream | None = None) -> tuple[str, dict]:
-        pieces = [c.result() if isinstance(c, Future) else c.parts() if isinstance(c, _RawChunk) else c
-                  for c in chunks]
-        info = self._write_shard(lay, k, pieces, tokens, raw_crc, defer_dir_sync)
+    def _write_shard_job(self, lay: ArrayLayout, k: int, chunks: list, tokens: int, restored: int,
+                         restored_crc: int, tail: tuple[bytes, int, int] | None, defer_dir_sync: bool,
+                         recycle_to: _Stream | None = None) -> tuple[str, dict]:
+        """IO thread: write shard k from `chunks` (+ the padded `tail` chunk); its raw crc32c is the restored
+        prefix's crc combined with each later chunk's, in row order."""
+        chunk_nbytes = lay.chunk_tokens * lay.row_nbytes
+        pieces: list = []
+        piece_crcs: list = []  # crc32c of each piece as written, where known without another pass
+        raw_crc = restored_crc
+        for i, c in enumerate(chunks):
+            if isinstance(c, Future):
+                data, crc, data_crc = c.result()
+            elif isinstance(c, _RawChunk):  # header + raw rows: the frame's crc from the rows' crc
+                data, crc = c.parts(), c.crc()
+                data_crc = crc32c_combine(crc32c.crc32c(c.header), crc, chunk_nbytes)
+            else:
+                data, crc, data_crc = c, None, None
+            pieces.append(data)
+            piece_crcs.append(data_crc)
+            if i >= restored:
+                raw_crc = crc32c_combine(raw_crc, crc, chunk_nbytes)
+        if tail is not None:
+            pieces.append(tail[0])
+            piece_crcs.append(None)
+            raw_crc = crc32c_combine(raw_crc, tail[1], tail[2])
+        info = self._write_shard(lay, k, pieces, tokens, raw_crc, defer_dir_sync, piece_crcs)
         if recycle_to is not None:  # a full shard: its raw chunk buffers are free again
             recycle_to.free.extend(c.buf for c in chunks if isinstance(c, _RawChunk))
         return lay.name, info
 
     def _write_shard(self, lay: ArrayLayout, k: int, pieces: list, tokens: int, raw_crc: int,
-                     defer_dir_sync: bool = False) -> dict:
-        """`pieces`: one per inner chunk, its encoded bytes or a tuple of buffers written back to back."""
+                     defer_dir_sync: bool = False, piece_crcs: list | None = None) -> dict:
+        """`pieces`: one per inner chunk, its encoded bytes or a tuple of buffers written back to back.
+        `piece_crcs`: each piece's crc32c where already known (None: computed here)."""
         index = np.full((lay.chunks_per_shard, 2), EMPTY, dtype="<u8")
         off = 0
         crc = 0
         flat: list = []
         for c, piece in enumerate(pieces):
             parts = piece if isinstance(piece, tuple) else (piece,)
-            size = 0
-            for b in parts:
-                crc = crc32c.crc32c(b, crc)
-                size += memoryview(b).nbytes
+            size = sum(memoryview(b).nbytes for b in parts)
+            known = piece_crcs[c] if piece_crcs is not None else None
+            if known is None:
+                for b in parts:
+                    crc = crc32c.crc32c(b, crc)
+            else:  # the file's crc over this piece without reading it again
+                crc = crc32c_combine(crc, known, size)
             index[c] = (off, size)
             off += size
             flat.extend(parts)
@@ -589,8 +724,24 @@ class TaskStoreWriter:
     def is_complete(self) -> bool:
         return self._complete
 
-    def append(self, sample_id: str, input_ids: Any, loss_mask: Any, hidden_states: Any) -> None:
-        """Queue one sample; durable only after the next commit()."""
+    def append(self, sample_id: str, input_ids: Any, loss_mask: Any, hidden_states: Any,
+               on_release: Callable[[], None] | None = None) -> None:
+        """Queue one sample; durable only after the next commit().
+
+        Without `on_release` the rows are copied before append returns. With it, `hidden_states` is lent:
+        the writer may read it in place from its compression threads after append returned, and calls
+        `on_release()` exactly once (from any thread; also when append raises) when it no longer reads
+        it. The caller must not modify or reuse that memory before.
+        """
+        loan = _Loan(on_release) if on_release is not None else None
+        try:
+            self._append(sample_id, input_ids, loss_mask, hidden_states, loan)
+        finally:
+            if loan is not None:
+                loan.drop()
+
+    def _append(self, sample_id: str, input_ids: Any, loss_mask: Any, hidden_states: Any,
+                loan: _Loan | None) -> None:
         self._check_open()
         if self._complete:
             raise StoreError(f"{self.path} is finalized (complete marker present); it takes no more samples.")
@@ -611,7 +762,7 @@ class TaskStoreWriter:
                              f"(layer_ids={self.spec.layer_ids}, hidden_size={self.spec.hidden_size}).")
         self._streams["input_ids"].push(ids)
         self._streams["loss_mask"].push(mask)
-        self._streams["hidden_states"].push(np.ascontiguousarray(hs))
+        self._streams["hidden_states"].push(np.ascontiguousarray(hs), loan)
         self._sample_ids.append(sample_id)
         self._id_set.add(sample_id)
         self._lengths.append(t)
@@ -632,7 +783,8 @@ class TaskStoreWriter:
         for st in self._streams.values():
             if st.fill:
                 self._pending_io.append(self._io_pools[st.layout.name].submit(
-                    self._write_shard_job, st.layout, st.shard, st.tail_chunks(), st.fill, st.raw_crc, True))
+                    self._write_shard_job, st.layout, st.shard, list(st.chunks), st.fill, st.restored,
+                    st.restored_crc, st.tail(), True))
         self._drain_io()
         if self.fsync:
             dirs, self._dirty_dirs = self._dirty_dirs, set()

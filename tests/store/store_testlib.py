@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import threading
+
 import numpy as np
 from eagle_batch.config import StoreConfig
 from eagle_batch.store import StoreSpec
@@ -23,6 +25,21 @@ def make_sample(seed: int, max_len: int = 70):
     return f"sample-{seed:05d}", ids, mask, hs
 
 
+class EveryOtherSlot:
+    """A compression-slot semaphore that is 'busy' for every other non-blocking acquire."""
+
+    def __init__(self, busy_all: bool):
+        self.busy_all = busy_all
+        self.calls = 0
+        self.lock = threading.Lock()
+
+    def acquire(self, blocking: bool = True) -> bool:
+        with self.lock:
+            self.calls += 1
+            return blocking or (not self.busy_all and self.calls % 2 == 0)
+
+    def release(self) -> None:
+        pass
 
 
 # --- writer subprocess and SIGKILL trials (used by test_kill.py and tests/stress/kill_writer.py) --------
@@ -49,7 +66,8 @@ def writer_main(path: str, n_samples: int, commit_every: int, adaptive: bool = F
             s = make_sample(i)
             if s[0] in w.committed_sample_ids:
                 continue
-            w.append(*s)
+            # adaptive runs as the capture does: rows lent to the writer, compressed in place
+            w.append(*s, on_release=(lambda: None) if adaptive else None)
             if (i + 1) % commit_every == 0:
                 w.commit()
         w.finalize()
@@ -132,7 +150,8 @@ def kill_trials(workdir: Path, kills_per_store: int, stores: int, n_samples: int
 
     Each store gets up to `kills_per_store` kills (fewer once it is complete); stores are added until
     both `stores` stores were done and `min_kills` kills landed. With `adaptive` (store.adaptive: which
-    chunks stay raw depends on timing) the data must be identical, the shard bytes need not be."""
+    chunks stay raw depends on timing; the rows are lent to the writer as the capture lends them) the
+    data must be identical, the shard bytes need not be."""
     rng = np.random.default_rng(seed)
     ref = reference_arrays(n_samples)
     ref_store = workdir / "reference.zarr"

@@ -13,24 +13,7 @@ import zarr
 
 from eagle_batch.config import StoreConfig
 from eagle_batch.store import TaskStoreWriter, open_dataset, verify
-from store_testlib import make_sample
-
-
-class _EveryOtherSlot:
-    """A compression-slot semaphore that is 'busy' for every other non-blocking acquire."""
-
-    def __init__(self, busy_all: bool):
-        self.busy_all = busy_all
-        self.calls = 0
-        self.lock = threading.Lock()
-
-    def acquire(self, blocking: bool = True) -> bool:
-        with self.lock:
-            self.calls += 1
-            return blocking or (not self.busy_all and self.calls % 2 == 0)
-
-    def release(self) -> None:
-        pass
+from store_testlib import EveryOtherSlot, make_sample
 
 
 def _write(path, spec, cfg, samples, slots, commit_every=3, reopen_after=None):
@@ -59,7 +42,7 @@ def _write(path, spec, cfg, samples, slots, commit_every=3, reopen_after=None):
 def test_raw_chunks_read_back_bit_exact_everywhere(tmp_path, spec, busy_all):
     cfg = StoreConfig(chunk_tokens=8, shard_tokens=32, adaptive=True)
     samples = [make_sample(s) for s in range(40)]
-    stats = _write(tmp_path / "a.zarr", spec, cfg, samples, _EveryOtherSlot(busy_all), reopen_after=17)
+    stats = _write(tmp_path / "a.zarr", spec, cfg, samples, EveryOtherSlot(busy_all), reopen_after=17)
     assert stats["stored_raw"] > 0
     assert (stats["compressed"] == 0) == busy_all
     ref = np.concatenate([s[3] for s in samples])
@@ -84,7 +67,7 @@ def test_raw_store_same_bytes_as_stored_uncompressed(tmp_path, spec):
     """Every raw frame is the 16-byte blosc header plus the chunk's bytes: size = raw size + 16 per chunk."""
     cfg = StoreConfig(chunk_tokens=8, shard_tokens=32, adaptive=True)
     samples = [make_sample(s, max_len=9) for s in range(64)]
-    _write(tmp_path / "r.zarr", spec, cfg, samples, _EveryOtherSlot(True), commit_every=1000)
+    _write(tmp_path / "r.zarr", spec, cfg, samples, EveryOtherSlot(True), commit_every=1000)
     tokens = sum(len(s[1]) for s in samples)
     full_chunks = tokens // 8
     row = samples[0][3][0].nbytes
