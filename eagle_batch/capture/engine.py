@@ -61,6 +61,8 @@ class _SinkProxy(Sink):
 
     def put(self, item) -> None:
         if self.target is None:
+            if item.release is not None:  # do not wedge the shared ring behind a sample nobody takes
+                item.release()
             raise RuntimeError(f"captured sample {item.sample_id} arrived while no capture was running")
         self.target.put(item)
 
@@ -216,6 +218,8 @@ class CaptureStats:
     seconds: float = 0.0
     tokens_per_s: float = 0.0
     stopped_early: bool = False
+    writer_busy_s: float = 0.0     # the writer thread's time in append (checks, hand-over to the store)
+    backpressure_s: float = 0.0    # time the engine side waited because the store was behind
 
     def as_dict(self) -> dict:
         return asdict(self)
@@ -270,6 +274,7 @@ def run_capture(cfg: RunConfig, samples: Sequence[Any], writer, should_stop: Opt
         if own:
             backend.close()
     stats.samples, stats.tokens, stats.commits = wt.stats.samples, wt.stats.tokens, wt.stats.commits
+    stats.writer_busy_s, stats.backpressure_s = wt.stats.write_s, wt.stats.put_wait_s
     stats.seconds = time.perf_counter() - t0
     stats.tokens_per_s = stats.tokens / stats.seconds if stats.seconds > 0 else 0.0
     return stats

@@ -10,9 +10,11 @@ single consumer (the driver's receiver thread):
   so the connector's `copy_(non_blocking=True)` on its side stream lands directly in shared memory:
   no staging copy, no host sync on the engine thread. `put(item)` queues the record; a sender thread
   waits for the copy's event and sends (sample id, request id, token ids, offset, shape, dtype).
-- consumer (`ShmReceiver`, in the driver): reads records, copies the bytes out of the ring (memcpy),
-  publishes the new "consumed" byte count in the ring's header (the producer's free-space signal; one
-  aligned int64 written by one side only), and hands a CapturedRequest to the driver's sink.
+- consumer (`ShmReceiver`, in the driver): reads records and hands the driver's sink a CapturedRequest
+  whose states are a view of the ring (no copy). The store reads them in place and releases each
+  record once it is encoded, in any order; the receiver advances the "consumed" byte count in the
+  ring's header (the producer's free-space signal; one aligned int64 written by one side only) over
+  the released prefix of records, so the producer never overwrites bytes still being read.
 
 When the ring is full the producer waits (back-pressure on the engine): size it to absorb bursts
 (`EAGLE_BATCH_SHM_BYTES`, default min(8 GiB, half of free /dev/shm)).
@@ -31,6 +33,7 @@ import tempfile
 import threading
 import time
 import pickle
+from collections import deque
 from typing import Any
 
 import numpy as np
@@ -102,6 +105,8 @@ class ShmReceiver:
         self._srv.bind(self.sock_path)
         self._srv.listen(4)
         self._cv = threading.Condition()
+        self._unreleased: deque[list] = deque()  # [end, released] per record still in the ring, in ring order
+        self._release_lock = threading.Lock()
         self.received = 0
         self.error: BaseException | None = None
         self._closed = False
@@ -133,13 +138,20 @@ class ShmReceiver:
     def _handle(self, rec) -> None:
         sample_id, req_id, token_ids, start, nbytes, shape, dtype, end, finite = rec
         raw = self._data[start:start + nbytes]
-        # Zero-copy view of the ring; the writer releases it (in ring order) once the store copied it.
+        # Zero-copy view of the ring; released (in any order) once the store no longer reads it.
         states = torch.from_numpy(raw).view(_DTYPES[dtype]).view(shape)
 
-        def release(end=end):
-            self._consumed[0] = end  # the producer may reuse the bytes now
+        entry = [end, False]
+        with self._release_lock:
+            self._unreleased.append(entry)
 
-        flag = None if finite is None else torch.tensor([bool(finite)])
+        def release(entry=entry):
+            with self._release_lock:
+                entry[1] = True
+                while self._unreleased and self._unreleased[0][1]:
+                    self._consumed[0] = self._unreleased.popleft()[0]  # the producer may reuse these bytes
+
+        flag = None if finite is None else bool(finite)
         try:
             self.sink.put(CapturedRequest(sample_id, req_id, token_ids, states, None, flag, release))
         finally:

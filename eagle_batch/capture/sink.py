@@ -28,12 +28,16 @@ class CapturedRequest:
     token_ids: np.ndarray           # the prompt ids vLLM actually processed (echo check)
     states: Any                     # torch [T, L, H] (pinned CPU on CUDA, plain CPU tensor on CPU)
     ready: Optional[Callable[[], None]] = None  # blocks until `states` is valid (CUDA event sync)
-    finite: Any = None              # optional bool tensor [1] computed on the device (valid after ready())
+    finite: Any = None              # optional: bool, or bool tensor [1] computed on the device (valid after ready())
     release: Optional[Callable[[], None]] = None  # called once `states` is no longer needed (shared ring)
 
 
 class Sink:
-    """Receives CapturedRequests from a connector; `put` must be cheap (it runs on the engine thread)."""
+    """Receives CapturedRequests from a connector; `put` must be cheap (it runs on the engine thread).
+
+    A sink owns each item it was given: it must call `item.release()` (when set) exactly when it no
+    longer reads `item.states`, also for items it drops. The shared-memory ring frees space only past
+    released records, so one item never released stops the producer once the ring is full."""
 
     def put(self, item: CapturedRequest) -> None:  # pragma: no cover - interface
         raise NotImplementedError

@@ -3,7 +3,9 @@
 Every backend hands finished samples to `WriterThread.put` (the native connector does so from the
 engine thread, in the middle of a vLLM step), so `put` only enqueues. The thread then, in order:
 waits for the sample's device-to-host copy, runs the write-time checks, converts to bf16 and calls
-`writer.append`; `commit()` requests are queued behind the appends that precede them, so compression
+`writer.append`, lending it the states: the store compresses them in place on its own threads and
+hands them back (the shared-memory ring slot, the back-pressure budget) once encoded, so this thread
+only does bookkeeping. `commit()` requests are queued behind the appends that precede them, so compression
 and commits overlap the next batch's compute instead of stalling it. The queue is bounded in bytes:
 when the store cannot keep up, `put` blocks (back-pressure) rather than exhausting host memory.
 
@@ -19,7 +21,7 @@ import queue
 import threading
 import time
 from dataclasses import dataclass
-from typing import Any, Sequence
+from typing import Any, Callable, Optional, Sequence
 
 import numpy as np
 import torch
@@ -39,8 +41,9 @@ class WriterStats:
     tokens: int = 0
     bytes_raw: int = 0
     commits: int = 0
-    write_s: float = 0.0
+    write_s: float = 0.0      # writer thread busy appending (checks, copy into the store's chunk buffers)
     commit_s: float = 0.0
+    put_wait_s: float = 0.0   # time put() blocked on back-pressure (the engine thread or the shm receiver)
 
 
 def check_captured(sample_id: str, expected_ids: np.ndarray, echoed_ids: np.ndarray | None,
@@ -66,6 +69,24 @@ def check_captured(sample_id: str, expected_ids: np.ndarray, echoed_ids: np.ndar
         raise CaptureError(f"sample {sample_id}: hidden_states contain NaN/Inf ({len(bad)} values; first at "
                            f"token {t}, layer index {l}). Check the model dtype (fp16 overflows) or weights; "
                            "set extract.check_finite=false only to debug.")
+
+
+class _Once:
+    """Hands a captured request's memory back exactly once: its ring slot (`release`) and its bytes of the
+    back-pressure budget."""
+
+    def __init__(self, release: Optional[Callable[[], None]], unbudget: Callable[[int], None], nbytes: int):
+        self._lock = threading.Lock()
+        self._todo: Optional[tuple] = (release, unbudget, nbytes)
+
+    def __call__(self) -> None:
+        with self._lock:
+            todo, self._todo = self._todo, None
+        if todo is not None:
+            release, unbudget, nbytes = todo
+            if release is not None:
+                release()
+            unbudget(nbytes)
 
 
 class WriterThread(Sink):
@@ -94,9 +115,13 @@ class WriterThread(Sink):
     def put(self, item: CapturedRequest) -> None:
         nbytes = int(item.states.numel() * item.states.element_size())
         with self._cv:
+            t0 = None
             while self._pending_bytes > 0 and self._pending_bytes + nbytes > self.max_pending_bytes \
                     and self._error is None:
+                t0 = t0 or time.perf_counter()
                 self._cv.wait(0.5)
+            if t0 is not None:
+                self.stats.put_wait_s += time.perf_counter() - t0
             self._pending_bytes += nbytes
         self._q.put(("append", item, nbytes))
 
@@ -149,11 +174,13 @@ class WriterThread(Sink):
                         for smp in arg:
                             self._expected[smp.sample_id] = smp
                 elif op == "append":
+                    done = _Once(arg.release, self._release, nbytes)
+                    nbytes = 0  # now released by `done`: when the store no longer reads the states
                     try:
-                        self._append(arg)
-                    finally:
-                        if arg.release is not None:
-                            arg.release()
+                        self._append(arg, done)
+                    except BaseException:
+                        done()
+                        raise
                 elif op == "commit":
                     missing = self.missing()
                     if missing:
@@ -180,7 +207,7 @@ class WriterThread(Sink):
                 self._pending_bytes -= nbytes
                 self._cv.notify_all()
 
-    def _append(self, item: CapturedRequest) -> None:
+    def _append(self, item: CapturedRequest, done: Callable[[], None]) -> None:
         t0 = time.perf_counter()
         with self._cv:
             sample = self._expected.pop(item.sample_id, None)
@@ -194,11 +221,12 @@ class WriterThread(Sink):
         states = item.states
         ids = np.asarray(sample.input_ids)
         # A finite flag computed on the device saves a full CPU scan; if it says "bad", scan for details.
-        scan = self.check_finite and (item.finite is None or not bool(item.finite.reshape(-1)[0]))
+        f = item.finite
+        scan = self.check_finite and (f is None or not (f if isinstance(f, bool) else bool(f.reshape(-1)[0])))
         check_captured(item.sample_id, ids, item.token_ids, states, self.num_layers, self.hidden_size, scan)
         if states.dtype != torch.bfloat16:
             states = states.to(torch.bfloat16)
-        self.writer.append(item.sample_id, ids, np.asarray(sample.loss_mask), states)
+        self.writer.append(item.sample_id, ids, np.asarray(sample.loss_mask), states, on_release=done)
         self.stats.samples += 1
         self.stats.tokens += int(len(ids))
         self.stats.bytes_raw += int(states.numel() * 2)

@@ -29,14 +29,18 @@ class FakeWriter:
     def committed_sample_ids(self):
         return set(self.committed)
 
-    def append(self, sample_id, input_ids, loss_mask, hidden_states):
+    def append(self, sample_id, input_ids, loss_mask, hidden_states, on_release=None):
         import threading
 
-        assert isinstance(hidden_states, torch.Tensor) and hidden_states.dtype == torch.bfloat16
-        assert sample_id not in self.pending and sample_id not in self.committed, sample_id
-        self.append_threads.add(threading.current_thread().name)
-        self.pending[sample_id] = dict(input_ids=np.asarray(input_ids).copy(), loss_mask=np.asarray(loss_mask).copy(),
-                                       hidden_states=hidden_states.clone())
+        try:
+            assert isinstance(hidden_states, torch.Tensor) and hidden_states.dtype == torch.bfloat16
+            assert sample_id not in self.pending and sample_id not in self.committed, sample_id
+            self.append_threads.add(threading.current_thread().name)
+            self.pending[sample_id] = dict(input_ids=np.asarray(input_ids).copy(),
+                                           loss_mask=np.asarray(loss_mask).copy(), hidden_states=hidden_states.clone())
+        finally:  # the store's contract: lent rows come back exactly once, also on failure
+            if on_release is not None:
+                on_release()
 
     def commit(self):
         self.committed.update(self.pending)

@@ -71,3 +71,29 @@ def test_receiver_reports_missing_records():
             rx.wait_for(3, 0, timeout_s=0.5)
     finally:
         rx.close()
+
+
+def test_ring_space_is_freed_only_over_the_released_prefix():
+    """The store releases records in any order (compression threads finish out of order); the producer's
+    free-space signal may only move past records that are all released."""
+    got = []
+
+    class Sink:
+        def put(self, item):
+            got.append(item)
+
+    rx = ShmReceiver(Sink(), ring_bytes=1 << 20)
+    try:
+        for i, (start, end) in enumerate([(0, 512), (512, 1024), (1024, 2048)]):
+            rx._handle((f"s{i}", f"r{i}", np.arange(4), start, 16, (4, 2), "bfloat16", end, True))
+        consumed = lambda: int(rx._consumed[0])  # noqa: E731
+        got[1].release()
+        assert consumed() == 0  # record 0 is still being read
+        got[2].release()
+        assert consumed() == 0
+        got[0].release()
+        assert consumed() == 2048
+        got[0].release()  # a second release changes nothing
+        assert consumed() == 2048
+    finally:
+        rx.close()

@@ -76,9 +76,9 @@ def test_writer_thread_backpressure_bounds_pending_bytes(fake_writer_cls, sample
     gate = threading.Event()
 
     class Slow(fake_writer_cls):
-        def append(self, *a):
+        def append(self, *a, **kw):
             gate.wait(5)
-            super().append(*a)
+            super().append(*a, **kw)
 
     w = Slow()
     one = 50 * L * H * 4
