@@ -54,6 +54,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--max-num-batched-tokens", type=int, default=8192)
     p.add_argument("--gpu-memory-utilization", type=float, default=0.85)
     p.add_argument("--enforce-eager", action="store_true", help="no torch.compile / CUDA graphs (hooks forces it)")
+    p.add_argument("--engine-process", default="both", choices=["both", "in-process", "background"],
+                   help="TP=1 on CUDA: where the engine runs for plain and eagle-batch (default both, best reported)")
     p.add_argument("--no-fsync", action="store_true", help="store.fsync=false for the eagle-batch phase")
     p.add_argument("--no-adaptive", action="store_true",
                    help="store.adaptive=false: compress every chunk even when that makes the engine wait")
@@ -130,6 +132,8 @@ def _phase_eagle(args, cfg, samples, warm, work: Path) -> dict:
             def put(self, it):
                 if it.ready is not None:
                     it.ready()
+                if it.release is not None:  # a shared-ring slot: the ring only advances past released records
+                    it.release()
 
         backend.run_batch(warm, Drop())
         store = work / "eagle-batch-store.zarr"
@@ -147,7 +151,11 @@ def _phase_eagle(args, cfg, samples, warm, work: Path) -> dict:
         backend.close()
     out = dict(seconds=dt, samples=stats.samples, commits=stats.commits, store_bytes=_du(store),
                raw_bytes=stats.tokens * len(backend.layer_ids) * backend.hidden_size * 2,
-               fsync=bool(cfg.store.fsync), adaptive=bool(cfg.store.adaptive), chunks=chunk_stats)
+               fsync=bool(cfg.store.fsync), adaptive=bool(cfg.store.adaptive), chunks=chunk_stats,
+               chunk_tokens=writer.layouts["hidden_states"].chunk_tokens, encode_threads=writer.encode_threads,
+               io_threads=writer.io_threads, writer_busy_s=round(stats.writer_busy_s, 3),
+               backpressure_s=round(stats.backpressure_s, 3),
+               store_stall_s={k: round(v, 3) for k, v in writer.stall_s.items()})
     out["compression_ratio"] = round(out["raw_bytes"] / max(out["store_bytes"], 1), 3)
     if not args.keep:
         shutil.rmtree(store, ignore_errors=True)
@@ -271,6 +279,8 @@ def run(args: argparse.Namespace) -> int:
     # both are measured for plain and eagle-batch and the faster one is reported (runs lists both).
     # TP>1 always has worker processes.
     modes = ["0", "1"] if cuda and args.tp == 1 else (["0"] if args.tp == 1 else ["1"])
+    if args.tp == 1 and args.engine_process != "both":
+        modes = ["0"] if args.engine_process == "in-process" else ["1"]
     for name in phases:
         if name in ("plain", "eagle-batch"):
             runs = [_run_phase(args, name, path, work, m) for m in modes]

@@ -144,6 +144,10 @@ def _child(args) -> int:
         def put(self, it):
             if it.ready is not None:
                 it.ready()
+            if it.release is not None:  # keep a copy, give the ring slot back (see Sink)
+                it.states, release = it.states.clone(), it.release
+                it.release = None
+                release()
             self.items[it.sample_id] = it
 
     t0 = time.perf_counter()

@@ -3,7 +3,8 @@
 # docs/benchmarks.md). Needs vLLM 0.26.0 there: the device bundle (see docs/gpu-validation.md) must have
 # been unpacked, i.e. /root/site/.complete exists. Usage: bash scripts/gpu/h200.sh STAGE OUTDIR
 #   validate-tp1 | validate-tp2 | validate-dsv3-tp1 | validate-dsv3-tp2 | bench-capture |
-#   bench-capture-nofsync | bench-capture-nofsync-noadaptive | bench-capture-shm | bench-loader
+#   bench-capture-nofsync | bench-capture-nofsync-noadaptive | bench-capture-shm | bench-capture-like-stock |
+#   bench-capture-durable | bench-loader
 set -uo pipefail
 stage=${1:?stage}
 out=${2:?output folder}
@@ -37,6 +38,13 @@ case "$stage" in
                    grep -H . /proc/sys/vm/dirty_* >&2
                    python3 -m eagle_batch.bench.capture --build llama-1b --num-prompts 2048 --prompt-len 512 \
                    --work-dir /dev/shm/ebcap --no-fsync --phases plain,eagle-batch,stock --json ;;
+  bench-capture-like-stock) # the stock connector never fsyncs: eagle-batch with store.fsync=false is the like-for-like
+                   # comparison; every phase with the engine in vLLM's background process (stock always is)
+                   python3 -m eagle_batch.bench.capture --build llama-1b --num-prompts 2048 --prompt-len 512 \
+                   --work-dir $work/cap --no-fsync --engine-process background --phases plain,eagle-batch,stock --json ;;
+  bench-capture-durable) # the same eagle-batch phase with store.fsync=true (the default): bounded by the disk
+                   python3 -m eagle_batch.bench.capture --build llama-1b --num-prompts 2048 --prompt-len 512 \
+                   --work-dir $work/cap --engine-process background --phases plain,eagle-batch --json ;;
   bench-loader) python3 -m eagle_batch.bench.loader --step-sim --hidden 7168 --samples 192 --workers 8 \
                    --sim-workers 8 --device cuda --dir $work/loader --json ;;
   *) echo "unknown stage $stage"; exit 2 ;;

@@ -15,8 +15,8 @@ pytestmark = [pytest.mark.vllm, pytest.mark.slow]
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def _run(args, tmp_path, timeout=1200):
-    env = dict(os.environ, PYTHONPATH=str(ROOT))
+def _run(args, tmp_path, timeout=1200, **extra_env):
+    env = dict(os.environ, PYTHONPATH=str(ROOT), **extra_env)
     env["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
     proc = subprocess.run([sys.executable, "-m", *args], env=env, cwd=tmp_path, capture_output=True, text=True,
                           timeout=timeout)
@@ -36,6 +36,20 @@ def test_bench_capture_cpu_tiny(tmp_path):
     assert eb["samples"] == 24 and eb["store_bytes"] > 0 and eb["commits"] >= 1
     assert "CUDA" in out["phases"]["stock"]["skipped"] and out["stock_tok_s"] is None
     print(json.dumps({k: out[k] for k in ("plain_tok_s", "eagle_batch_tok_s", "ratio_vs_plain")}))
+
+
+def test_bench_capture_background_engine_through_a_small_ring(tmp_path):
+    """The engine in vLLM's background process: states cross the shared-memory ring, here far smaller than
+    the run (warm-up included), so the run only finishes if every record, the warm-up's too, is released."""
+    p = _run(["eagle_batch.bench.capture", "--build", "tiny-llama", "--dtype", "float32", "--num-prompts", "24",
+              "--prompt-len", "96", "--max-num-seqs", "16", "--max-num-batched-tokens", "512", "--enforce-eager",
+              "--engine-process", "background", "--phases", "eagle-batch", "--timeout", "400",
+              "--work-dir", str(tmp_path / "w"), "--json"], tmp_path, timeout=600,
+             EAGLE_BATCH_SHM_BYTES=str(1 << 20))  # 1 MiB; one sample's fp32 states are 288 KiB
+    out = json.loads(p.stdout[p.stdout.index("{"):])
+    eb = out["phases"]["eagle-batch"]
+    assert eb["engine_process"] == "background" and eb["samples"] == 24 and eb["commits"] >= 1
+    assert [r["engine_process"] for r in eb["runs"]] == ["background"]
 
 
 def test_gpu_validate_cpu_tiny(tmp_path):
