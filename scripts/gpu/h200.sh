@@ -41,10 +41,12 @@ case "$stage" in
   bench-capture-like-stock) # the stock connector never fsyncs: eagle-batch with store.fsync=false is the like-for-like
                    # comparison; every phase with the engine in vLLM's background process (stock always is)
                    python3 -m eagle_batch.bench.capture --build llama-1b --num-prompts 2048 --prompt-len 512 \
-                   --work-dir $work/cap --no-fsync --engine-process background --phases plain,eagle-batch,stock --json ;;
-  bench-capture-durable) # the same eagle-batch phase with store.fsync=true (the default): bounded by the disk
+                   --work-dir $work/cap --no-fsync --engine-process background --phases plain,eagle-batch,stock \
+                   --timeout 240 --json ;;
+  bench-capture-durable) # the same eagle-batch phase with store.fsync=true (the default), bounded by the disk; run
+                   # right after bench-capture-like-stock on the same machine, whose plain phase it is read against
                    python3 -m eagle_batch.bench.capture --build llama-1b --num-prompts 2048 --prompt-len 512 \
-                   --work-dir $work/cap --engine-process background --phases plain,eagle-batch --json ;;
+                   --work-dir $work/cap --engine-process background --phases eagle-batch --timeout 240 --json ;;
   bench-loader) python3 -m eagle_batch.bench.loader --step-sim --hidden 7168 --samples 192 --workers 8 \
                    --sim-workers 8 --device cuda --dir $work/loader --json ;;
   *) echo "unknown stage $stage"; exit 2 ;;
