@@ -39,7 +39,8 @@ def _write(path, spec, cfg, samples, slots, commit_every=3, reopen_after=None):
 
 
 @pytest.mark.parametrize("busy_all", [True, False], ids=["all-raw", "mixed"])
-def test_raw_chunks_read_back_bit_exact_everywhere(tmp_path, spec, busy_all):
+def test_raw_chunks_read_back_bit_exact_everywhere(tmp_path, spec, busy_all, monkeypatch):
+    monkeypatch.setattr(TaskStoreWriter, "_io_backlog", lambda self: 0)  # a disk that keeps up: raw allowed
     cfg = StoreConfig(chunk_tokens=8, shard_tokens=32, adaptive=True)
     samples = [make_sample(s) for s in range(40)]
     stats = _write(tmp_path / "a.zarr", spec, cfg, samples, EveryOtherSlot(busy_all), reopen_after=17)
@@ -63,8 +64,9 @@ def test_adaptive_off_or_other_codecs_always_compress(tmp_path, spec):
         assert stats["stored_raw"] == 0 and stats["compressed"] > 0, name
 
 
-def test_raw_store_same_bytes_as_stored_uncompressed(tmp_path, spec):
+def test_raw_store_same_bytes_as_stored_uncompressed(tmp_path, spec, monkeypatch):
     """Every raw frame is the 16-byte blosc header plus the chunk's bytes: size = raw size + 16 per chunk."""
+    monkeypatch.setattr(TaskStoreWriter, "_io_backlog", lambda self: 0)  # a disk that keeps up: raw allowed
     cfg = StoreConfig(chunk_tokens=8, shard_tokens=32, adaptive=True)
     samples = [make_sample(s, max_len=9) for s in range(64)]
     _write(tmp_path / "r.zarr", spec, cfg, samples, EveryOtherSlot(True), commit_every=1000)
@@ -76,3 +78,15 @@ def test_raw_store_same_bytes_as_stored_uncompressed(tmp_path, spec):
     index_bytes = sum(1 for f in shards if f.is_file()) * (4 * 16 + 4)
     # the zero-padded tail chunk is compressed by the commit; every full chunk is a raw frame
     assert payload - index_bytes >= full_chunks * (8 * row + 16)
+
+
+def test_no_raw_chunks_while_the_disk_is_the_bottleneck(tmp_path, spec, monkeypatch):
+    """With shard writes queued up, a raw chunk would only add bytes to the slowest stage: compress instead."""
+    cfg = StoreConfig(chunk_tokens=8, shard_tokens=32, adaptive=True)
+    samples = [make_sample(s) for s in range(12)]
+    monkeypatch.setattr(TaskStoreWriter, "_io_backlog", lambda self: TaskStoreWriter.IO_QUEUE_RAW_LIMIT)
+    stats = _write(tmp_path / "busy-disk.zarr", spec, cfg, samples, EveryOtherSlot(busy_all=True))
+    assert stats["stored_raw"] == 0 and stats["compressed"] > 0
+    monkeypatch.setattr(TaskStoreWriter, "_io_backlog", lambda self: TaskStoreWriter.IO_QUEUE_RAW_LIMIT - 1)
+    stats = _write(tmp_path / "idle-disk.zarr", spec, cfg, samples, EveryOtherSlot(busy_all=True))
+    assert stats["compressed"] == 0 and stats["stored_raw"] > 0

@@ -21,8 +21,10 @@ from store_testlib import EveryOtherSlot, make_sample
 
 
 @pytest.mark.parametrize("slots", ["free", "mixed", "all-busy"])
-def test_lent_rows_stored_bit_exact_and_released_once_after_last_read(tmp_path, spec, slots):
+def test_lent_rows_stored_bit_exact_and_released_once_after_last_read(tmp_path, spec, slots, monkeypatch):
     cfg = StoreConfig(chunk_tokens=8, shard_tokens=32, adaptive=True)
+    monkeypatch.setattr(TaskStoreWriter, "_io_backlog", lambda self: 0)  # raw chunks allowed whenever slots are busy
+    raw_chunks = []
     samples = [make_sample(s) for s in range(40)]
     released: Counter = Counter()
     lent: dict[int, np.ndarray] = {}
@@ -45,10 +47,14 @@ def test_lent_rows_stored_bit_exact_and_released_once_after_last_read(tmp_path, 
             w.commit()
         if i == 20:  # resume mid-shard: the restored prefix's crc joins the combination
             w.commit()
+            raw_chunks.append(w.chunk_stats()["stored_raw"])
             w.close()
             w = open_writer()
     w.finalize()
+    raw_chunks.append(w.chunk_stats()["stored_raw"])
     w.close()
+    if slots != "free":
+        assert sum(raw_chunks) > 0  # lent rows kept raw went through the IO-thread copy
     assert released == Counter(range(40))
     ref = np.concatenate([s[3] for s in samples])
     np.testing.assert_array_equal(zarr.open_array(tmp_path / "a.zarr" / "hidden_states", mode="r")[:].view(np.uint16), ref)
