@@ -7,6 +7,7 @@ Used by the pytest subset (test_*.py here) and the full script (run_all.py).
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import shutil
@@ -230,6 +231,32 @@ def fork_task(run: Path, task_id: int = 0, env: dict | None = None) -> int:
             os._exit(code)
     return pid
 
+
+
+def fork_task_with_disk_budget(run: Path, budget_bytes: int, task_id: int = 0) -> int:
+    """fork_task whose child gets ENOSPC once it has written `budget_bytes` through os.write/os.writev (the
+    store's only write calls). The patch is in place only around the fork: the child inherits it."""
+    left = {"bytes": budget_bytes}
+    real_write, real_writev = os.write, os.writev
+
+    def spend(n: int) -> None:
+        left["bytes"] -= n
+        if left["bytes"] < 0:
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+    def full_write(fd, data):
+        spend(len(data))
+        return real_write(fd, data)
+
+    def full_writev(fd, buffers):
+        spend(sum(memoryview(b).nbytes for b in buffers))
+        return real_writev(fd, buffers)
+
+    os.write, os.writev = full_write, full_writev
+    try:
+        return fork_task(run, task_id)
+    finally:
+        os.write, os.writev = real_write, real_writev
 
 def wait_pid(pid: int, timeout: float = 600) -> int:
     """-> exit code, or -signal."""

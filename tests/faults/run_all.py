@@ -21,9 +21,7 @@ Prints one JSON line per suite and a final summary; exit 1 on any failure or dat
 from __future__ import annotations
 
 import argparse
-import errno
 import json
-import os
 import shutil
 import subprocess
 import sys
@@ -66,20 +64,7 @@ def disk_trials(base: Path, prepared: Path, ref_store: Path, trials: int, rng) -
             if use_tmpfs:
                 code, _ = F.run_forked(run)
             else:
-                budget = {"left": int(rng.integers(20_000, 1_800_000))}
-                real = os.write
-
-                def full(fd, data, budget=budget, real=real):
-                    budget["left"] -= len(data)
-                    if budget["left"] < 0:
-                        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
-                    return real(fd, data)
-
-                os.write = full
-                try:
-                    pid = F.fork_task(run)
-                finally:
-                    os.write = real
+                pid = F.fork_task_with_disk_budget(run, int(rng.integers(20_000, 1_800_000)))
                 code = F.wait_pid(pid)
             res["trials"] += 1
             failed = code != 0

@@ -2,12 +2,11 @@
 (verify passes on it), and a resume after space is freed completes and equals the uninterrupted run.
 
 Two ways to fill the disk: a real tiny tmpfs mounted over RUN/stores (needs root; skipped with the reason
-otherwise), and an injected ENOSPC from os.write inside the task process (runs anywhere).
+otherwise), and an injected ENOSPC from os.write/os.writev inside the task process (runs anywhere).
 """
 
 from __future__ import annotations
 
-import errno
 import json
 import os
 import subprocess
@@ -54,20 +53,7 @@ def test_tmpfs_full_then_freed(faults_base, prepared, reference):
 
 def test_injected_enospc_then_resume(faults_base, prepared, reference):
     run = F.copy_run(prepared, faults_base / "diskfull-injected")
-    budget = {"left": 600_000}  # bytes the child may write through os.write before the "disk is full"
-    real_write = os.write
-
-    def full_write(fd, data):
-        budget["left"] -= len(data)
-        if budget["left"] < 0:
-            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
-        return real_write(fd, data)
-
-    os.write = full_write  # inherited by the forked child only for as long as the fork below
-    try:
-        pid = F.fork_task(run)
-    finally:
-        os.write = real_write
+    pid = F.fork_task_with_disk_budget(run, 600_000)  # bytes the child may write before the "disk is full"
     assert F.wait_pid(pid) == 1
     n = _check_failed_attempt(run, reference)
     assert 0 < n < 20
