@@ -61,8 +61,6 @@ class _SinkProxy(Sink):
 
     def put(self, item) -> None:
         if self.target is None:
-            if item.release is not None:  # do not wedge the shared ring behind a sample nobody takes
-                item.release()
             raise RuntimeError(f"captured sample {item.sample_id} arrived while no capture was running")
         self.target.put(item)
 

@@ -154,6 +154,9 @@ class ShmReceiver:
         flag = None if finite is None else bool(finite)
         try:
             self.sink.put(CapturedRequest(sample_id, req_id, token_ids, states, None, flag, release))
+        except BaseException:
+            release()  # a sink that refused the record never releases it: do not wedge the ring behind it
+            raise
         finally:
             with self._cv:
                 self.received += 1

@@ -41,7 +41,7 @@ class WriterStats:
     tokens: int = 0
     bytes_raw: int = 0
     commits: int = 0
-    write_s: float = 0.0      # writer thread busy appending (checks, copy into the store's chunk buffers)
+    write_s: float = 0.0      # writer thread busy appending (checks, hand-over to the store)
     commit_s: float = 0.0
     put_wait_s: float = 0.0   # time put() blocked on back-pressure (the engine thread or the shm receiver)
 

@@ -14,9 +14,10 @@ Commit protocol (one writer per store, enforced by a flock):
    chunk buffer only where a chunk spans two samples: with `on_release` (the capture path) a chunk that
    lies inside one sample is compressed straight from the caller's memory, which is handed back once
    the last such chunk is encoded; the shard's raw crc32c is combined from the chunk crcs. With
-   `store.adaptive` (blosc-zstd), a chunk that finds every compression slot taken is kept as an
-   uncompressed blosc frame (16-byte header + the buffer itself, no copy): the producer never waits
-   on compression, and the ratio reflects the CPU the node had spare.
+   `store.adaptive` (blosc-zstd), a chunk that finds every compression slot taken while the disk keeps
+   up (fewer than IO_QUEUE_RAW_LIMIT shard writes queued) is kept as an uncompressed blosc frame
+   (16-byte header + the rows): the producer does not wait on compression unless it waits on the disk
+   anyway, and the ratio reflects the CPU the node had spare.
 2. `commit()` also writes the partially filled tail shard of each array (its already committed prefix
    is byte-identical), waits for every write, then atomically replaces `progress.json` (the committed
    record: samples, lengths, ids, per-shard size, crc32c of the file and of the raw rows). Only then
@@ -207,7 +208,7 @@ class _Stream:
         self.chunks_raw = 0
         self.shard = 0  # index of the shard being filled
         self.fill = 0  # rows in that shard
-        # Its full inner chunks: being encoded (Future of (bytes, raw crc32c)), kept raw, or restored from disk
+        # Its full inner chunks: being encoded (Future of `encode_job`'s result), kept raw, or restored from disk
         # (bytes; the first `restored` entries, whose rows' crc32c is `restored_crc`).
         self.chunks: list[Future | bytes | _RawChunk] = []
         self.restored = 0
@@ -339,7 +340,8 @@ class TaskStoreWriter:
         self.io_threads = int(os.environ.get("EAGLE_BATCH_STORE_IO_THREADS", 0)) or 4
         self._io_pools = {n: ThreadPoolExecutor(self.io_threads if n == "hidden_states" else 1,
                                                 thread_name_prefix=f"store-io-{n}") for n in TOKEN_ARRAYS}
-        # Seconds append() spent waiting: for a compression slot (adaptive off) and for shard writes.
+        # Seconds append() spent waiting: for a compression slot (adaptive off, or the disk behind) and for
+        # shard writes.
         self.stall_s = {"encode": 0.0, "io": 0.0}
         self._dirty_dirs: set[Path] = set()  # directories whose new entries need an fsync before the record
         # Bounds raw chunk buffers waiting for compression, so append() blocks instead of growing memory.

@@ -97,3 +97,20 @@ def test_ring_space_is_freed_only_over_the_released_prefix():
         assert consumed() == 2048
     finally:
         rx.close()
+
+
+def test_a_record_the_sink_refuses_is_released():
+    """E.g. a sample arriving while no capture runs: the sink raises, and the ring must still move on."""
+    class Refuse:
+        def put(self, item):
+            raise RuntimeError("no capture running")
+
+    rx = ShmReceiver(Refuse(), ring_bytes=1 << 20)
+    try:
+        import pytest
+
+        with pytest.raises(RuntimeError, match="no capture running"):
+            rx._handle(("s0", "r0", np.arange(4), 0, 16, (4, 2), "bfloat16", 512, True))
+        assert int(rx._consumed[0]) == 512
+    finally:
+        rx.close()
