@@ -247,12 +247,17 @@ def _run_phase(args, name: str, path: Path, work: Path, mp: str) -> dict:
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join([str(Path(__file__).resolve().parents[2]), env.get("PYTHONPATH", "")])
     t0 = time.perf_counter()
-    proc = subprocess.run(cmd, env=env, timeout=args.timeout, capture_output=True, text=True)
+    try:
+        proc = subprocess.run(cmd, env=env, timeout=args.timeout, capture_output=True, text=True)
+    except subprocess.TimeoutExpired as e:  # one slow phase must not lose the others' results
+        tail = "".join(x.decode(errors="replace") if isinstance(x, bytes) else x for x in (e.stdout, e.stderr) if x)
+        return dict(phase=name, error=f"timed out after {args.timeout} s (--timeout)", log_tail=tail[-4000:])
     if proc.returncode != 0 or not res.is_file():
         return dict(phase=name, error=f"exit {proc.returncode}", log_tail=(proc.stdout + proc.stderr)[-4000:])
     r = json.loads(res.read_text())
     r["wall_s"] = round(time.perf_counter() - t0, 1)
     r["engine_process"] = "background" if mp == "1" else "in-process"
+    print(f"phase {name} ({r['engine_process']}): {r.get('tok_s', 0):,.0f} tok/s", file=sys.stderr, flush=True)
     return r
 
 

@@ -15,6 +15,7 @@ export PYTHONUNBUFFERED=1 VLLM_USE_FLASHINFER_SAMPLER=0 HF_HUB_OFFLINE=1 TOKENIZ
 export VLLM_WORKER_MULTIPROC_METHOD=spawn
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 work=/root/ebwork
+sampler=
 mkdir -p $work
 {
   date -u
@@ -39,7 +40,9 @@ case "$stage" in
                    python3 -m eagle_batch.bench.capture --build llama-1b --num-prompts 2048 --prompt-len 512 \
                    --work-dir /dev/shm/ebcap --no-fsync --phases plain,eagle-batch,stock --json ;;
   bench-capture-like-stock) # the stock connector never fsyncs: eagle-batch with store.fsync=false is the like-for-like
-                   # comparison; every phase with the engine in vLLM's background process (stock always is)
+                   # comparison; every phase with the engine in vLLM's background process (stock always is).
+                   # Per-thread CPU every 10 s (top -H) shows which threads and processes the cores go to.
+                   ( while sleep 10; do date -u +%T; top -b -H -n 1 -w 200 | head -45; done ) > "$out/top-$stage.txt" 2>&1 & sampler=$!
                    python3 -m eagle_batch.bench.capture --build llama-1b --num-prompts 2048 --prompt-len 512 \
                    --work-dir $work/cap --no-fsync --engine-process background --phases plain,eagle-batch,stock \
                    --timeout 240 --json ;;
@@ -52,6 +55,9 @@ case "$stage" in
   *) echo "unknown stage $stage"; exit 2 ;;
 esac > "$out/$stage.json" 2> "$out/$stage.log"
 rc=$?
+[ -n "${sampler:-}" ] && kill $sampler 2>/dev/null
+# Each phase's own result survives a later phase's failure or a cut-off call.
+cp $work/cap/phase-*.json "$out/" 2>/dev/null
 tail -c 3000 "$out/$stage.log"
 cat "$out/$stage.json"
 exit $rc
