@@ -44,6 +44,7 @@ import numpy as np
 
 from .crc import crc32c_combine
 from .encoder import ChunkEncoder
+from .trace import StoreTrace
 from .format import (BF16, COMPLETE_NAME, FORMAT_NAME, FORMAT_VERSION, PARTIAL_SUFFIX, PROGRESS_NAME,
                      TOKEN_ARRAYS, ArrayLayout, Codec, EMPTY, ShardError, decode_index, encode_index,
                      fsync_dir, make_decoder, makedirs_durable, write_atomic, write_json_atomic)
@@ -237,6 +238,7 @@ class _Stream:
     def encode_job(self, chunk: np.ndarray, loan: _Loan | None) -> tuple:
         """Runs on a compression thread: (encoded bytes, crc32c of the raw rows, crc32c of the encoded bytes,
         the buffer of ours holding them or None)."""
+        t0 = self.w.trace.now() if self.w.trace.on else 0.0
         out = None
         if self.encoder.direct:
             try:
@@ -245,7 +247,9 @@ class _Stream:
                 out = np.empty(self._out_nbytes, np.uint8)
         try:
             data = self.encoder.encode(chunk, out)
-            return data, crc32c.crc32c(chunk), crc32c.crc32c(data), out
+            result = data, crc32c.crc32c(chunk), crc32c.crc32c(data), out
+            self.w.trace.event("encode", t0, array=self.layout.name, nbytes=chunk.nbytes, encoded=len(data))
+            return result
         except BaseException:
             if out is not None:
                 self.out_free.append(out)
@@ -325,6 +329,7 @@ class TaskStoreWriter:
         self.cfg = store_cfg if store_cfg is not None else StoreConfig()
         self.fsync = bool(getattr(self.cfg, "fsync", True))
         self.adaptive = bool(getattr(self.cfg, "adaptive", False))
+        self.trace = StoreTrace.from_env()
         self._closed = False
         self._broken: BaseException | None = None
         self._lock = None
@@ -670,6 +675,7 @@ class TaskStoreWriter:
                          recycle_to: _Stream | None = None) -> tuple[str, dict]:
         """IO thread: write shard k from `chunks` (+ the padded `tail` chunk); its raw crc32c is the restored
         prefix's crc combined with each later chunk's, in row order."""
+        t0 = self.trace.now() if self.trace.on else 0.0
         chunk_nbytes = lay.chunk_tokens * lay.row_nbytes
         pieces: list = []
         piece_crcs: list = []  # crc32c of each piece as written, where known without another pass
@@ -690,7 +696,10 @@ class TaskStoreWriter:
             pieces.append(tail[0])
             piece_crcs.append(None)
             raw_crc = crc32c_combine(raw_crc, tail[1], tail[2])
+        ready = self.trace.now() if self.trace.on else 0.0
         info = self._write_shard(lay, k, pieces, tokens, raw_crc, defer_dir_sync, piece_crcs)
+        self.trace.event("shard", t0, array=lay.name, shard=k, ready=ready, full=recycle_to is not None,
+                         nbytes=info.get("nbytes"))
         if recycle_to is not None:  # a full shard: its raw chunk and encoded chunk buffers are free again
             recycle_to.free.extend(c.buf for c in chunks if isinstance(c, _RawChunk))
             recycle_to.out_free.extend(out for c in chunks if isinstance(c, Future)
@@ -767,11 +776,13 @@ class TaskStoreWriter:
         it. The caller must not modify or reuse that memory before.
         """
         loan = _Loan(on_release) if on_release is not None else None
+        t0 = self.trace.now() if self.trace.on else 0.0
         try:
             self._append(sample_id, input_ids, loss_mask, hidden_states, loan)
         finally:
             if loan is not None:
                 loan.drop()
+            self.trace.event("append", t0, sample=sample_id)
 
     def _append(self, sample_id: str, input_ids: Any, loss_mask: Any, hidden_states: Any,
                 loan: _Loan | None) -> None:
@@ -806,8 +817,10 @@ class TaskStoreWriter:
         self._check_open()
         if len(self._sample_ids) == self.record["num_samples"]:
             return
+        t0 = self.trace.now() if self.trace.on else 0.0
         try:
             self._commit()
+            self.trace.event("commit", t0, samples=len(self._sample_ids))
         except BaseException as e:
             self._broken = e
             raise
@@ -900,6 +913,7 @@ class TaskStoreWriter:
             for pool in self._io_pools.values():
                 pool.shutdown(wait=True, cancel_futures=True)
         finally:
+            self.trace.dump()
             if self._lock is not None:
                 self._lock.release()
 

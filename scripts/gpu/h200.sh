@@ -4,7 +4,7 @@
 # been unpacked, i.e. /root/site/.complete exists. Usage: bash scripts/gpu/h200.sh STAGE OUTDIR
 #   validate-tp1 | validate-tp2 | validate-dsv3-tp1 | validate-dsv3-tp2 | bench-capture |
 #   bench-capture-nofsync | bench-capture-nofsync-noadaptive | bench-capture-shm | bench-capture-like-stock |
-#   bench-capture-durable | bench-loader
+#   bench-capture-durable | bench-capture-trace | bench-loader
 set -uo pipefail
 stage=${1:?stage}
 out=${2:?output folder}
@@ -50,6 +50,14 @@ case "$stage" in
                    # right after bench-capture-like-stock on the same machine, whose plain phase it is read against
                    python3 -m eagle_batch.bench.capture --build llama-1b --num-prompts 2048 --prompt-len 512 \
                    --work-dir $work/cap --engine-process background --phases eagle-batch --timeout 240 --json ;;
+  bench-capture-trace) # the like-stock eagle-batch phase with the store's timeline (EAGLE_BATCH_STORE_TRACE),
+                   # summarised by scripts/gpu/trace_summary.py: which stage the writer waits for
+                   rm -rf $work/trace
+                   EAGLE_BATCH_STORE_TRACE=$work/trace python3 -m eagle_batch.bench.capture --build llama-1b \
+                   --num-prompts 2048 --prompt-len 512 --work-dir $work/cap --no-fsync --engine-process background \
+                   --phases plain,eagle-batch --timeout 240 --json
+                   python3 scripts/gpu/trace_summary.py $work/trace > "$out/trace-summary.json"
+                   tar -czf "$out/trace.tgz" -C $work trace ;;
   bench-loader) python3 -m eagle_batch.bench.loader --step-sim --hidden 7168 --samples 192 --workers 8 \
                    --sim-workers 8 --device cuda --dir $work/loader --json ;;
   *) echo "unknown stage $stage"; exit 2 ;;

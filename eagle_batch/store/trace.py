@@ -1,0 +1,50 @@
+"""Opt-in timeline of a store writer's work, to see which stage a capture waits for.
+
+`EAGLE_BATCH_STORE_TRACE=DIR`: each writer appends one JSON line per event to `DIR/<pid>-<id>.jsonl` when
+it closes: `t` (seconds, time.perf_counter), `ev`, the thread's name, and the event's fields. Events:
+`append` (t0 = start, writer thread), `encode` (t0 = start, a compression thread; `raw` chunks are not
+encoded), `shard` (t0 = IO job start, `ready` = when its chunks were encoded, t = written), `commit`.
+Off (the default) it costs one attribute check per event.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import threading
+import time
+from pathlib import Path
+
+
+class StoreTrace:
+    def __init__(self, folder: str | None):
+        self.folder = Path(folder) if folder else None
+        self.events: list[dict] = []  # list.append is atomic: no lock on the hot path
+
+    @classmethod
+    def from_env(cls) -> "StoreTrace":
+        return cls(os.environ.get("EAGLE_BATCH_STORE_TRACE"))
+
+    @property
+    def on(self) -> bool:
+        return self.folder is not None
+
+    @staticmethod
+    def now() -> float:
+        return time.perf_counter()
+
+    def event(self, ev: str, t0: float, **fields) -> None:
+        if self.folder is not None:
+            self.events.append(dict(ev=ev, t0=t0, t=time.perf_counter(), thread=threading.current_thread().name,
+                                    **fields))
+
+    def dump(self) -> Path | None:
+        if self.folder is None or not self.events:
+            return None
+        self.folder.mkdir(parents=True, exist_ok=True)
+        path = self.folder / f"{os.getpid()}-{id(self):x}.jsonl"
+        with open(path, "a") as f:
+            for e in self.events:
+                f.write(json.dumps(e) + "\n")
+        self.events = []
+        return path

@@ -1,0 +1,49 @@
+"""EAGLE_BATCH_STORE_TRACE: a writer's timeline of appends, encodes, shard writes and commits."""
+
+import json
+
+import numpy as np
+
+from eagle_batch.config import StoreConfig
+from eagle_batch.store import StoreSpec, TaskStoreWriter
+
+
+def _write(path, n=12):
+    spec = StoreSpec(layer_ids=[1, 2], hidden_size=32, model_name="t")
+    cfg = StoreConfig(chunk_tokens=16, shard_tokens=64, fsync=False, adaptive=False)
+    rng = np.random.default_rng(0)
+    with TaskStoreWriter.open(path, spec, cfg) as w:
+        for i in range(n):
+            t = 40
+            w.append(f"s{i}", rng.integers(0, 100, t), np.ones(t, np.uint8),
+                     rng.integers(0, 1 << 16, (t, 2, 32), dtype=np.uint16))
+            if i == 5:
+                w.commit()
+        w.finalize()
+
+
+def test_trace_records_every_stage_in_order(tmp_path, monkeypatch):
+    monkeypatch.setenv("EAGLE_BATCH_STORE_TRACE", str(tmp_path / "trace"))
+    _write(tmp_path / "s.zarr")
+    files = list((tmp_path / "trace").glob("*.jsonl"))
+    assert len(files) == 1
+    ev = [json.loads(line) for line in files[0].read_text().splitlines()]
+    kinds = {e["ev"] for e in ev}
+    assert kinds == {"append", "encode", "shard", "commit"}
+    assert [e["sample"] for e in ev if e["ev"] == "append"] == [f"s{i}" for i in range(12)]
+    hs = [e for e in ev if e["ev"] == "encode" and e["array"] == "hidden_states"]
+    assert len(hs) == 12 * 40 // 16 and all(e["nbytes"] == 16 * 2 * 32 * 2 for e in hs)
+    for e in ev:
+        assert e["t0"] <= e["t"]
+    full = [e for e in ev if e["ev"] == "shard" and e["array"] == "hidden_states" and e["full"]]
+    assert sorted(e["shard"] for e in full) == list(range(12 * 40 // 64))
+    for e in full:
+        assert e["t0"] <= e["ready"] <= e["t"] and e["nbytes"] > 0
+    assert sum(e["ev"] == "commit" for e in ev) == 2  # the explicit one and finalize's
+
+
+def test_no_trace_by_default(tmp_path, monkeypatch):
+    monkeypatch.delenv("EAGLE_BATCH_STORE_TRACE", raising=False)
+    monkeypatch.chdir(tmp_path)
+    _write(tmp_path / "s.zarr", n=3)
+    assert not list(tmp_path.rglob("*.jsonl"))
