@@ -63,7 +63,6 @@ class ChunkEncoder:
 
     def __init__(self, codec: Codec, itemsize: int):
         self.codec = codec
-        self.itemsize = itemsize
         self._numcodec = codec.numcodec()
         self._fn = None
         self._bound = None
@@ -92,9 +91,9 @@ class ChunkEncoder:
         """The most bytes one chunk of `nbytes` raw bytes can encode to."""
         if self.codec.name == "blosc-zstd":
             return nbytes + BLOSC_MAX_OVERHEAD
-        if self.codec.name == "zstd" and self._bound is not None:
+        if self._bound is not None:  # zstd
             return int(self._bound(nbytes))
-        return nbytes + (nbytes >> 7) + 1024
+        return nbytes  # codec none (or zstd without the direct path, which allocates no buffers)
 
     def _encode_direct(self, chunk: np.ndarray, out: np.ndarray) -> int:
         src, dst, n, cap = chunk.ctypes.data, out.ctypes.data, chunk.nbytes, out.nbytes

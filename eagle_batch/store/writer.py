@@ -44,11 +44,11 @@ import numpy as np
 
 from .crc import crc32c_combine
 from .encoder import ChunkEncoder
-from .trace import StoreTrace
 from .format import (BF16, COMPLETE_NAME, FORMAT_NAME, FORMAT_VERSION, PARTIAL_SUFFIX, PROGRESS_NAME,
                      TOKEN_ARRAYS, ArrayLayout, Codec, EMPTY, ShardError, decode_index, encode_index,
                      fsync_dir, make_decoder, makedirs_durable, write_atomic, write_json_atomic)
 from .spec import StoreCorruptError, StoreError, StoreLock, StoreMismatchError, StoreSpec
+from .trace import StoreTrace
 
 
 def hidden_states_to_uint16(hidden_states: Any) -> np.ndarray:
@@ -238,7 +238,7 @@ class _Stream:
     def encode_job(self, chunk: np.ndarray, loan: _Loan | None) -> tuple:
         """Runs on a compression thread: (encoded bytes, crc32c of the raw rows, crc32c of the encoded bytes,
         the buffer of ours holding them or None)."""
-        t0 = self.w.trace.now() if self.w.trace.on else 0.0
+        t0 = self.w.trace.stamp()
         out = None
         if self.encoder.direct:
             try:
@@ -675,7 +675,7 @@ class TaskStoreWriter:
                          recycle_to: _Stream | None = None) -> tuple[str, dict]:
         """IO thread: write shard k from `chunks` (+ the padded `tail` chunk); its raw crc32c is the restored
         prefix's crc combined with each later chunk's, in row order."""
-        t0 = self.trace.now() if self.trace.on else 0.0
+        t0 = self.trace.stamp()
         chunk_nbytes = lay.chunk_tokens * lay.row_nbytes
         pieces: list = []
         piece_crcs: list = []  # crc32c of each piece as written, where known without another pass
@@ -696,7 +696,7 @@ class TaskStoreWriter:
             pieces.append(tail[0])
             piece_crcs.append(None)
             raw_crc = crc32c_combine(raw_crc, tail[1], tail[2])
-        ready = self.trace.now() if self.trace.on else 0.0
+        ready = self.trace.stamp()
         info = self._write_shard(lay, k, pieces, tokens, raw_crc, defer_dir_sync, piece_crcs)
         self.trace.event("shard", t0, array=lay.name, shard=k, ready=ready, full=recycle_to is not None,
                          nbytes=info.get("nbytes"))
@@ -776,7 +776,7 @@ class TaskStoreWriter:
         it. The caller must not modify or reuse that memory before.
         """
         loan = _Loan(on_release) if on_release is not None else None
-        t0 = self.trace.now() if self.trace.on else 0.0
+        t0 = self.trace.stamp()
         try:
             self._append(sample_id, input_ids, loss_mask, hidden_states, loan)
         finally:
@@ -817,7 +817,7 @@ class TaskStoreWriter:
         self._check_open()
         if len(self._sample_ids) == self.record["num_samples"]:
             return
-        t0 = self.trace.now() if self.trace.on else 0.0
+        t0 = self.trace.stamp()
         try:
             self._commit()
             self.trace.event("commit", t0, samples=len(self._sample_ids))

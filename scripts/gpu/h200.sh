@@ -17,6 +17,7 @@ export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVL
 work=/root/ebwork
 sampler=
 mkdir -p $work
+rm -f $work/cap/phase-*.json  # an earlier stage's phase results must not be copied out as this stage's
 {
   date -u
   nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv
