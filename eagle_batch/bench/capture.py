@@ -57,6 +57,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--engine-process", default="both", choices=["both", "in-process", "background"],
                    help="TP=1 on CUDA: where the engine runs for plain and eagle-batch (default both, best reported)")
     p.add_argument("--no-fsync", action="store_true", help="store.fsync=false for the eagle-batch phase")
+    p.add_argument("--codec", default="", choices=["", "blosc-zstd", "zstd", "none"],
+                   help="store.codec for the eagle-batch phase (default: the config's)")
     p.add_argument("--no-adaptive", action="store_true",
                    help="store.adaptive=false: compress every chunk even when that makes the engine wait")
     p.add_argument("--work-dir", default="", help="models, store and stock files go here (default: a temp folder)")
@@ -88,6 +90,8 @@ def _cfg(args, path: Path, layer_ids: list[int], run_dir: str):
             f"extract.batch_samples={args.num_prompts}", "extract.commit_interval_s=1e9",
             f"store.fsync={'false' if args.no_fsync else 'true'}",
             f"store.adaptive={'false' if args.no_adaptive else 'true'}"]
+    if args.codec:
+        over.append(f"store.codec={args.codec}")
     return make_config(path, layer_ids, args.tp, args.dtype, args.prompt_len + 16, args.backend, run_dir, over)
 
 
@@ -151,7 +155,7 @@ def _phase_eagle(args, cfg, samples, warm, work: Path) -> dict:
         backend.close()
     out = dict(seconds=dt, samples=stats.samples, commits=stats.commits, store_bytes=_du(store),
                raw_bytes=stats.tokens * len(backend.layer_ids) * backend.hidden_size * 2,
-               fsync=bool(cfg.store.fsync), adaptive=bool(cfg.store.adaptive), chunks=chunk_stats,
+               codec=str(cfg.store.codec), fsync=bool(cfg.store.fsync), adaptive=bool(cfg.store.adaptive), chunks=chunk_stats,
                chunk_tokens=writer.layouts["hidden_states"].chunk_tokens, encode_threads=writer.encode_threads,
                io_threads=writer.io_threads, writer_busy_s=round(stats.writer_busy_s, 3),
                backpressure_s=round(stats.backpressure_s, 3),
@@ -244,6 +248,7 @@ def _run_phase(args, name: str, path: Path, work: Path, mp: str) -> dict:
            ",".join(map(str, _layer_ids(args, path)))]
     cmd += ["--model", str(path)] if args.model else ["--build", args.build]
     cmd += ["--enforce-eager"] * args.enforce_eager + ["--no-fsync"] * args.no_fsync + ["--no-adaptive"] * args.no_adaptive + ["--keep"] * args.keep
+    cmd += ["--codec", args.codec] * bool(args.codec)
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join([str(Path(__file__).resolve().parents[2]), env.get("PYTHONPATH", "")])
     t0 = time.perf_counter()

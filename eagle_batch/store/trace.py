@@ -20,6 +20,9 @@ class StoreTrace:
     def __init__(self, folder: str | None):
         self.folder = Path(folder) if folder else None
         self.events: list[dict] = []  # list.append is atomic: no lock on the hot path
+        self._stop = threading.Event()
+        if self.folder is not None:
+            threading.Thread(target=self._sample_gil, name="store-trace-gil", daemon=True).start()
 
     @classmethod
     def from_env(cls) -> "StoreTrace":
@@ -38,7 +41,21 @@ class StoreTrace:
             self.events.append(dict(ev=ev, t0=t0, t=time.perf_counter(), thread=threading.current_thread().name,
                                     **fields))
 
+    def _sample_gil(self, nap: float = 0.001, every: float = 0.1) -> None:
+        late: list[float] = []
+        t_window = time.perf_counter()
+        while not self._stop.is_set():
+            t = time.perf_counter()
+            time.sleep(nap)
+            now = time.perf_counter()
+            late.append(now - t - nap)
+            if now - t_window >= every:
+                self.events.append(dict(ev="gil", t0=t_window, t=now, thread="store-trace-gil", n=len(late),
+                                        late_ms=1e3 * sum(late) / len(late), late_max_ms=1e3 * max(late)))
+                late, t_window = [], now
+
     def dump(self) -> Path | None:
+        self._stop.set()
         if self.folder is None or not self.events:
             return None
         self.folder.mkdir(parents=True, exist_ok=True)

@@ -17,7 +17,7 @@ def summarise(events: list[dict]) -> dict:
     by = defaultdict(list)
     for e in events:
         by[e["ev"]].append(e)
-    appends, encodes, shards, commits = by["append"], by["encode"], by["shard"], by["commit"]
+    appends, encodes, shards, commits, gil = by["append"], by["encode"], by["shard"], by["commit"], by["gil"]
     start = min(e["t0"] for e in appends)
     last_append = max(e["t"] for e in appends)
     end = max(e["t"] for e in commits) if commits else max(e["t"] for e in events)
@@ -29,6 +29,9 @@ def summarise(events: list[dict]) -> dict:
     wait = sum(e["ready"] - e["t0"] for e in full)
     write = sum(e["t"] - e["ready"] for e in full)
     written = sum(e.get("nbytes") or 0 for e in full)
+    hs_enc = [e for e in encodes if e["array"] == "hidden_states"]
+    enc_s = sorted(e["t"] - e["t0"] for e in hs_enc)
+    busy_gil = [g for g in gil if start <= g["t0"] <= end]
     return {
         "span_s": round(end - start, 3), "append_span_s": round(span, 3), "drain_after_last_append_s": round(end - last_append, 3),
         "append_busy_s": round(sum(e["t"] - e["t0"] for e in appends), 3),
@@ -38,6 +41,11 @@ def summarise(events: list[dict]) -> dict:
         "shard_wait_for_encodes_s": round(wait, 3), "shard_write_s": round(write, 3),
         "shard_write_gb_s_per_thread": round(written / max(write, 1e-9) / 1e9, 3),
         "shards_after_last_append": sum(e["t"] > last_append for e in full),
+        "hs_encode_ms_p50_p90_max": [round(1e3 * enc_s[int(q * (len(enc_s) - 1))], 2) for q in (0.5, 0.9, 1.0)]
+        if enc_s else None,
+        "hs_encode_gb_s_per_thread": round(sum(e["nbytes"] for e in hs_enc) / max(sum(enc_s), 1e-9) / 1e9, 3),
+        "gil_late_ms_mean": round(sum(g["late_ms"] * g["n"] for g in busy_gil) / max(sum(g["n"] for g in busy_gil), 1), 3),
+        "gil_late_ms_max": round(max((g["late_max_ms"] for g in busy_gil), default=0.0), 2),
         "commit_s": [round(e["t"] - e["t0"], 3) for e in commits],
     }
 

@@ -29,7 +29,10 @@ def test_trace_records_every_stage_in_order(tmp_path, monkeypatch):
     assert len(files) == 1
     ev = [json.loads(line) for line in files[0].read_text().splitlines()]
     kinds = {e["ev"] for e in ev}
-    assert kinds == {"append", "encode", "shard", "commit"}
+    assert kinds - {"gil"} == {"append", "encode", "shard", "commit"}
+    for e in ev:
+        if e["ev"] == "gil":  # the interpreter-latency sampler's windows (only if the write ran > 0.1 s)
+            assert e["n"] > 0 and e["late_max_ms"] >= e["late_ms"] > -1.0
     assert [e["sample"] for e in ev if e["ev"] == "append"] == [f"s{i}" for i in range(12)]
     hs = [e for e in ev if e["ev"] == "encode" and e["array"] == "hidden_states"]
     assert len(hs) == 12 * 40 // 16 and all(e["nbytes"] == 16 * 2 * 32 * 2 for e in hs)
