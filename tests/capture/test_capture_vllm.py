@@ -180,3 +180,43 @@ def test_native_out_of_process_worker_uses_shared_memory(tiny_model, samples_fac
         got = w.committed[s.sample_id]["hidden_states"].double()
         cos = torch.nn.functional.cosine_similarity(got, ref[s.sample_id].double(), dim=-1)
         assert float(cos.min()) >= 0.99999, s.sample_id
+
+
+def test_out_of_process_capture_is_compressed_by_encode_processes(tiny_model, samples_factory, tmp_path,
+                                                                   monkeypatch):
+    """The engine core in its own process, a bf16 model and the real store: the writer's encode processes
+    compress the states straight from the shared ring (a small one, so it wraps and the engine waits for the
+    store), every record is released, and the store holds each sample's own states."""
+    from eagle_batch.config import StoreConfig
+    from eagle_batch.store import StoreSpec, TaskStoreWriter, open_dataset, verify
+
+    monkeypatch.setenv("VLLM_ENABLE_V1_MULTIPROCESSING", "1")
+    monkeypatch.setenv("EAGLE_BATCH_SHM_BYTES", str(1 << 20))
+    path = tiny_model("llama")
+    cfg = load_config(None, [
+        f"run_dir={tmp_path}", f"model.path={path}", "model.dtype=bfloat16", "model.max_model_len=512",
+        f"extract.max_num_batched_tokens={BUDGET}", "extract.max_num_seqs=8", "extract.enforce_eager=true",
+        "extract.batch_samples=4", "extract.commit_interval_s=0", "extract.backend=native"])
+    samples = samples_factory(LENGTHS * 3, vocab=40000, seed=5, prefix="ep-")
+    backend = make_backend(cfg)
+    try:
+        spec = StoreSpec(layer_ids=backend.layer_ids, hidden_size=backend.hidden_size, model_name="tiny")
+        store = tmp_path / "s.zarr"
+        with TaskStoreWriter.open(store, spec, StoreConfig(chunk_tokens=16, shard_tokens=64, fsync=False,
+                                                           adaptive=False, encode_processes=2)) as w:
+            stats = run_capture(cfg, samples, w, backend=backend)
+            w.finalize()
+            chunks = w.chunk_stats()
+    finally:
+        backend.close()
+    assert stats.samples == len(samples)
+    assert chunks["compressed_in_processes"] > 0, chunks
+    assert verify(store) == []
+    ref = _reference("llama", path, backend.layer_ids, samples)
+    ds = open_dataset(store)
+    got_ids = [ds[i]["sample_id"] for i in range(len(ds))]
+    assert sorted(got_ids) == sorted(s.sample_id for s in samples)
+    for i, sid in enumerate(got_ids):  # each sample's own rows: a misplaced chunk would not be near its reference
+        got = ds[i]["hidden_states"].double()
+        cos = torch.nn.functional.cosine_similarity(got, ref[sid].double(), dim=-1)
+        assert float(cos.min()) >= 0.99, sid
