@@ -21,6 +21,7 @@ import socket
 import subprocess
 import sys
 import threading
+import time
 from concurrent.futures import Future
 from multiprocessing.connection import Connection, wait
 from typing import Callable
@@ -44,7 +45,7 @@ class _Job:
 class EncodeProcessPool:
     """`n` encode processes for one codec and item size; `submit` returns a Future of `finish(size, crc, data_crc)`."""
 
-    def __init__(self, n: int, codec, itemsize: int, nice: int = 5):
+    def __init__(self, n: int, codec, itemsize: int, nice: int = 5, startup_timeout_s: float = 120.0):
         self.n = n
         self._conns: list[Connection] = []
         self._procs: list[subprocess.Popen] = []
@@ -54,6 +55,7 @@ class EncodeProcessPool:
         self._ids = itertools.count()
         self._lock = threading.Lock()
         self._closed = False
+        self.direct = False  # whether the processes' encoder calls the C compressor directly (encoder.py)
         args = [codec.name, str(codec.level), str(codec.blocksize), str(itemsize), str(nice)]
         # The package root on the children's path, wherever the parent found it (a checkout, a container).
         root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -70,11 +72,32 @@ class EncodeProcessPool:
                 self._conns.append(Connection(ours.detach()))
                 self._inflight.append(0)
                 self._alive.append(True)
+            self._wait_ready(startup_timeout_s)
         except BaseException:
             self.close()
             raise
         self._collector = threading.Thread(target=self._collect, name="store-encode-procs", daemon=True)
         self._collector.start()
+
+    def _wait_ready(self, timeout_s: float) -> None:
+        """Each process says hello once its encoder is built, so a broken environment fails here, by name."""
+        waiting = dict(enumerate(self._conns))
+        deadline = time.monotonic() + timeout_s
+        while waiting:
+            ready = wait(list(waiting.values()), timeout=max(0.0, deadline - time.monotonic()))
+            if not ready:
+                raise EncodeProcessError(f"{len(waiting)} of {self.n} encode processes did not start within "
+                                         f"{timeout_s:.0f} s")
+            for c in ready:
+                w = self._conns.index(c)
+                try:
+                    hello = c.recv()
+                except (EOFError, OSError):
+                    p = self._procs[w]
+                    raise EncodeProcessError(f"encode process {p.pid} exited at start (code {p.wait()}); its "
+                                             "error is above in the task's log") from None
+                self.direct = hello[1]
+                del waiting[w]
 
     def submit(self, src: tuple[str, int], nbytes: int, dst: tuple[str, int], cap: int,
                finish: Callable[[int, int, int], object]) -> Future:

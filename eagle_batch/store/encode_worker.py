@@ -19,6 +19,7 @@ def _serve(conn: Connection, codec_name: str, level: int, blocksize: int, itemsi
     from .format import Codec
 
     encoder = ChunkEncoder(Codec(codec_name, level, blocksize), itemsize)
+    conn.send(("ready", encoder.direct, encoder.why_not_direct))
     maps: dict[str, np.ndarray] = {}
 
     def view(path: str) -> np.ndarray:

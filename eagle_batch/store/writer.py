@@ -348,6 +348,12 @@ class TaskStoreWriter:
         self.trace = StoreTrace.from_env()
         self._closed = False
         self._broken: BaseException | None = None
+        # Encode processes and their shared memory: started by share_memory(), i.e. only when the rows come
+        # from memory other processes can map.
+        self._regions = SharedRegions()
+        self._arena: SharedArena | None = None
+        self._procs: EncodeProcessPool | None = None
+        self.chunks_in_processes = 0
         self._lock = None
         makedirs_durable(self.path, self.fsync)
         self._lock = StoreLock(self.path)
@@ -385,12 +391,6 @@ class TaskStoreWriter:
         self._dirty_dirs: set[Path] = set()  # directories whose new entries need an fsync before the record
         # Bounds raw chunk buffers waiting for compression, so append() blocks instead of growing memory.
         self._encode_slots = threading.Semaphore(2 * n_threads + 2)
-        # Encode processes and their shared memory: started by share_memory(), i.e. only when the rows come
-        # from memory other processes can map.
-        self._regions = SharedRegions()
-        self._arena: SharedArena | None = None
-        self._procs: EncodeProcessPool | None = None
-        self.chunks_in_processes = 0
         self._pending_io: list[Future] = []
         self._streams = {name: _Stream(self.layouts[name], self) for name in TOKEN_ARRAYS}
         for name, st in self._streams.items():
@@ -824,6 +824,11 @@ class TaskStoreWriter:
         st = self._streams["hidden_states"]
         return {"compressed": st.chunks_compressed, "stored_raw": st.chunks_raw,
                 "compressed_in_processes": self.chunks_in_processes}
+
+    @property
+    def encode_processes(self) -> int:
+        """Encode processes started by share_memory() (0: every chunk is compressed on this process's threads)."""
+        return self._procs.n if self._procs is not None else 0
 
     @property
     def num_committed(self) -> int:
