@@ -59,8 +59,6 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--no-fsync", action="store_true", help="store.fsync=false for the eagle-batch phase")
     p.add_argument("--codec", default="", choices=["", "blosc-zstd", "zstd", "none"],
                    help="store.codec for the eagle-batch phase (default: the config's)")
-    p.add_argument("--encode-processes", type=int, default=None,
-                   help="store.encode_processes for the eagle-batch phase (0: compress on threads only)")
     p.add_argument("--no-adaptive", action="store_true",
                    help="store.adaptive=false: compress every chunk even when that makes the engine wait")
     p.add_argument("--work-dir", default="", help="models, store and stock files go here (default: a temp folder)")
@@ -94,8 +92,6 @@ def _cfg(args, path: Path, layer_ids: list[int], run_dir: str):
             f"store.adaptive={'false' if args.no_adaptive else 'true'}"]
     if args.codec:
         over.append(f"store.codec={args.codec}")
-    if args.encode_processes is not None:
-        over.append(f"store.encode_processes={args.encode_processes}")
     return make_config(path, layer_ids, args.tp, args.dtype, args.prompt_len + 16, args.backend, run_dir, over)
 
 
@@ -149,9 +145,6 @@ def _phase_eagle(args, cfg, samples, warm, work: Path) -> dict:
         spec = StoreSpec(layer_ids=backend.layer_ids, hidden_size=backend.hidden_size, model_name=Path(cfg.model.path).name)
         writer = TaskStoreWriter.open(store, spec, cfg.store)
         try:
-            region = backend.shared_region() if hasattr(backend, "shared_region") else None
-            if region is not None:  # start the encode processes outside the clock, as the engine is
-                writer.share_memory(*region)
             t0 = time.perf_counter()
             stats = run_capture(cfg, samples, writer, backend=backend)  # returns after the final commit
             dt = time.perf_counter() - t0
@@ -164,7 +157,6 @@ def _phase_eagle(args, cfg, samples, warm, work: Path) -> dict:
                raw_bytes=stats.tokens * len(backend.layer_ids) * backend.hidden_size * 2,
                codec=str(cfg.store.codec), fsync=bool(cfg.store.fsync), adaptive=bool(cfg.store.adaptive), chunks=chunk_stats,
                chunk_tokens=writer.layouts["hidden_states"].chunk_tokens, encode_threads=writer.encode_threads,
-               encode_processes=writer.encode_processes,
                io_threads=writer.io_threads, writer_busy_s=round(stats.writer_busy_s, 3),
                backpressure_s=round(stats.backpressure_s, 3),
                store_stall_s={k: round(v, 3) for k, v in writer.stall_s.items()})
@@ -257,7 +249,6 @@ def _run_phase(args, name: str, path: Path, work: Path, mp: str) -> dict:
     cmd += ["--model", str(path)] if args.model else ["--build", args.build]
     cmd += ["--enforce-eager"] * args.enforce_eager + ["--no-fsync"] * args.no_fsync + ["--no-adaptive"] * args.no_adaptive + ["--keep"] * args.keep
     cmd += ["--codec", args.codec] * bool(args.codec)
-    cmd += ["--encode-processes", str(args.encode_processes)] * (args.encode_processes is not None)
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join([str(Path(__file__).resolve().parents[2]), env.get("PYTHONPATH", "")])
     t0 = time.perf_counter()

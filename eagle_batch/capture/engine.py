@@ -165,10 +165,6 @@ class NativeBackend(VllmBackend):
         finally:
             self._proxy.target = None
 
-    def shared_region(self) -> tuple | None:
-        """The shared ring the states arrive in (None with the engine in this process)."""
-        return self._shm.region() if self._shm is not None else None
-
     def close(self) -> None:
         super().close()
         if self._shm is not None:
@@ -252,9 +248,6 @@ def run_capture(cfg: RunConfig, samples: Sequence[Any], writer, should_stop: Opt
     if own:
         backend = make_backend(cfg)
     stats.backend = backend.name
-    region = getattr(backend, "shared_region", lambda: None)()
-    if region is not None and hasattr(writer, "share_memory"):
-        writer.share_memory(*region)  # the store's encode processes read the ring in place
     wt = WriterThread(writer, len(backend.layer_ids), backend.hidden_size, cfg.extract.check_finite,
                       max_pending_bytes=max_pending_bytes)
     try:

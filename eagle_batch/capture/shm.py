@@ -116,11 +116,6 @@ class ShmReceiver:
     def spec(self) -> dict:
         return {"path": self.path, "size": self.size, "socket": self.sock_path}
 
-    def region(self) -> tuple[str, np.ndarray, int]:
-        """(file, the ring's bytes as mapped here, their offset in the file): for `TaskStoreWriter.share_memory`,
-        whose encode processes then read the states where the GPU copied them."""
-        return self.path, self._data, HEADER
-
     def _run(self) -> None:
         try:
             while not self._closed:

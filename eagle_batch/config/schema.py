@@ -96,10 +96,6 @@ class StoreConfig:
     # "memcpyed" frame every blosc reader decodes) instead of making the engine wait. Compression then
     # uses the CPU the node has spare; false compresses every chunk whatever it costs in throughput.
     adaptive: bool = True
-    # hidden_states chunks in shared memory (the capture's ring when the vLLM worker is another process; the
-    # writer's own buffers then too) are compressed by this many processes, each with its own interpreter
-    # (see store/encode_procs.py for why): -1 = as many as encode threads, 0 = threads only.
-    encode_processes: int = -1
 
 
 @dataclass

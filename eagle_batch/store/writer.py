@@ -43,12 +43,10 @@ import crc32c
 import numpy as np
 
 from .crc import crc32c_combine
-from .encode_procs import EncodeProcessError, EncodeProcessPool
 from .encoder import ChunkEncoder
 from .format import (BF16, COMPLETE_NAME, FORMAT_NAME, FORMAT_VERSION, PARTIAL_SUFFIX, PROGRESS_NAME,
                      TOKEN_ARRAYS, ArrayLayout, Codec, EMPTY, ShardError, decode_index, encode_index,
                      fsync_dir, make_decoder, makedirs_durable, write_atomic, write_json_atomic)
-from .shared import SharedArena, SharedRegions
 from .spec import StoreCorruptError, StoreError, StoreLock, StoreMismatchError, StoreSpec
 from .trace import StoreTrace
 
@@ -232,21 +230,7 @@ class _Stream:
             return self.free.pop()  # atomic; IO threads take buffers too (raw chunks of lent rows)
         except IndexError:
             pass
-        shape = (self.layout.chunk_tokens, *self.layout.row_shape)
-        if self.w._arena is not None and self.layout.name == "hidden_states":  # readable by encode processes
-            return self.w._arena.new(self.layout.chunk_tokens * self.layout.row_nbytes).view(
-                self.layout.np_dtype).reshape(shape)
-        return np.empty(shape, self.layout.np_dtype)
-
-    def shared_out_buf(self) -> np.ndarray:
-        """An output buffer in the writer's arena (encode processes write into it)."""
-        while True:
-            try:
-                out = self.out_free.pop()
-            except IndexError:
-                return self.w._arena.new(self._out_nbytes)
-            if self.w._regions.locate(out) is not None:
-                return out  # else one allocated before the arena existed: dropped
+        return np.empty((self.layout.chunk_tokens, *self.layout.row_shape), self.layout.np_dtype)
 
     def encode(self, chunk: np.ndarray) -> bytes:
         return self.encoder.encode(chunk, None)
@@ -348,12 +332,6 @@ class TaskStoreWriter:
         self.trace = StoreTrace.from_env()
         self._closed = False
         self._broken: BaseException | None = None
-        # Encode processes and their shared memory: started by share_memory(), i.e. only when the rows come
-        # from memory other processes can map.
-        self._regions = SharedRegions()
-        self._arena: SharedArena | None = None
-        self._procs: EncodeProcessPool | None = None
-        self.chunks_in_processes = 0
         self._lock = None
         makedirs_durable(self.path, self.fsync)
         self._lock = StoreLock(self.path)
@@ -664,63 +642,11 @@ class TaskStoreWriter:
             self._encode_slots.acquire()
             self.stall_s["encode"] += time.perf_counter() - t0
         st.chunks_compressed += 1
-        if self._procs is not None and st.layout.name == "hidden_states":
-            src = self._regions.locate(chunk)
-            if src is not None:
-                return self._submit_to_process(st, chunk, src, loan)
         if loan is not None:
             loan.hold()
         fut = self._encode_pool.submit(st.encode_job, chunk, loan)
         fut.add_done_callback(lambda _f: self._encode_slots.release())
         return fut
-
-    def _submit_to_process(self, st: _Stream, chunk: np.ndarray, src: tuple[str, int], loan: _Loan | None) -> Future:
-        """Like `encode_job` on a thread, in an encode process: the Future gives the same 4-tuple, its bytes a
-        view of an arena buffer."""
-        out = st.shared_out_buf()
-        if loan is not None:
-            loan.hold()
-        t0 = self.trace.stamp()
-
-        def finish(*result):  # on the pool's collector thread: (size, crc, data_crc), or (exception,)
-            try:
-                if len(result) == 1:
-                    st.out_free.append(out)
-                    return None
-                size, crc, data_crc = result
-                self.trace.event("encode", t0, array=st.layout.name, nbytes=chunk.nbytes, encoded=size)
-                return memoryview(out)[:size], crc, data_crc, out
-            finally:
-                if loan is None:
-                    st.free.append(chunk)
-                else:
-                    loan.drop()
-                self._encode_slots.release()
-
-        self.chunks_in_processes += 1
-        try:
-            return self._procs.submit(src, chunk.nbytes, self._regions.locate(out), out.nbytes, finish)
-        except EncodeProcessError as e:  # no later commit may claim this stream's rows
-            self._broken = e
-            raise
-
-    def share_memory(self, path: str | os.PathLike, array: np.ndarray, file_offset: int = 0) -> bool:
-        """Declare that `array` maps the file `path` from byte `file_offset` on (the capture's shared ring).
-
-        From then on, hidden_states chunks lent from inside it, and the writer's own chunk buffers, are
-        compressed by `store.encode_processes` processes that map the same memory; the first call starts
-        them. Returns False (nothing changes) with encode_processes=0 or where memfd is missing."""
-        n = int(getattr(self.cfg, "encode_processes", -1))
-        n = self.encode_threads if n < 0 else n
-        if n == 0 or not SharedArena.supported():
-            return False
-        self._check_open()
-        self._regions.add(str(path), np.asarray(array), file_offset)
-        if self._procs is None:
-            lay = self.layouts["hidden_states"]
-            self._arena = SharedArena(self._regions)
-            self._procs = EncodeProcessPool(n, lay.codec, lay.np_dtype.itemsize)
-        return True
 
     def _io_backlog(self) -> int:
         """Shard writes submitted and not finished yet."""
@@ -822,13 +748,7 @@ class TaskStoreWriter:
     def chunk_stats(self) -> dict[str, int]:
         """hidden_states inner chunks compressed vs kept raw by `store.adaptive` since open()."""
         st = self._streams["hidden_states"]
-        return {"compressed": st.chunks_compressed, "stored_raw": st.chunks_raw,
-                "compressed_in_processes": self.chunks_in_processes}
-
-    @property
-    def encode_processes(self) -> int:
-        """Encode processes started by share_memory() (0: every chunk is compressed on this process's threads)."""
-        return self._procs.n if self._procs is not None else 0
+        return {"compressed": st.chunks_compressed, "stored_raw": st.chunks_raw}
 
     @property
     def num_committed(self) -> int:
@@ -991,11 +911,7 @@ class TaskStoreWriter:
                 fut.cancel()
             self._encode_pool.shutdown(wait=True, cancel_futures=True)
             for pool in self._io_pools.values():
-                pool.shutdown(wait=True, cancel_futures=True)  # before the processes: IO jobs wait for their chunks
-            if self._procs is not None:
-                self._procs.close()
-            if self._arena is not None:
-                self._arena.close()
+                pool.shutdown(wait=True, cancel_futures=True)
         finally:
             self.trace.dump()
             if self._lock is not None:

@@ -4,7 +4,7 @@
 # been unpacked, i.e. /root/site/.complete exists. Usage: bash scripts/gpu/h200.sh STAGE OUTDIR
 #   validate-tp1 | validate-tp2 | validate-dsv3-tp1 | validate-dsv3-tp2 | bench-capture |
 #   bench-capture-nofsync | bench-capture-nofsync-noadaptive | bench-capture-shm | bench-capture-like-stock |
-#   bench-capture-durable | bench-capture-threads | bench-capture-inprocess | bench-capture-trace | bench-capture-diagnose | bench-loader
+#   bench-capture-durable | bench-capture-inprocess | bench-capture-trace | bench-capture-diagnose | bench-loader
 set -uo pipefail
 stage=${1:?stage}
 out=${2:?output folder}
@@ -51,11 +51,6 @@ case "$stage" in
                    # right after bench-capture-like-stock on the same machine, whose plain phase it is read against
                    python3 -m eagle_batch.bench.capture --build llama-1b --num-prompts 2048 --prompt-len 512 \
                    --work-dir $work/cap --engine-process background --phases eagle-batch --timeout 240 --json ;;
-  bench-capture-threads) # the like-stock eagle-batch phase with compression on threads only (store.encode_processes=0);
-                   # run right after bench-capture-like-stock on the same machine, side by side with its phases
-                   python3 -m eagle_batch.bench.capture --build llama-1b --num-prompts 2048 --prompt-len 512 \
-                   --work-dir $work/cap --no-fsync --engine-process background --phases eagle-batch \
-                   --encode-processes 0 --timeout 240 --json ;;
   bench-capture-inprocess) # the like-stock eagle-batch phase with the engine in this process (TP=1's default); run
                    # right after bench-capture-like-stock on the same machine, whose plain phase it is read against
                    python3 -m eagle_batch.bench.capture --build llama-1b --num-prompts 2048 --prompt-len 512 \
