@@ -107,12 +107,24 @@ class VllmBackend:
         kw = self.engine_kwargs()
         kw.update(extra)
         if self.cfg.model.tensor_parallel_size == 1:
-            # In-process engine: the worker (and our connector) share this process, so captured states
-            # reach the writer without any copy or IPC. setdefault: a user's explicit choice wins.
-            os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+            # setdefault: a user's explicit choice (or the native backend's, made before) wins.
+            os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "1" if self._engine_in_background() else "0")
         log.info("starting vLLM %s (%s backend): %s", compat.vllm_version(), self.name,
                  {k: v for k, v in kw.items() if k not in ("speculative_config", "kv_transfer_config")})
         self.llm = LLM(**kw)
+
+    def _engine_in_background(self) -> bool:
+        """extract.engine_process for TP=1 (see ExtractConfig): True = vLLM's engine-core process."""
+        mode = str(getattr(self.cfg.extract, "engine_process", "auto"))
+        if mode not in ("auto", "in-process", "background"):
+            raise CaptureError(f"extract.engine_process={mode!r}: choose auto, in-process or background")
+        if mode != "auto":
+            return mode == "background"
+        if self.name != "native":
+            return False
+        import torch
+
+        return torch.cuda.is_available()
 
     def close(self) -> None:
         llm, self.llm = self.llm, None
@@ -138,7 +150,7 @@ class NativeBackend(VllmBackend):
         self._shm = None
         extra: dict[str, Any] = {"eb_sink": self._key}
         if self.cfg.model.tensor_parallel_size == 1:
-            os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+            os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "1" if self._engine_in_background() else "0")
         if self.cfg.model.tensor_parallel_size > 1 or compat.multiprocessing_enabled():
             # The worker (TP rank 0) will be another process: it sends states through shared memory.
             from .shm import ShmReceiver

@@ -217,7 +217,7 @@ class ShmProducer(Sink):
         err = torch.cuda.cudart().cudaHostRegister(ptr, self.size, 0)
         if int(err) != 0:
             raise RuntimeError(f"cudaHostRegister of the {self.size >> 20} MiB shared ring failed ({err}); "
-                               "lower EAGLE_BATCH_SHM_BYTES or use TP=1 (in-process transport)")
+                               "lower EAGLE_BATCH_SHM_BYTES, or with TP=1 set extract.engine_process=in-process")
         self._registered = True
 
     def alloc_host(self, shape, dtype: torch.dtype, pin: bool) -> tuple[torch.Tensor, tuple[int, int]]:

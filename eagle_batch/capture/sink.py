@@ -1,10 +1,10 @@
 """Where the worker-side connector hands finished requests: a `Sink` found by key.
 
-The connector runs inside the vLLM worker. When that worker lives in our own process (TP=1 with
-VLLM_ENABLE_V1_MULTIPROCESSING=0, the default for `run_capture`), it looks the sink up in this
+The connector runs inside the vLLM worker. When that worker lives in our own process (TP=1 with the
+engine in-process: `extract.engine_process`, the default on CPU), it looks the sink up in this
 process-global registry by the key it got in `kv_connector_extra_config["eb_sink"]` and hands each
-request's states over without any copy or serialization. When the worker is another process (TP>1),
-the key is not registered there and the connector uses the shared-memory transport
+request's states over without any copy or serialization. When the worker is another process (TP>1, or
+TP=1 with vLLM's background engine process, the default on CUDA), the key is not registered there and the connector uses the shared-memory transport
 (`eagle_batch.capture.shm`), whose receiving end in our process feeds the same kind of Sink.
 """
 

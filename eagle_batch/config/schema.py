@@ -67,6 +67,13 @@ class ExtractConfig:
     gpu_memory_utilization: float = 0.85
     enforce_eager: bool = False
     enable_chunked_prefill: bool = True
+    # TP=1 only (TP>1 always runs vLLM's workers in their own processes): where the engine runs.
+    # background = vLLM's engine-core process, states reach the store through the shared ring; in-process =
+    # this process, no IPC but the engine shares one interpreter lock with the store's threads. auto:
+    # background for the native backend on CUDA (faster in every side-by-side H200 run, docs/benchmarks.md),
+    # in-process otherwise (CPU; hooks, whose states would travel through vLLM's RPC). An explicit
+    # VLLM_ENABLE_V1_MULTIPROCESSING in the environment wins.
+    engine_process: str = "auto"
     # Samples handed to the engine per generate() call; a commit follows each batch.
     batch_samples: int = 512
     # Minimum seconds between commits (a commit is also forced on checkpoint / exit).
