@@ -8,8 +8,8 @@
         w.finalize()
 
 Commit protocol (one writer per store, enforced by a flock):
-1. append() cuts rows into inner chunks; full chunks are compressed (and checksummed) on a thread pool
-   and full shards written by IO threads (`<shard>.<uuid>.partial`, fsync, rename, fsync dir), so the
+1. append() cuts rows into inner chunks; full hidden_states chunks are compressed (and checksummed) on a
+   thread pool, token-id and mask chunks (~1 KiB) by their shard's IO job, and full shards written by IO threads (`<shard>.<uuid>.partial`, fsync, rename, fsync dir), so the
    producer only waits when it runs more than a few shards ahead of the disk. Rows are copied into a
    chunk buffer only where a chunk spans two samples: with `on_release` (the capture path) a chunk that
    lies inside one sample is compressed straight from the caller's memory, which is handed back once
@@ -210,9 +210,10 @@ class _Stream:
         self.chunks_raw = 0
         self.shard = 0  # index of the shard being filled
         self.fill = 0  # rows in that shard
-        # Its full inner chunks: being encoded (Future of `encode_job`'s result), kept raw, or restored from disk
-        # (bytes; the first `restored` entries, whose rows' crc32c is `restored_crc`).
-        self.chunks: list[Future | bytes | _RawChunk] = []
+        # Its full inner chunks: being encoded (Future of `encode_job`'s result), kept raw, rows to be encoded by
+        # the shard's IO job (ndarray: token ids and masks), or restored from disk (bytes; the first `restored`
+        # entries, whose rows' crc32c is `restored_crc`).
+        self.chunks: list[Future | bytes | _RawChunk | np.ndarray] = []
         self.restored = 0
         self.restored_crc = 0
         # Chunk buffers are recycled: fresh multi-MB allocations page-fault on every first touch, which
@@ -623,8 +624,13 @@ class TaskStoreWriter:
 
     # ----- background work -----
 
-    def _submit_encode(self, st: _Stream, chunk: np.ndarray, loan: _Loan | None) -> Future | _RawChunk:
+    def _submit_encode(self, st: _Stream, chunk: np.ndarray, loan: _Loan | None) -> Future | _RawChunk | np.ndarray:
         """`loan`: `chunk` is the caller's memory (else one of the stream's buffers, recycled after use)."""
+        if st.layout.name != "hidden_states":
+            # Token ids and masks: ~1 KiB chunks, kept as they are and encoded by their shard's IO job. A job
+            # each on the compression pool cost more interpreter time (submit, wake-up, future, callback)
+            # than the encoding itself, and 2/3 of all jobs were these.
+            return chunk
         # Raw only pays while the disk keeps up: once shard writes queue up (the disk is the bottleneck, as
         # with fsync on a ~1 GB/s disk: 62% raw chunks, ratio 1.13 on an H200 run) a raw chunk adds bytes to
         # the slowest stage, so the producer waits for a compression slot instead, which costs no time it
@@ -683,6 +689,8 @@ class TaskStoreWriter:
         for i, c in enumerate(chunks):
             if isinstance(c, Future):
                 data, crc, data_crc, _ = c.result()
+            elif isinstance(c, np.ndarray):  # a small array's chunk, encoded here
+                data, crc, data_crc = self._streams[lay.name].encode(c), crc32c.crc32c(c), None
             elif isinstance(c, _RawChunk):  # header + raw rows: the frame's crc from the rows' crc
                 data, crc = c.parts(), c.crc()
                 data_crc = crc32c_combine(crc32c.crc32c(c.header), crc, chunk_nbytes)
@@ -701,7 +709,8 @@ class TaskStoreWriter:
         self.trace.event("shard", t0, array=lay.name, shard=k, ready=ready, full=recycle_to is not None,
                          nbytes=info.get("nbytes"))
         if recycle_to is not None:  # a full shard: its raw chunk and encoded chunk buffers are free again
-            recycle_to.free.extend(c.buf for c in chunks if isinstance(c, _RawChunk))
+            recycle_to.free.extend(c.buf if isinstance(c, _RawChunk) else c for c in chunks
+                                   if isinstance(c, (_RawChunk, np.ndarray)))
             recycle_to.out_free.extend(out for c in chunks if isinstance(c, Future)
                                        and (out := c.result()[3]) is not None)
         return lay.name, info
