@@ -30,6 +30,10 @@ class CapturedRequest:
     ready: Optional[Callable[[], None]] = None  # blocks until `states` is valid (CUDA event sync)
     finite: Any = None              # optional: bool, or bool tensor [1] computed on the device (valid after ready())
     release: Optional[Callable[[], None]] = None  # called once `states` is no longer needed (shared ring)
+    # Optional: `states`' bf16 bits as a numpy uint16 array over the same memory (the shared-ring receiver
+    # has it for free). The writer thread appends it instead of `states`: every torch call drops and retakes
+    # the GIL, which a busy capture process's many threads make wait ~1 ms (docs/benchmarks.md, session 5).
+    bits: Optional[np.ndarray] = None
 
 
 class Sink:

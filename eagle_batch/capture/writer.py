@@ -224,10 +224,12 @@ class WriterThread(Sink):
         f = item.finite
         scan = self.check_finite and (f is None or not (f if isinstance(f, bool) else bool(f.reshape(-1)[0])))
         check_captured(item.sample_id, ids, item.token_ids, states, self.num_layers, self.hidden_size, scan)
-        if states.dtype != torch.bfloat16:
-            states = states.to(torch.bfloat16)
-        self.writer.append(item.sample_id, ids, np.asarray(sample.loss_mask), states, on_release=done)
+        if item.bits is not None and states.dtype == torch.bfloat16:
+            hs = item.bits  # the same bytes, no torch call on this thread (see CapturedRequest.bits)
+        else:
+            hs = states if states.dtype == torch.bfloat16 else states.to(torch.bfloat16)
+        self.writer.append(item.sample_id, ids, np.asarray(sample.loss_mask), hs, on_release=done)
         self.stats.samples += 1
         self.stats.tokens += int(len(ids))
-        self.stats.bytes_raw += int(states.numel() * 2)
+        self.stats.bytes_raw += int(hs.nbytes)
         self.stats.write_s += time.perf_counter() - t0

@@ -33,6 +33,9 @@ class FakeWriter:
         import threading
 
         try:
+            if isinstance(hidden_states, np.ndarray):  # bf16 bits, as the real writer also takes them
+                assert hidden_states.dtype == np.uint16
+                hidden_states = torch.from_numpy(hidden_states).view(torch.bfloat16)
             assert isinstance(hidden_states, torch.Tensor) and hidden_states.dtype == torch.bfloat16
             assert sample_id not in self.pending and sample_id not in self.committed, sample_id
             self.append_threads.add(threading.current_thread().name)

@@ -73,6 +73,63 @@ def test_receiver_reports_missing_records():
         rx.close()
 
 
+def _produce_bf16(spec, n, L, H):
+    prod = ShmProducer(spec)
+    for i in range(n):
+        T = 3 + 5 * i
+        rows = (torch.arange(T * L * H, dtype=torch.float32).view(T, L, H) * 0.37 - i).to(torch.bfloat16)
+        host, where = prod.alloc_host(rows.shape, rows.dtype, pin=False)
+        host.copy_(rows)
+        prod.put(CapturedRequest(f"s{i}", f"r{i}", np.arange(T), host, None, torch.tensor([True])), where)
+    prod.close()
+
+
+def test_bf16_records_carry_their_bits_and_the_store_gets_them_exactly(tmp_path, samples_factory):
+    """bf16 states (the GPU case) arrive with `bits`, a numpy view of the same ring bytes, which the writer
+    thread appends without torch calls; the store must hold exactly the producer's rows."""
+    from eagle_batch.config import StoreConfig
+    from eagle_batch.store import StoreSpec, TaskStoreWriter, hidden_states_to_uint16, open_dataset
+
+    L, H, n = 2, 16, 9
+    w = TaskStoreWriter.open(tmp_path / "s.zarr", StoreSpec(layer_ids=[1, 2], hidden_size=H, model_name="t"),
+                             StoreConfig(chunk_tokens=8, shard_tokens=32, fsync=False))
+    wt = WriterThread(w, L, H)
+    seen = []
+
+    class Sink:
+        def put(self, item):
+            assert item.bits is not None and item.bits.dtype == np.uint16
+            assert item.bits.ctypes.data == item.states.data_ptr() and item.bits.shape == tuple(item.states.shape)
+            seen.append(item.sample_id)
+            wt.put(item)
+
+    samples = samples_factory([3 + 5 * i for i in range(n)], prefix="s")
+    for i, s in enumerate(samples):
+        s.sample_id, s.input_ids = f"s{i}", np.arange(len(s.input_ids))
+    wt.expect(samples)
+    rx = ShmReceiver(Sink(), ring_bytes=1 << 20)
+    try:
+        p = mp.get_context("spawn").Process(target=_produce_bf16, args=(rx.spec(), n, L, H))
+        p.start()
+        rx.wait_for(n, 0, timeout_s=120)
+        p.join(30)
+        assert p.exitcode == 0
+        wt.commit(wait=True)
+        wt.close()
+        w.finalize()
+    finally:
+        rx.close()
+        w.close()
+    assert seen == [f"s{i}" for i in range(n)]
+    ds = open_dataset(tmp_path / "s.zarr")
+    for i in range(n):
+        T = 3 + 5 * i
+        exp = (torch.arange(T * L * H, dtype=torch.float32).view(T, L, H) * 0.37 - i).to(torch.bfloat16)
+        rec = ds[i]
+        assert rec["sample_id"] == f"s{i}"
+        np.testing.assert_array_equal(hidden_states_to_uint16(rec["hidden_states"]), hidden_states_to_uint16(exp))
+
+
 def test_ring_space_is_freed_only_over_the_released_prefix():
     """The store releases records in any order (compression threads finish out of order); the producer's
     free-space signal may only move past records that are all released."""
