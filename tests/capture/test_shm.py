@@ -24,6 +24,26 @@ def _produce(spec, n, L, H):
     prod.close()
 
 
+def _capture_through_ring(wt, sink, samples_factory, lengths, produce, ring_bytes, L, H):
+    """Announce samples of `lengths` to `wt`; `produce` (a spawned process) sends their states through a ring
+    of `ring_bytes` to `sink`; returns once all arrived and `wt` committed and closed."""
+    samples = samples_factory(lengths, prefix="s")
+    for i, s in enumerate(samples):
+        s.sample_id, s.input_ids = f"s{i}", np.arange(len(s.input_ids))
+    wt.expect(samples)
+    rx = ShmReceiver(sink, ring_bytes=ring_bytes)
+    try:
+        p = mp.get_context("spawn").Process(target=produce, args=(rx.spec(), len(lengths), L, H))
+        p.start()
+        rx.wait_for(len(lengths), 0, timeout_s=120)
+        p.join(30)
+        assert p.exitcode == 0
+        wt.commit(wait=True)
+        wt.close()
+    finally:
+        rx.close()
+
+
 def test_ring_wraps_and_applies_backpressure_across_processes(fake_writer_cls, samples_factory):
     """A ring smaller than the data: the producer (another process) must wait for the writer, records arrive
     in order, bytes are intact after wrap-around, and the ring is released only after the append."""
@@ -39,21 +59,8 @@ def test_ring_wraps_and_applies_backpressure_across_processes(fake_writer_cls, s
             Sink.got[item.sample_id] = item.states.clone()
             wt.put(item)
 
-    samples = [s for s in samples_factory([5 + 7 * i for i in range(n)], prefix="s")]
-    for i, s in enumerate(samples):
-        s.sample_id, s.input_ids = f"s{i}", np.arange(len(s.input_ids))
-    wt.expect(samples)
-    rx = ShmReceiver(Sink(), ring_bytes=2 * biggest)  # forces wrap-around and waiting
-    try:
-        p = mp.get_context("spawn").Process(target=_produce, args=(rx.spec(), n, L, H))
-        p.start()
-        rx.wait_for(n, 0, timeout_s=120)
-        p.join(30)
-        assert p.exitcode == 0
-        wt.commit(wait=True)
-        wt.close()
-    finally:
-        rx.close()
+    # a ring of twice the largest record forces wrap-around and waiting
+    _capture_through_ring(wt, Sink(), samples_factory, [5 + 7 * i for i in range(n)], _produce, 2 * biggest, L, H)
     assert sorted(w.committed) == sorted(f"s{i}" for i in range(n))
     for i in range(n):
         T = 5 + 7 * i
@@ -103,22 +110,10 @@ def test_bf16_records_carry_their_bits_and_the_store_gets_them_exactly(tmp_path,
             seen.append(item.sample_id)
             wt.put(item)
 
-    samples = samples_factory([3 + 5 * i for i in range(n)], prefix="s")
-    for i, s in enumerate(samples):
-        s.sample_id, s.input_ids = f"s{i}", np.arange(len(s.input_ids))
-    wt.expect(samples)
-    rx = ShmReceiver(Sink(), ring_bytes=1 << 20)
     try:
-        p = mp.get_context("spawn").Process(target=_produce_bf16, args=(rx.spec(), n, L, H))
-        p.start()
-        rx.wait_for(n, 0, timeout_s=120)
-        p.join(30)
-        assert p.exitcode == 0
-        wt.commit(wait=True)
-        wt.close()
+        _capture_through_ring(wt, Sink(), samples_factory, [3 + 5 * i for i in range(n)], _produce_bf16, 1 << 20, L, H)
         w.finalize()
     finally:
-        rx.close()
         w.close()
     assert seen == [f"s{i}" for i in range(n)]
     ds = open_dataset(tmp_path / "s.zarr")
