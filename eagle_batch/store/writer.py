@@ -11,13 +11,14 @@ Commit protocol (one writer per store, enforced by a flock):
 1. append() cuts rows into inner chunks; full hidden_states chunks are compressed (and checksummed) on a
    thread pool, token-id and mask chunks (~1 KiB) by their shard's IO job, and full shards are written by
    IO threads (`<shard>.<uuid>.partial`, fsync, rename, fsync dir), so the producer only waits when it
-   runs more than a few shards ahead of the disk. Rows are copied into a chunk buffer only where a chunk spans two samples: with `on_release` (the capture path) a chunk that
-   lies inside one sample is compressed straight from the caller's memory, which is handed back once
-   the last such chunk is encoded; the shard's raw crc32c is combined from the chunk crcs. With
-   `store.adaptive` (blosc-zstd), a chunk that finds every compression slot taken while the disk keeps
-   up (fewer than IO_QUEUE_RAW_LIMIT shard writes queued) is kept as an uncompressed blosc frame
-   (16-byte header + the rows): the producer does not wait on compression unless it waits on the disk
-   anyway, and the ratio reflects the CPU the node had spare.
+   runs more than a few shards ahead of the disk. Rows are copied into a chunk buffer only where a chunk
+   spans two samples: with `on_release` (the capture path) a chunk that lies inside one sample is
+   compressed straight from the caller's memory, which is handed back once the last such chunk is encoded;
+   the shard's raw crc32c is combined from the chunk crcs. With `store.adaptive` (blosc-zstd), a chunk
+   that finds every compression slot taken while the disk keeps up (fewer than IO_QUEUE_RAW_LIMIT shard
+   writes queued) is kept as an uncompressed blosc frame (16-byte header + the rows): the producer does
+   not wait on compression unless it waits on the disk anyway, and the ratio reflects the CPU the node had
+   spare.
 2. `commit()` also writes the partially filled tail shard of each array (its already committed prefix
    is byte-identical), waits for every write, then atomically replaces `progress.json` (the committed
    record: samples, lengths, ids, per-shard size, crc32c of the file and of the raw rows). Only then
