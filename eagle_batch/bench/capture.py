@@ -155,7 +155,8 @@ def _phase_eagle(args, cfg, samples, warm, work: Path) -> dict:
         backend.close()
     out = dict(seconds=dt, samples=stats.samples, commits=stats.commits, store_bytes=_du(store),
                raw_bytes=stats.tokens * len(backend.layer_ids) * backend.hidden_size * 2,
-               codec=str(cfg.store.codec), fsync=bool(cfg.store.fsync), adaptive=bool(cfg.store.adaptive), chunks=chunk_stats,
+               codec=str(cfg.store.codec), fsync=bool(cfg.store.fsync), adaptive=bool(cfg.store.adaptive),
+               chunks=chunk_stats,
                chunk_tokens=writer.layouts["hidden_states"].chunk_tokens, encode_threads=writer.encode_threads,
                io_threads=writer.io_threads, writer_busy_s=round(stats.writer_busy_s, 3),
                backpressure_s=round(stats.backpressure_s, 3),

@@ -106,12 +106,16 @@ class VllmBackend:
 
         kw = self.engine_kwargs()
         kw.update(extra)
-        if self.cfg.model.tensor_parallel_size == 1:
-            # setdefault: a user's explicit choice (or the native backend's, made before) wins.
-            os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "1" if self._engine_in_background() else "0")
+        self._place_engine()
         log.info("starting vLLM %s (%s backend): %s", compat.vllm_version(), self.name,
                  {k: v for k, v in kw.items() if k not in ("speculative_config", "kv_transfer_config")})
         self.llm = LLM(**kw)
+
+    def _place_engine(self) -> None:
+        """TP=1: run the engine where extract.engine_process says (vLLM reads the variable when the engine
+        starts). setdefault: a user's explicit VLLM_ENABLE_V1_MULTIPROCESSING wins."""
+        if self.cfg.model.tensor_parallel_size == 1:
+            os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "1" if self._engine_in_background() else "0")
 
     def _engine_in_background(self) -> bool:
         """extract.engine_process for TP=1 (see ExtractConfig): True = vLLM's engine-core process."""
@@ -149,8 +153,7 @@ class NativeBackend(VllmBackend):
         self._key = register(self._proxy)
         self._shm = None
         extra: dict[str, Any] = {"eb_sink": self._key}
-        if self.cfg.model.tensor_parallel_size == 1:
-            os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "1" if self._engine_in_background() else "0")
+        self._place_engine()  # before deciding on the transport, which depends on it
         if self.cfg.model.tensor_parallel_size > 1 or compat.multiprocessing_enabled():
             # The worker (TP rank 0) will be another process: it sends states through shared memory.
             from .shm import ShmReceiver

@@ -4,8 +4,9 @@ The connector runs inside the vLLM worker. When that worker lives in our own pro
 engine in-process: `extract.engine_process`, the default on CPU), it looks the sink up in this
 process-global registry by the key it got in `kv_connector_extra_config["eb_sink"]` and hands each
 request's states over without any copy or serialization. When the worker is another process (TP>1, or
-TP=1 with vLLM's background engine process, the default on CUDA), the key is not registered there and the connector uses the shared-memory transport
-(`eagle_batch.capture.shm`), whose receiving end in our process feeds the same kind of Sink.
+TP=1 with vLLM's background engine process, the default on CUDA), the key is not registered there and
+the connector uses the shared-memory transport (`eagle_batch.capture.shm`), whose receiving end in our
+process feeds the same kind of Sink.
 """
 
 from __future__ import annotations

@@ -64,22 +64,22 @@ case "$stage" in
                    python3 scripts/gpu/trace_summary.py $work/trace > "$out/trace-summary.json"
                    tar -czf "$out/trace.tgz" -C $work trace ;;
   bench-capture-diagnose) # which resource the like-stock eagle-batch phase is short of: traced runs of the same phase
-                   # with the default store, with codec none (no compression CPU) and with half the compression
-                   # threads (less contention for the GIL); one trace summary each
+                   # with the default store (after plain), with codec none (no compression CPU) and with half the
+                   # compression threads (less contention for the GIL); one trace summary each
                    rm -rf $work/trace-*
-                   EAGLE_BATCH_STORE_TRACE=$work/trace-default python3 -m eagle_batch.bench.capture --build llama-1b \
-                   --num-prompts 2048 --prompt-len 512 --work-dir $work/cap --no-fsync --engine-process background \
-                   --phases plain,eagle-batch --timeout 240 --json
-                   for f in $work/cap/phase-eagle-batch-*.json; do cp $f "$out/default-$(basename $f)"; done
-                   EAGLE_BATCH_STORE_TRACE=$work/trace-none python3 -m eagle_batch.bench.capture --build llama-1b \
-                   --num-prompts 2048 --prompt-len 512 --work-dir $work/cap --no-fsync --engine-process background \
-                   --phases eagle-batch --codec none --timeout 240 --json
-                   for f in $work/cap/phase-eagle-batch-*.json; do cp $f "$out/none-$(basename $f)"; done
-                   EAGLE_BATCH_STORE_THREADS=15 EAGLE_BATCH_STORE_TRACE=$work/trace-t15 python3 -m eagle_batch.bench.capture \
-                   --build llama-1b --num-prompts 2048 --prompt-len 512 --work-dir $work/cap --no-fsync \
-                   --engine-process background --phases eagle-batch --timeout 240 --json
-                   for f in $work/cap/phase-eagle-batch-*.json; do cp $f "$out/t15-$(basename $f)"; done
-                   for t in default none t15; do python3 scripts/gpu/trace_summary.py $work/trace-$t > "$out/trace-summary-$t.json"; done
+                   for v in default none t15; do
+                     phases=eagle-batch; extra=(); threads=()
+                     case $v in
+                       default) phases=plain,eagle-batch ;;
+                       none) extra=(--codec none) ;;
+                       t15) threads=(EAGLE_BATCH_STORE_THREADS=15) ;;
+                     esac
+                     env "${threads[@]}" EAGLE_BATCH_STORE_TRACE=$work/trace-$v python3 -m eagle_batch.bench.capture \
+                       --build llama-1b --num-prompts 2048 --prompt-len 512 --work-dir $work/cap --no-fsync \
+                       --engine-process background --phases $phases "${extra[@]}" --timeout 240 --json
+                     for f in $work/cap/phase-eagle-batch-*.json; do cp $f "$out/$v-$(basename $f)"; done
+                     python3 scripts/gpu/trace_summary.py $work/trace-$v > "$out/trace-summary-$v.json"
+                   done
                    tar -czf "$out/trace.tgz" -C $work trace-default trace-none trace-t15 ;;
   bench-loader) python3 -m eagle_batch.bench.loader --step-sim --hidden 7168 --samples 192 --workers 8 \
                    --sim-workers 8 --device cuda --dir $work/loader --json ;;

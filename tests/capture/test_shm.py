@@ -80,11 +80,16 @@ def test_receiver_reports_missing_records():
         rx.close()
 
 
+def _bf16_rows(i, L, H):
+    T = 3 + 5 * i
+    return (torch.arange(T * L * H, dtype=torch.float32).view(T, L, H) * 0.37 - i).to(torch.bfloat16)
+
+
 def _produce_bf16(spec, n, L, H):
     prod = ShmProducer(spec)
     for i in range(n):
-        T = 3 + 5 * i
-        rows = (torch.arange(T * L * H, dtype=torch.float32).view(T, L, H) * 0.37 - i).to(torch.bfloat16)
+        rows = _bf16_rows(i, L, H)
+        T = len(rows)
         host, where = prod.alloc_host(rows.shape, rows.dtype, pin=False)
         host.copy_(rows)
         prod.put(CapturedRequest(f"s{i}", f"r{i}", np.arange(T), host, None, torch.tensor([True])), where)
@@ -118,11 +123,10 @@ def test_bf16_records_carry_their_bits_and_the_store_gets_them_exactly(tmp_path,
     assert seen == [f"s{i}" for i in range(n)]
     ds = open_dataset(tmp_path / "s.zarr")
     for i in range(n):
-        T = 3 + 5 * i
-        exp = (torch.arange(T * L * H, dtype=torch.float32).view(T, L, H) * 0.37 - i).to(torch.bfloat16)
         rec = ds[i]
         assert rec["sample_id"] == f"s{i}"
-        np.testing.assert_array_equal(hidden_states_to_uint16(rec["hidden_states"]), hidden_states_to_uint16(exp))
+        np.testing.assert_array_equal(hidden_states_to_uint16(rec["hidden_states"]),
+                                      hidden_states_to_uint16(_bf16_rows(i, L, H)))
 
 
 def test_ring_space_is_freed_only_over_the_released_prefix():
