@@ -61,6 +61,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="store.codec for the eagle-batch phase (default: the config's)")
     p.add_argument("--no-adaptive", action="store_true",
                    help="store.adaptive=false: compress every chunk even when that makes the engine wait")
+    p.add_argument("--sweep", default="",
+                   help="eagle-batch phase: several timed runs on one engine, ';'-separated NAME[:KEY=VAL,...] with "
+                        "KEY in codec, threads, io_threads, adaptive, switch_ms; NAME 'drop' captures without a store "
+                        "(e.g. 'drop;default;none:codec=none;default'). The phase reports the first 'default' run.")
     p.add_argument("--work-dir", default="", help="models, store and stock files go here (default: a temp folder)")
     p.add_argument("--keep", action="store_true", help="keep the written store / files")
     p.add_argument("--timeout", type=int, default=3600, help="seconds per phase")
@@ -126,23 +130,65 @@ def _phase_plain(args, cfg, samples, warm) -> dict:
     return dict(seconds=dt)
 
 
-def _phase_eagle(args, cfg, samples, warm, work: Path) -> dict:
-    from eagle_batch.capture.engine import make_backend, run_capture
+class _Drop:
+    """A sink that only waits for each captured sample's copy and hands its memory back: the capture path's own
+    cost, without a store."""
+
+    def __init__(self):
+        self.samples = 0
+
+    def put(self, it):
+        if it.ready is not None:
+            it.ready()
+        if it.release is not None:  # a shared-ring slot: the ring only advances past released records
+            it.release()
+        self.samples += 1
+
+
+SWEEP_KEYS = ("codec", "threads", "io_threads", "adaptive", "switch_ms")
+
+
+def parse_sweep(spec: str) -> list[tuple[str, dict[str, str]]]:
+    """'drop;default;none:codec=none' -> [("drop", {}), ("default", {}), ("none", {"codec": "none"})]."""
+    out = []
+    for part in (p.strip() for p in spec.split(";")):
+        if not part:
+            continue
+        name, _, kvs = part.partition(":")
+        opts = dict(kv.split("=", 1) for kv in kvs.split(",") if kv)
+        bad = [k for k in opts if k not in SWEEP_KEYS]
+        if bad or not name:
+            raise SystemExit(f"--sweep {part!r}: unknown keys {bad} (choose from {SWEEP_KEYS})" if bad
+                             else f"--sweep {part!r}: every run needs a name")
+        out.append((name, opts))
+    return out
+
+
+def _eagle_run(cfg, samples, backend, work: Path, opts: dict[str, str], keep: bool) -> dict:
+    """One timed eagle-batch capture of `samples` into a fresh store on a started backend."""
+    import copy
+
+    from eagle_batch.capture.engine import run_capture
     from eagle_batch.store import StoreSpec, TaskStoreWriter
 
-    backend = make_backend(cfg)
+    cfg = copy.deepcopy(cfg)
+    if "codec" in opts:
+        cfg.store.codec = opts["codec"]
+    if "adaptive" in opts:
+        cfg.store.adaptive = opts["adaptive"].lower() in ("1", "true", "yes")
+    env = {"EAGLE_BATCH_STORE_THREADS": opts.get("threads"), "EAGLE_BATCH_STORE_IO_THREADS": opts.get("io_threads")}
+    saved_env = {k: os.environ.get(k) for k in env}
+    saved_switch = sys.getswitchinterval()
+    store = work / "eagle-batch-store.zarr"
+    shutil.rmtree(store, ignore_errors=True)
     try:
-        class Drop:
-            def put(self, it):
-                if it.ready is not None:
-                    it.ready()
-                if it.release is not None:  # a shared-ring slot: the ring only advances past released records
-                    it.release()
-
-        backend.run_batch(warm, Drop())
-        store = work / "eagle-batch-store.zarr"
-        shutil.rmtree(store, ignore_errors=True)
-        spec = StoreSpec(layer_ids=backend.layer_ids, hidden_size=backend.hidden_size, model_name=Path(cfg.model.path).name)
+        for k, v in env.items():
+            if v is not None:
+                os.environ[k] = v
+        if "switch_ms" in opts:
+            sys.setswitchinterval(float(opts["switch_ms"]) / 1000)
+        spec = StoreSpec(layer_ids=backend.layer_ids, hidden_size=backend.hidden_size,
+                         model_name=Path(cfg.model.path).name)
         writer = TaskStoreWriter.open(store, spec, cfg.store)
         try:
             t0 = time.perf_counter()
@@ -152,7 +198,12 @@ def _phase_eagle(args, cfg, samples, warm, work: Path) -> dict:
         finally:
             writer.close()
     finally:
-        backend.close()
+        sys.setswitchinterval(saved_switch)
+        for k, v in saved_env.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
     out = dict(seconds=dt, samples=stats.samples, commits=stats.commits, store_bytes=_du(store),
                raw_bytes=stats.tokens * len(backend.layer_ids) * backend.hidden_size * 2,
                codec=str(cfg.store.codec), fsync=bool(cfg.store.fsync), adaptive=bool(cfg.store.adaptive),
@@ -162,8 +213,36 @@ def _phase_eagle(args, cfg, samples, warm, work: Path) -> dict:
                backpressure_s=round(stats.backpressure_s, 3),
                store_stall_s={k: round(v, 3) for k, v in writer.stall_s.items()})
     out["compression_ratio"] = round(out["raw_bytes"] / max(out["store_bytes"], 1), 3)
-    if not args.keep:
+    if not keep:
         shutil.rmtree(store, ignore_errors=True)
+    return out
+
+
+def _phase_eagle(args, cfg, samples, warm, work: Path) -> dict:
+    from eagle_batch.capture.engine import make_backend
+
+    runs = parse_sweep(args.sweep) if args.sweep else [("default", {})]
+    backend = make_backend(cfg)
+    results = []
+    try:
+        backend.run_batch(warm, _Drop())
+        for name, opts in runs:
+            if name == "drop":
+                sink = _Drop()
+                t0 = time.perf_counter()
+                backend.run_batch(samples, sink)
+                r = dict(seconds=time.perf_counter() - t0, samples=sink.samples)
+            else:
+                r = _eagle_run(cfg, samples, backend, work, opts, args.keep)
+            r.update(name=name, options=opts, tok_s=len(samples) * args.prompt_len / r["seconds"])
+            print(f"  sweep {name} {opts}: {r['tok_s']:,.0f} tok/s", file=sys.stderr, flush=True)
+            results.append(r)
+    finally:
+        backend.close()
+    main = next((r for r in results if r["name"] == "default"), results[-1])
+    out = {k: v for k, v in main.items() if k not in ("name", "options", "tok_s")}
+    if len(results) > 1:
+        out["sweep"] = results
     return out
 
 
@@ -249,7 +328,7 @@ def _run_phase(args, name: str, path: Path, work: Path, mp: str) -> dict:
            ",".join(map(str, _layer_ids(args, path)))]
     cmd += ["--model", str(path)] if args.model else ["--build", args.build]
     cmd += ["--enforce-eager"] * args.enforce_eager + ["--no-fsync"] * args.no_fsync + ["--no-adaptive"] * args.no_adaptive + ["--keep"] * args.keep
-    cmd += ["--codec", args.codec] * bool(args.codec)
+    cmd += ["--codec", args.codec] * bool(args.codec) + ["--sweep", args.sweep] * bool(args.sweep)
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join([str(Path(__file__).resolve().parents[2]), env.get("PYTHONPATH", "")])
     t0 = time.perf_counter()

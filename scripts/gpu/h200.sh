@@ -4,7 +4,8 @@
 # been unpacked, i.e. /root/site/.complete exists. Usage: bash scripts/gpu/h200.sh STAGE OUTDIR
 #   validate-tp1 | validate-tp2 | validate-dsv3-tp1 | validate-dsv3-tp2 | bench-capture |
 #   bench-capture-nofsync | bench-capture-nofsync-noadaptive | bench-capture-shm | bench-capture-like-stock |
-#   bench-capture-durable | bench-capture-inprocess | bench-capture-trace | bench-capture-diagnose | bench-loader
+#   bench-capture-durable | bench-capture-inprocess | bench-capture-trace | bench-capture-diagnose |
+#   bench-capture-sweep | bench-loader
 set -uo pipefail
 stage=${1:?stage}
 out=${2:?output folder}
@@ -81,6 +82,13 @@ case "$stage" in
                      python3 scripts/gpu/trace_summary.py $work/trace-$v > "$out/trace-summary-$v.json"
                    done
                    tar -czf "$out/trace.tgz" -C $work trace-default trace-none trace-t15 ;;
+  bench-capture-sweep) # like-stock, with the eagle-batch phase as several runs on one engine (same warm engine, so
+                   # their ratios carry less noise than separate phases): the capture alone without a store (drop),
+                   # the default store twice, codec none, 12 compression threads, a 1 ms interpreter switch interval
+                   python3 -m eagle_batch.bench.capture --build llama-1b --num-prompts 2048 --prompt-len 512 \
+                     --work-dir $work/cap --no-fsync --engine-process background --phases plain,eagle-batch,stock \
+                     --sweep "drop;default;none:codec=none;t12:threads=12;sw1:switch_ms=1;default;drop" \
+                     --timeout 300 --json ;;
   bench-loader) python3 -m eagle_batch.bench.loader --step-sim --hidden 7168 --samples 192 --workers 8 \
                    --sim-workers 8 --device cuda --dir $work/loader --json ;;
   *) echo "unknown stage $stage"; exit 2 ;;
