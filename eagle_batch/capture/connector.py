@@ -13,11 +13,11 @@ prompt token):
    an `ExtractItem` (request id, sample id from `kv_transfer_params["eb_sample_id"]`, block ids,
    prompt token ids) in step k's metadata.
 2. Worker side, `wait_for_save(step k)`: vLLM calls it after the target AND the draft model ran
-   (deferred finalization), so the states of step k are in the cache. TP rank 0 gathers each item's
-   `[T, L, H]` rows from the cache: on CUDA on a side stream into pinned host memory (non-blocking, an
-   event marks completion; the default stream never waits), on CPU as a plain copy. The item goes to the
-   Sink (a queue: nothing is written on the engine thread). Other TP ranks do nothing (their states are
-   identical replicas).
+   (deferred finalization), so the states of step k are in the cache. TP rank 0 gathers the items'
+   `[T, L, H]` rows from the cache, all of the step's items in one indexing op: on CUDA on a side stream
+   into pinned host memory (non-blocking, an event marks completion; the default stream never waits),
+   on CPU as a plain copy. The items go to the Sink (a queue: nothing is written on the engine thread).
+   Other TP ranks do nothing (their states are identical replicas).
 3. Scheduler side, `request_finished`: returns True (keep the blocks) for extracted requests, so the
    cache rows cannot be overwritten before the copy is done; the worker reports them in
    `get_finished` once their copy event completed (every rank reports, so vLLM's default aggregation
@@ -189,22 +189,41 @@ class EagleBatchConnector(KVConnectorBase_V1, SupportsHMA):
     def save_kv_layer(self, layer_name, kv_layer, attn_metadata, **kwargs) -> None:
         return None  # states are read once per request in wait_for_save
 
-    def _gather(self, item: ExtractItem) -> torch.Tensor:
+    def _gather(self, items: list[ExtractItem]) -> torch.Tensor:
+        """The items' `[T, L, H]` rows back to back, `[sum T, L, H]`, with one indexing op for all of them."""
         kv = self._kv
         bs = self._block_size
+        # Cache slot of every token: block ids[pos // block size], offset pos % block size.
+        blk = np.concatenate([np.asarray(it.block_ids, dtype=np.int64)[np.arange(it.num_tokens) // bs]
+                              for it in items])
+        off = np.concatenate([np.arange(it.num_tokens, dtype=np.int64) % bs for it in items])
         if kv.is_cuda:
-            # Only the block ids cross to the device, from pinned memory: a copy from pageable memory would
+            # The indices cross to the device from pinned memory: a copy from pageable memory would
             # synchronise the side stream, which waits for this step's compute, i.e. block the engine thread.
-            blk = torch.empty(len(item.block_ids), dtype=torch.long, pin_memory=True)
-            blk.numpy()[:] = item.block_ids
-            blocks = blk.to(kv.device, non_blocking=True)
-            pos = torch.arange(item.num_tokens, dtype=torch.long, device=kv.device)
+            idx = torch.empty((2, len(blk)), dtype=torch.long, pin_memory=True)
+            idx.numpy()[0], idx.numpy()[1] = blk, off
+            idx = idx.to(kv.device, non_blocking=True)
+            b, o = idx[0], idx[1]
         else:
-            blocks = torch.tensor(item.block_ids, dtype=torch.long)
-            pos = torch.arange(item.num_tokens, dtype=torch.long)
-        b = blocks[pos // bs]
-        o = pos % bs
+            b, o = torch.from_numpy(blk), torch.from_numpy(off)
         return kv[b, :, o] if self._layout == "LBH" else kv[b, o]
+
+    def _groups(self, items: list[ExtractItem]) -> list[list[ExtractItem]]:
+        """A step's items in runs of at most the transport's record size (all of them in-process)."""
+        cap = getattr(self._sink, "max_record_bytes", None)
+        if cap is None:
+            return [items]
+        row = len(self.layer_ids) * int(self._kv.shape[-1]) * self._kv.element_size()
+        groups: list[list[ExtractItem]] = []
+        size = 0
+        for it in items:
+            n = it.num_tokens * row
+            if not groups or size + n > cap:
+                groups.append([])
+                size = 0
+            groups[-1].append(it)
+            size += n
+        return groups
 
     def wait_for_save(self):
         if not self.has_connector_metadata():
@@ -216,45 +235,51 @@ class EagleBatchConnector(KVConnectorBase_V1, SupportsHMA):
             for it in meta.items:
                 self._inflight[it.req_id] = None
             return
+        # Every request this step finished in one go: one gather, one device-to-host copy, one event and one
+        # transport record per group, not per request (each costs the engine thread launches and Python).
+        for group in self._groups(meta.items):
+            self._save_group(group)
+
+    def _save_group(self, items: list[ExtractItem]) -> None:
         kv = self._kv
         shm = hasattr(self._sink, "alloc_host")  # cross-process: copy straight into the shared ring
+        done = finite = where = None
         if kv.is_cuda:
             ready = torch.cuda.Event()
             ready.record()  # after this step's draft forward wrote the cache
             self._stream.wait_event(ready)
             with torch.cuda.stream(self._stream):
-                for it in meta.items:
-                    rows = self._gather(it)
-                    if shm:
-                        host, where = self._sink.alloc_host(rows.shape, rows.dtype, pin=True)
-                    else:
-                        host, where = torch.empty(rows.shape, dtype=rows.dtype, pin_memory=True), None
-                    host.copy_(rows, non_blocking=True)
-                    # NaN/Inf check on the device: the writer then reads one flag instead of scanning.
-                    flag = torch.empty(1, dtype=torch.bool, pin_memory=True)
-                    flag.copy_(torch.isfinite(rows).all().reshape(1), non_blocking=True)
-                    done = torch.cuda.Event()
-                    done.record(self._stream)
-                    self._inflight[it.req_id] = done
-                    self._handoff(it, host, done.synchronize, where, flag)
-        else:
-            for it in meta.items:
-                rows = self._gather(it)  # advanced indexing copies: safe after the blocks are reused
-                where = None
+                rows = self._gather(items)
                 if shm:
-                    host, where = self._sink.alloc_host(rows.shape, rows.dtype, pin=False)
-                    host.copy_(rows)
-                    rows = host
-                self._inflight[it.req_id] = None
-                self._handoff(it, rows, None, where)
-
-    def _handoff(self, it: ExtractItem, states, ready, where, finite=None) -> None:
-        item = sink_registry.CapturedRequest(it.sample_id, it.req_id, np.asarray(it.token_ids, dtype=np.int64),
-                                             states, ready, finite)
-        if where is None:
-            self._sink.put(item)
+                    host, where = self._sink.alloc_host(rows.shape, rows.dtype, pin=True)
+                else:
+                    host = torch.empty(rows.shape, dtype=rows.dtype, pin_memory=True)
+                host.copy_(rows, non_blocking=True)
+                # NaN/Inf check on the device, one flag per token: the writer reads flags instead of scanning.
+                finite = torch.empty(len(rows), dtype=torch.bool, pin_memory=True)
+                finite.copy_(torch.isfinite(rows).flatten(1).all(1), non_blocking=True)
+                done = torch.cuda.Event()
+                done.record(self._stream)
         else:
-            self._sink.put(item, where)
+            host = self._gather(items)  # advanced indexing copies: safe after the blocks are reused
+            if shm:
+                rows, (host, where) = host, self._sink.alloc_host(host.shape, host.dtype, pin=False)
+                host.copy_(rows)
+        for it in items:
+            self._inflight[it.req_id] = done
+        wait = None if done is None else done.synchronize
+        if shm:
+            self._sink.put_rows([(it.sample_id, it.req_id, it.token_ids, it.num_tokens) for it in items],
+                                host, where, wait, finite)
+            return
+        off = 0
+        for it in items:
+            n = it.num_tokens
+            self._sink.put(sink_registry.CapturedRequest(
+                it.sample_id, it.req_id, np.asarray(it.token_ids, dtype=np.int64), host[off:off + n], wait,
+                None if finite is None else finite[off:off + n],
+                block=host if host.dtype == torch.bfloat16 else None, row0=off))
+            off += n
 
     def get_finished(self, finished_req_ids: set[str]):
         self._finished.update(finished_req_ids)

@@ -8,13 +8,16 @@ single consumer (the driver's receiver thread):
 - producer (`ShmProducer`, in the worker): `alloc_host(shape, dtype)` reserves the next bytes of the
   ring and returns a tensor over them. On CUDA the whole ring is page-locked once (cudaHostRegister),
   so the connector's `copy_(non_blocking=True)` on its side stream lands directly in shared memory:
-  no staging copy, no host sync on the engine thread. `put(item)` queues the record; a sender thread
-  waits for the copy's event and sends (sample id, request id, token ids, offset, shape, dtype).
-- consumer (`ShmReceiver`, in the driver): reads records and hands the driver's sink a CapturedRequest
-  whose states are a view of the ring (no copy). The store reads them in place and releases each
-  record once it is encoded, in any order; the receiver advances the "consumed" byte count in the
-  ring's header (the producer's free-space signal; one aligned int64 written by one side only) over
-  the released prefix of records, so the producer never overwrites bytes still being read.
+  no staging copy, no host sync on the engine thread. `put_rows(...)` queues one record for the rows
+  of several requests back to back (all requests an engine step finished: one allocation, one copy,
+  one message per step, not per request); a sender thread waits for the copy's event and sends
+  (per request: sample id, request id, token ids, row count, finite flag; offset, row shape, dtype).
+- consumer (`ShmReceiver`, in the driver): reads records and hands the driver's sink one
+  CapturedRequest per request whose states are a view of the ring (no copy). The store reads them in
+  place and releases each request once it is encoded, in any order; a record is released with its
+  last request, and the receiver advances the "consumed" byte count in the ring's header (the
+  producer's free-space signal; one aligned int64 written by one side only) over the released prefix
+  of records, so the producer never overwrites bytes still being read.
 
 When the ring is full the producer waits (back-pressure on the engine): size it to absorb bursts
 (`EAGLE_BATCH_SHM_BYTES`, default min(8 GiB, half of free /dev/shm)).
@@ -77,6 +80,20 @@ def default_ring_bytes() -> int:
     return int(min(8 << 30, max(free // 2, 256 << 20)))
 
 
+class _ReleaseOnce:
+    """A request's release: counts once however often the sink calls it."""
+
+    __slots__ = ("_fn",)
+
+    def __init__(self, fn):
+        self._fn = fn
+
+    def __call__(self) -> None:
+        fn, self._fn = self._fn, None
+        if fn is not None:
+            fn()
+
+
 class ShmReceiver:
     """Driver side: owns the ring file and the socket; feeds `sink` from a thread."""
 
@@ -130,37 +147,52 @@ class ShmReceiver:
                 self._cv.notify_all()
 
     def _handle(self, rec) -> None:
-        sample_id, req_id, token_ids, start, nbytes, shape, dtype, end, finite = rec
-        raw = self._data[start:start + nbytes]
-        # Zero-copy view of the ring; released (in any order) once the store no longer reads it. Shaped by
-        # numpy: one torch call instead of two (each drops and retakes the GIL).
-        bits = None
-        if dtype == "bfloat16":
-            bits = raw.view(np.uint16).reshape(shape)
-            states = torch.from_numpy(bits).view(torch.bfloat16)
-        else:
-            states = torch.from_numpy(raw).view(_DTYPES[dtype]).view(shape)
-
-        entry = [end, False]
+        requests, start, shape, dtype, end = rec
+        itemsize = 2 if dtype in ("bfloat16", "float16") else 4
+        row_nbytes = int(np.prod(shape)) * itemsize
+        # One ring entry per record: [end, requests not yet released]; the record's bytes are free once its
+        # last request is released (in any order).
+        entry = [end, len(requests)]
         with self._release_lock:
             self._unreleased.append(entry)
 
-        def release(entry=entry):
+        def release_one(entry=entry):
             with self._release_lock:
-                entry[1] = True
-                while self._unreleased and self._unreleased[0][1]:
+                entry[1] -= 1
+                while self._unreleased and self._unreleased[0][1] <= 0:
                     self._consumed[0] = self._unreleased.popleft()[0]  # the producer may reuse these bytes
 
-        flag = None if finite is None else bool(finite)
-        try:
-            self.sink.put(CapturedRequest(sample_id, req_id, token_ids, states, None, flag, release, bits))
-        except BaseException:
-            release()  # a sink that refused the record never releases it: do not wedge the ring behind it
-            raise
-        finally:
-            with self._cv:
-                self.received += 1
-                self._cv.notify_all()
+        total = sum(r[3] for r in requests)
+        block = self._data[start:start + total * row_nbytes].view(np.uint16).reshape(total, *shape) \
+            if dtype == "bfloat16" else None
+        off, row0 = start, 0
+        for i, (sample_id, req_id, token_ids, T, finite) in enumerate(requests):
+            raw = self._data[off:off + T * row_nbytes]
+            off += T * row_nbytes
+            # Zero-copy view of the ring. Shaped by numpy: one torch call instead of two (each drops and
+            # retakes the GIL).
+            bits = None
+            if dtype == "bfloat16":
+                bits = raw.view(np.uint16).reshape(T, *shape)
+                states = torch.from_numpy(bits).view(torch.bfloat16)
+            else:
+                states = torch.from_numpy(raw).view(_DTYPES[dtype]).view(T, *shape)
+            flag = None if finite is None else bool(finite)
+            release = _ReleaseOnce(release_one)
+            try:
+                self.sink.put(CapturedRequest(sample_id, req_id, token_ids, states, None, flag, release, bits,
+                                              block, row0))
+                row0 += T
+            except BaseException:
+                # A sink that refused a request never releases it, nor sees the ones after it: do not wedge
+                # the ring behind them.
+                for _ in range(len(requests) - i):
+                    release_one()
+                raise
+            finally:
+                with self._cv:
+                    self.received += 1
+                    self._cv.notify_all()
 
     def wait_for(self, n_more: int, start: int | None = None, timeout_s: float = 600.0) -> None:
         """Block until `n_more` records arrived since `start` (a previous value of `received`)."""
@@ -220,6 +252,12 @@ class ShmProducer(Sink):
                                "lower EAGLE_BATCH_SHM_BYTES, or with TP=1 set extract.engine_process=in-process")
         self._registered = True
 
+    @property
+    def max_record_bytes(self) -> int:
+        """A step's requests go in records of at most this size (one request may be bigger): several records
+        fit the ring at once, so the producer can fill one while the store still reads another."""
+        return self.size // 4
+
     def alloc_host(self, shape, dtype: torch.dtype, pin: bool) -> tuple[torch.Tensor, tuple[int, int]]:
         if self._error is not None:
             raise RuntimeError(f"shared-memory sender failed: {self._error}")
@@ -245,8 +283,20 @@ class ShmProducer(Sink):
         view = self._data_t[pos:pos + nbytes].view(dtype).view(shape)
         return view, (pos, end)
 
+    def put_rows(self, requests: list[tuple[str, str, Any, int]], rows: torch.Tensor, where: tuple[int, int],
+                 ready=None, finite_rows=None) -> None:
+        """Queue one record: `rows` (from `alloc_host`, [sum T, ...]) holds the requests' rows back to back, in
+        the order of `requests` = [(sample_id, req_id, token_ids, T)]. `ready()` blocks until the rows (and
+        `finite_rows`, a bool tensor with one flag per row, or None) are valid."""
+        self._q.put((requests, rows, where, ready, finite_rows))
+
     def put(self, item: CapturedRequest, where: tuple[int, int] | None = None) -> None:
-        self._q.put((item, where))
+        """One request whose states came from `alloc_host`."""
+        fin = item.finite
+        if fin is not None and not isinstance(fin, bool):
+            fin = fin.reshape(-1)[:1].expand(len(item.states))
+        self.put_rows([(item.sample_id, item.req_id, item.token_ids, len(item.states))], item.states, where,
+                      item.ready, fin)
 
     def _run(self) -> None:
         try:
@@ -254,14 +304,21 @@ class ShmProducer(Sink):
                 got = self._q.get()
                 if got is None:
                     return
-                item, (pos, end) = got
-                if item.ready is not None:
-                    item.ready()
-                st = item.states
-                dtype = str(st.dtype).replace("torch.", "")
-                finite = None if item.finite is None else bool(item.finite.reshape(-1)[0])
-                _send(self._sock, (item.sample_id, item.req_id, np.asarray(item.token_ids), pos,
-                                   st.numel() * st.element_size(), tuple(st.shape), dtype, end, finite))
+                requests, rows, (pos, end), ready, finite_rows = got
+                if ready is not None:
+                    ready()
+                flags = None
+                if finite_rows is not None:
+                    flags = np.asarray(finite_rows.numpy() if isinstance(finite_rows, torch.Tensor) else finite_rows)
+                meta, off = [], 0
+                for sample_id, req_id, token_ids, T in requests:
+                    fin = None if flags is None else bool(flags[off:off + T].all())
+                    meta.append((sample_id, req_id, np.asarray(token_ids), int(T), fin))
+                    off += T
+                if off != len(rows):
+                    raise RuntimeError(f"record of {len(rows)} rows announces {off} (requests {requests[:3]}...)")
+                dtype = str(rows.dtype).replace("torch.", "")
+                _send(self._sock, (meta, pos, tuple(rows.shape[1:]), dtype, end))
         except BaseException as e:  # noqa: BLE001
             self._error = e
             log.error("shared-memory sender failed: %s", e)

@@ -29,12 +29,17 @@ class CapturedRequest:
     token_ids: np.ndarray           # the prompt ids vLLM actually processed (echo check)
     states: Any                     # torch [T, L, H] (pinned CPU on CUDA, plain CPU tensor on CPU)
     ready: Optional[Callable[[], None]] = None  # blocks until `states` is valid (CUDA event sync)
-    finite: Any = None              # optional: bool, or bool tensor [1] computed on the device (valid after ready())
+    finite: Any = None              # optional: bool, or bool tensor (one flag per row, or [1]) from the device, valid after ready()
     release: Optional[Callable[[], None]] = None  # called once `states` is no longer needed (shared ring)
     # Optional: `states`' bf16 bits as a numpy uint16 array over the same memory (the shared-ring receiver
     # has it for free). The writer thread appends it instead of `states`: every torch call drops and retakes
     # the GIL, which a busy capture process's many threads make wait ~1 ms (docs/benchmarks.md, session 5).
     bits: Optional[np.ndarray] = None
+    # Optional: the rows of the transport record (one engine step's requests, back to back) that `states` is
+    # rows [row0, row0 + T) of, as bf16 (torch) or its uint16 bits (numpy). Consecutive requests of one
+    # block go to the store as one lent block: chunks are then compressed in place across sample boundaries.
+    block: Any = None
+    row0: int = 0
 
 
 class Sink:

@@ -157,8 +157,10 @@ class WriterThread(Sink):
 
     # ----------------------------------------------------------------- writer thread
     def _run(self) -> None:
+        ahead = None  # an op taken from the queue while collecting appends, handled next
         while True:
-            op, arg, nbytes = self._q.get()
+            op, arg, nbytes = ahead if ahead is not None else self._q.get()
+            ahead = None
             if op == "stop":
                 return
             if self._error is not None:  # drop everything after a failure; release waiters
@@ -174,12 +176,24 @@ class WriterThread(Sink):
                         for smp in arg:
                             self._expected[smp.sample_id] = smp
                 elif op == "append":
-                    done = _Once(arg.release, self._release, nbytes)
-                    nbytes = 0  # now released by `done`: when the store no longer reads the states
+                    # Every append already queued goes in one pass: consecutive requests of one transport
+                    # record then reach the store as one block.
+                    items = [(arg, _Once(arg.release, self._release, nbytes))]
+                    nbytes = 0  # now released by each item's `done`: when the store no longer reads its states
+                    while ahead is None:
+                        try:
+                            nxt = self._q.get_nowait()
+                        except queue.Empty:
+                            break
+                        if nxt[0] == "append":
+                            items.append((nxt[1], _Once(nxt[1].release, self._release, nxt[2])))
+                        else:
+                            ahead = nxt
                     try:
-                        self._append(arg, done)
+                        self._append(items)
                     except BaseException:
-                        done()
+                        for _, done in items:
+                            done()
                         raise
                 elif op == "commit":
                     missing = self.missing()
@@ -207,8 +221,8 @@ class WriterThread(Sink):
                 self._pending_bytes -= nbytes
                 self._cv.notify_all()
 
-    def _append(self, item: CapturedRequest, done: Callable[[], None]) -> None:
-        t0 = time.perf_counter()
+    def _checked(self, item: CapturedRequest):
+        """(sample, bf16 states as given to the store) after the write-time checks."""
         with self._cv:
             sample = self._expected.pop(item.sample_id, None)
         if sample is None:
@@ -222,14 +236,47 @@ class WriterThread(Sink):
         ids = np.asarray(sample.input_ids)
         # A finite flag computed on the device saves a full CPU scan; if it says "bad", scan for details.
         f = item.finite
-        scan = self.check_finite and (f is None or not (f if isinstance(f, bool) else bool(f.reshape(-1)[0])))
+        scan = self.check_finite and (f is None or not (f if isinstance(f, bool) else bool(f.all())))
         check_captured(item.sample_id, ids, item.token_ids, states, self.num_layers, self.hidden_size, scan)
         if item.bits is not None and states.dtype == torch.bfloat16:
             hs = item.bits  # the same bytes, no torch call on this thread (see CapturedRequest.bits)
         else:
             hs = states if states.dtype == torch.bfloat16 else states.to(torch.bfloat16)
-        self.writer.append(item.sample_id, ids, np.asarray(sample.loss_mask), hs, on_release=done)
-        self.stats.samples += 1
-        self.stats.tokens += int(len(ids))
-        self.stats.bytes_raw += int(hs.nbytes)
+        return sample, hs
+
+    def _append(self, items: list[tuple[CapturedRequest, Callable[[], None]]]) -> None:
+        """Check every item, then hand them to the store: runs of consecutive rows of one record as one block."""
+        t0 = time.perf_counter()
+        checked, failed = [], None
+        for item, done in items:
+            try:
+                checked.append((item, done, *self._checked(item)))
+            except CaptureError as e:  # the samples before the bad one still go to the store, none after it
+                failed = e
+                break
+        i = 0
+        while i < len(checked):
+            item, _, _, hs = checked[i]
+            j, end = i + 1, item.row0 + len(hs)
+            while (item.block is not None and j < len(checked) and checked[j][0].block is item.block
+                   and checked[j][0].row0 == end):
+                end += len(checked[j][3])
+                j += 1
+            run = checked[i:j]
+            samples = [c[2] for c in run]
+            ids = [np.asarray(s.input_ids) for s in samples]
+            masks = [np.asarray(s.loss_mask) for s in samples]
+            if len(run) == 1:
+                self.writer.append(samples[0].sample_id, ids[0], masks[0], hs, on_release=run[0][1])
+            else:
+                dones = [c[1] for c in run]
+                self.writer.append_block([s.sample_id for s in samples], ids, masks, item.block[item.row0:end],
+                                         on_release=lambda dones=dones: [d() for d in dones])
+            for s, (_, _, _, h) in zip(samples, run):
+                self.stats.samples += 1
+                self.stats.tokens += int(len(s.input_ids))
+                self.stats.bytes_raw += int(h.nbytes)
+            i = j
         self.stats.write_s += time.perf_counter() - t0
+        if failed is not None:
+            raise failed

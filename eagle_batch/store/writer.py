@@ -830,42 +830,66 @@ class TaskStoreWriter:
         `on_release()` exactly once (from any thread; also when append raises) when it no longer reads
         it. The caller must not modify or reuse that memory before.
         """
+        self.append_block([sample_id], [input_ids], [loss_mask], hidden_states, on_release)
+
+    def append_block(self, sample_ids: list, input_ids: list, loss_masks: list, hidden_states: Any,
+                     on_release: Callable[[], None] | None = None) -> None:
+        """Queue consecutive samples whose hidden states lie back to back in one `[sum T, L, H]` block (as
+        the capture receives an engine step's finished requests); like `append` for each, lending the block
+        as a whole with `on_release`. Every sample is checked before any is queued: either all or none.
+
+        Chunks are compressed in place wherever they lie inside the block, also across sample boundaries:
+        only the block's first and last partial chunks are copied, where per-sample appends of varied
+        lengths copy about one chunk per sample."""
         loan = _Loan(on_release) if on_release is not None else None
         t0 = self.trace.stamp()
         try:
-            self._append(sample_id, input_ids, loss_mask, hidden_states, loan)
+            self._append_block(sample_ids, input_ids, loss_masks, hidden_states, loan)
         finally:
             if loan is not None:
                 loan.drop()
-            self.trace.event("append", t0, sample=sample_id)
+            self.trace.event("append", t0, sample=str(sample_ids[0]) if sample_ids else "",
+                             samples=len(sample_ids))
 
-    def _append(self, sample_id: str, input_ids: Any, loss_mask: Any, hidden_states: Any,
-                loan: _Loan | None) -> None:
+    def _append_block(self, sample_ids: list, input_ids: list, loss_masks: list, hidden_states: Any,
+                      loan: _Loan | None) -> None:
         self._check_open()
         if self._complete:
             raise StoreError(f"{self.path} is finalized (complete marker present); it takes no more samples.")
-        sample_id = str(sample_id)
-        if sample_id in self._id_set:
-            raise ValueError(f"sample_id {sample_id!r} is already in {self.path}; skip samples in "
-                             "writer.committed_sample_ids before running them.")
-        ids = _as_1d("input_ids", input_ids, np.dtype(np.int32))
-        mask = _as_1d("loss_mask", loss_mask, np.dtype(np.uint8))
+        if not (len(sample_ids) == len(input_ids) == len(loss_masks)) or not sample_ids:
+            raise ValueError(f"append_block: {len(sample_ids)} sample ids, {len(input_ids)} input_ids, "
+                             f"{len(loss_masks)} loss masks; give one of each per sample (at least one)")
         hs = hidden_states_to_uint16(hidden_states)
-        t = len(ids)
-        want = (t, self.spec.num_layers, self.spec.hidden_size)
-        if t == 0:
-            raise ValueError(f"sample {sample_id!r} has no tokens")
-        if len(mask) != t or hs.shape != want:
-            raise ValueError(f"sample {sample_id!r}: shapes disagree: input_ids {ids.shape}, loss_mask {mask.shape}, "
-                             f"hidden_states {hs.shape}; expected [T], [T] and {list(want)} "
-                             f"(layer_ids={self.spec.layer_ids}, hidden_size={self.spec.hidden_size}).")
-        self._streams["input_ids"].push(ids)
-        self._streams["loss_mask"].push(mask)
+        sids = [str(x) for x in sample_ids]
+        ids = [_as_1d("input_ids", x, np.dtype(np.int32)) for x in input_ids]
+        masks = [_as_1d("loss_mask", x, np.dtype(np.uint8)) for x in loss_masks]
+        row = (self.spec.num_layers, self.spec.hidden_size)
+        total = 0
+        for sid, i, m in zip(sids, ids, masks):
+            if sid in self._id_set:
+                raise ValueError(f"sample_id {sid!r} is already in {self.path}; skip samples in "
+                                 "writer.committed_sample_ids before running them.")
+            if len(sids) > 1 and sids.count(sid) > 1:
+                raise ValueError(f"sample_id {sid!r} appears more than once in one append_block call")
+            if len(i) == 0:
+                raise ValueError(f"sample {sid!r} has no tokens")
+            if len(m) != len(i):
+                raise ValueError(f"sample {sid!r}: shapes disagree: input_ids {i.shape}, loss_mask {m.shape}; "
+                                 "expected one mask entry per token.")
+            total += len(i)
+        if hs.shape != (total, *row):
+            what = f"sample {sids[0]!r}" if len(sids) == 1 else f"samples {sids[0]!r}..{sids[-1]!r}"
+            raise ValueError(f"{what}: shapes disagree: input_ids [{total}] tokens, hidden_states {hs.shape}; "
+                             f"expected {[total, *row]} (layer_ids={self.spec.layer_ids}, "
+                             f"hidden_size={self.spec.hidden_size}).")
+        self._streams["input_ids"].push(ids[0] if len(ids) == 1 else np.concatenate(ids))
+        self._streams["loss_mask"].push(masks[0] if len(masks) == 1 else np.concatenate(masks))
         self._streams["hidden_states"].push(np.ascontiguousarray(hs), loan)
-        self._sample_ids.append(sample_id)
-        self._id_set.add(sample_id)
-        self._lengths.append(t)
-        self._num_tokens += t
+        for sid, i in zip(sids, ids):
+            self._sample_ids.append(sid)
+            self._id_set.add(sid)
+            self._lengths.append(len(i))
+            self._num_tokens += len(i)
 
     def commit(self) -> None:
         """Durability barrier: on return every appended sample is on disk and in the committed record."""

@@ -83,11 +83,13 @@ case "$stage" in
                    done
                    tar -czf "$out/trace.tgz" -C $work trace-default trace-none trace-t15 ;;
   bench-capture-sweep) # like-stock, with the eagle-batch phase as several runs on one engine (same warm engine, so
-                   # their ratios carry less noise than separate phases): the capture alone without a store (drop),
-                   # the default store twice, codec none, 12 compression threads, a 1 ms interpreter switch interval
+                   # their ratios carry less noise than separate phases): by default the capture alone without a
+                   # store (drop), the default store twice, codec none, 8 compression threads, 4 IO threads.
+                   # SWEEP=... overrides the list (bench capture --sweep); session 6's first run used
+                   # "drop;default;none:codec=none;t12:threads=12;sw1:switch_ms=1;default;drop".
                    python3 -m eagle_batch.bench.capture --build llama-1b --num-prompts 2048 --prompt-len 512 \
                      --work-dir $work/cap --no-fsync --engine-process background --phases plain,eagle-batch,stock \
-                     --sweep "drop;default;none:codec=none;t12:threads=12;sw1:switch_ms=1;default;drop" \
+                     --sweep "${SWEEP:-drop;default;t8:threads=8;io4:io_threads=4;none:codec=none;default;drop}" \
                      --timeout 300 --json ;;
   bench-loader) python3 -m eagle_batch.bench.loader --step-sim --hidden 7168 --samples 192 --workers 8 \
                    --sim-workers 8 --device cuda --dir $work/loader --json ;;

@@ -24,6 +24,7 @@ class FakeWriter:
         self.pending: dict[str, dict] = {}
         self.commits = 0
         self.append_threads: set[str] = set()
+        self.blocks: list[list[str]] = []  # sample ids of each append_block call
 
     @property
     def committed_sample_ids(self):
@@ -42,6 +43,22 @@ class FakeWriter:
             self.pending[sample_id] = dict(input_ids=np.asarray(input_ids).copy(),
                                            loss_mask=np.asarray(loss_mask).copy(), hidden_states=hidden_states.clone())
         finally:  # the store's contract: lent rows come back exactly once, also on failure
+            if on_release is not None:
+                on_release()
+
+    def append_block(self, sample_ids, input_ids, loss_masks, hidden_states, on_release=None):
+        """Consecutive samples' rows back to back (the real writer's contract); recorded per sample."""
+        try:
+            if isinstance(hidden_states, np.ndarray):
+                assert hidden_states.dtype == np.uint16
+                hidden_states = torch.from_numpy(hidden_states).view(torch.bfloat16)
+            assert len(hidden_states) == sum(len(i) for i in input_ids)
+            self.blocks.append(list(sample_ids))
+            off = 0
+            for sid, ids, mask in zip(sample_ids, input_ids, loss_masks):
+                self.append(sid, ids, mask, hidden_states[off:off + len(ids)])
+                off += len(ids)
+        finally:
             if on_release is not None:
                 on_release()
 

@@ -86,19 +86,25 @@ def _bf16_rows(i, L, H):
 
 
 def _produce_bf16(spec, n, L, H):
+    """Records of 1, 2, 3, ... requests' rows back to back (one engine step's finished requests each)."""
     prod = ShmProducer(spec)
-    for i in range(n):
-        rows = _bf16_rows(i, L, H)
-        T = len(rows)
+    i = size = 0
+    while i < n:
+        size += 1
+        group = list(range(i, min(n, i + size)))
+        rows = torch.cat([_bf16_rows(j, L, H) for j in group])
         host, where = prod.alloc_host(rows.shape, rows.dtype, pin=False)
         host.copy_(rows)
-        prod.put(CapturedRequest(f"s{i}", f"r{i}", np.arange(T), host, None, torch.tensor([True])), where)
+        reqs = [(f"s{j}", f"r{j}", np.arange(len(_bf16_rows(j, L, H))), len(_bf16_rows(j, L, H))) for j in group]
+        prod.put_rows(reqs, host, where, None, torch.ones(len(rows), dtype=torch.bool))
+        i += len(group)
     prod.close()
 
 
 def test_bf16_records_carry_their_bits_and_the_store_gets_them_exactly(tmp_path, samples_factory):
     """bf16 states (the GPU case) arrive with `bits`, a numpy view of the same ring bytes, which the writer
-    thread appends without torch calls; the store must hold exactly the producer's rows."""
+    thread appends without torch calls; records carry several requests' rows back to back; the store must
+    hold exactly the producer's rows."""
     from eagle_batch.config import StoreConfig
     from eagle_batch.store import StoreSpec, TaskStoreWriter, hidden_states_to_uint16, open_dataset
 
@@ -141,7 +147,7 @@ def test_ring_space_is_freed_only_over_the_released_prefix():
     rx = ShmReceiver(Sink(), ring_bytes=1 << 20)
     try:
         for i, (start, end) in enumerate([(0, 512), (512, 1024), (1024, 2048)]):
-            rx._handle((f"s{i}", f"r{i}", np.arange(4), start, 16, (4, 2), "bfloat16", end, True))
+            rx._handle(([(f"s{i}", f"r{i}", np.arange(4), 4, True)], start, (2,), "bfloat16", end))
         consumed = lambda: int(rx._consumed[0])  # noqa: E731
         got[1].release()
         assert consumed() == 0  # record 0 is still being read
@@ -166,7 +172,70 @@ def test_a_record_the_sink_refuses_is_released():
         import pytest
 
         with pytest.raises(RuntimeError, match="no capture running"):
-            rx._handle(("s0", "r0", np.arange(4), 0, 16, (4, 2), "bfloat16", 512, True))
+            rx._handle(([("s0", "r0", np.arange(4), 4, True), ("s1", "r1", np.arange(4), 4, True)], 0, (2,),
+                        "bfloat16", 512))
         assert int(rx._consumed[0]) == 512
     finally:
         rx.close()
+
+
+def test_a_record_of_several_requests_is_freed_with_its_last_request():
+    """One record per engine step: each request is its own view of the record's rows and released on its
+    own; the record's bytes are free once all its requests are, and only after every record before it."""
+    got = []
+
+    class Sink:
+        def put(self, item):
+            got.append(item)
+
+    rx = ShmReceiver(Sink(), ring_bytes=1 << 20)
+    try:
+        L, H = 2, 4
+        rows = (np.arange(9 * L * H) % 65536).astype(np.uint16)
+        rx._data[:rows.nbytes] = rows.view(np.uint8)
+        rx._handle(([("a", "ra", np.arange(2), 2, True), ("b", "rb", np.arange(3), 3, False),
+                     ("c", "rc", np.arange(4), 4, None)], 0, (L, H), "bfloat16", 512))
+        rx._handle(([("d", "rd", np.arange(1), 1, True)], 512, (L, H), "bfloat16", 1024))
+        assert [g.sample_id for g in got] == ["a", "b", "c", "d"]
+        assert [g.finite for g in got] == [True, False, None, True]
+        np.testing.assert_array_equal(np.concatenate([g.bits for g in got[:3]]).reshape(-1), rows)
+        assert [tuple(g.states.shape) for g in got[:3]] == [(2, L, H), (3, L, H), (4, L, H)]
+        consumed = lambda: int(rx._consumed[0])  # noqa: E731
+        got[3].release()
+        got[2].release()
+        got[0].release()
+        got[0].release()  # twice: still one request
+        assert consumed() == 0  # "b" of the first record is still being read
+        got[1].release()
+        assert consumed() == 1024
+    finally:
+        rx.close()
+
+
+def test_a_non_finite_row_fails_the_capture_naming_its_sample(fake_writer_cls, samples_factory):
+    """Per-row finite flags: the request holding the bad row fails (named), not its record neighbours."""
+    import pytest
+
+    from eagle_batch.capture.writer import CaptureError
+
+    L, H = 2, 16
+    w = fake_writer_cls()
+    wt = WriterThread(w, L, H)
+    with pytest.raises(CaptureError, match=r"sample s2: hidden_states contain NaN/Inf"):
+        _capture_through_ring(wt, wt, samples_factory, [3 + 5 * i for i in range(4)], _produce_one_nan, 1 << 20,
+                              L, H)
+    assert sorted(w.committed) == []  # the commit after the failure never happened
+
+
+def _produce_one_nan(spec, n, L, H):
+    prod = ShmProducer(spec)
+    rows = torch.cat([_bf16_rows(j, L, H) for j in range(n)])
+    lengths = [len(_bf16_rows(j, L, H)) for j in range(n)]
+    bad = sum(lengths[:2]) + 1  # second row of s2
+    rows[bad, 1, 3] = float("nan")
+    finite = torch.isfinite(rows).flatten(1).all(1)
+    host, where = prod.alloc_host(rows.shape, rows.dtype, pin=False)
+    host.copy_(rows)
+    prod.put_rows([(f"s{j}", f"r{j}", np.arange(lengths[j]), lengths[j]) for j in range(n)], host, where, None,
+                  finite)
+    prod.close()

@@ -174,3 +174,46 @@ def test_auto_backend_falls_back_to_hooks_with_reason(tmp_path, monkeypatch, cap
     assert "native capture backend unavailable (RuntimeError: MLA verifiers are unsupported)" in caplog.text
     with pytest.raises(CaptureError, match="extract.backend='gpu'"):
         engine_mod.make_backend(cfg, "gpu")
+
+
+def test_writer_thread_hands_consecutive_rows_of_one_record_over_as_one_block(fake_writer_cls, samples_factory):
+    """Requests queued together that lie back to back in one transport record reach the store as one block;
+    a gap, another record or a request without a record splits the runs. Each request's memory comes back
+    exactly once."""
+    gate = threading.Event()
+
+    class GatedWriter(fake_writer_cls):
+        def append(self, *a, **k):
+            gate.wait(10)  # the first append holds the writer thread until everything else is queued
+            return super().append(*a, **k)
+
+    w = GatedWriter()
+    wt = WriterThread(w, L, H)
+    lengths = [3, 4, 5, 2, 6, 3, 4]
+    samples = samples_factory(lengths)
+    wt.expect(samples)
+    rec_a = torch.randn(3 + 4 + 5, L, H).to(torch.bfloat16)  # s0, s1, s2
+    rec_b = torch.randn(2 + 6 + 1 + 3, L, H).to(torch.bfloat16)  # s3, s4, a row of nobody, s5
+    released = []
+
+    def put(i, rec, row0):
+        n = lengths[i]
+        wt.put(CapturedRequest(samples[i].sample_id, f"r{i}", samples[i].input_ids, rec[row0:row0 + n],
+                               release=lambda i=i: released.append(i), block=rec, row0=row0))
+
+    wt.expect([type(samples[0])("warm", np.arange(2), np.ones(2, np.uint8))])
+    wt.put(CapturedRequest("warm", "rw", np.arange(2), _states(2)))  # blocks in the gated append
+    put(0, rec_a, 0), put(1, rec_a, 3), put(2, rec_a, 7)
+    put(3, rec_b, 0), put(4, rec_b, 2)
+    put(5, rec_b, 9)  # rows 8..9 belong to nobody: not contiguous with s4
+    wt.put(CapturedRequest(samples[6].sample_id, "r6", samples[6].input_ids, _states(4).to(torch.bfloat16),
+                           release=lambda: released.append(6)))
+    gate.set()
+    wt.commit(wait=True)
+    wt.close()
+    ids = [s.sample_id for s in samples]
+    assert w.blocks == [ids[0:3], ids[3:5]]
+    assert sorted(released) == list(range(7))
+    for i in range(5):
+        rec, row0 = (rec_a, [0, 3, 7][i]) if i < 3 else (rec_b, [0, 2][i - 3])
+        assert torch.equal(w.committed[ids[i]]["hidden_states"], rec[row0:row0 + lengths[i]])
