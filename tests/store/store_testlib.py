@@ -33,10 +33,10 @@ class EveryOtherSlot:
         self.calls = 0
         self.lock = threading.Lock()
 
-    def acquire(self, blocking: bool = True) -> bool:
+    def acquire(self, blocking: bool = True, timeout: float | None = None) -> bool:
         with self.lock:
             self.calls += 1
-            return blocking or (not self.busy_all and self.calls % 2 == 0)
+            return blocking or (not self.busy_all and self.calls % 2 == 0)  # a wait (with a timeout too) gets one
 
     def release(self) -> None:
         pass

@@ -95,11 +95,13 @@ def test_no_raw_chunks_while_the_disk_is_the_bottleneck(tmp_path, spec, monkeypa
 
 def test_disk_backlog_counts_only_shards_whose_chunks_are_encoded(tmp_path, spec, monkeypatch):
     """Shards waiting for compression are the compression's backlog: counting them as the disk's would turn
-    raw chunks off exactly when compression is the bottleneck. Shards stuck in the write are the disk's."""
+    raw chunks off exactly when compression is the bottleneck, and make append wait at the disk's queue.
+    Shards stuck in the write are the disk's."""
     from eagle_batch.store import writer as writer_mod
 
     cfg = StoreConfig(chunk_tokens=8, shard_tokens=32, adaptive=True, fsync=False)
-    encode_gate, disk_gate = threading.Event(), threading.Event()
+    encode_gate, disk_open = threading.Event(), threading.Event()
+    disk_open.set()
     real_job, real_write = writer_mod._Stream.encode_job, TaskStoreWriter._write_shard
 
     def slow_encode(self, chunks, loan):
@@ -108,37 +110,47 @@ def test_disk_backlog_counts_only_shards_whose_chunks_are_encoded(tmp_path, spec
 
     def slow_disk(self, lay, *a, **k):
         if lay.name == "hidden_states":  # token-id and mask shards go through
-            disk_gate.wait(30)
+            disk_open.wait(30)
         return real_write(self, lay, *a, **k)
+
+    def eventually(pred):
+        deadline = time.monotonic() + 30
+        while not pred() and time.monotonic() < deadline:
+            time.sleep(0.01)
+        return pred()
 
     monkeypatch.setattr(writer_mod._Stream, "encode_job", slow_encode)
     monkeypatch.setattr(TaskStoreWriter, "_write_shard", slow_disk)
     w = TaskStoreWriter.open(tmp_path / "s.zarr", spec, cfg)
-    try:
-        rng = np.random.default_rng(0)
-        for i in range(2):  # two full 32-token shards of hidden states
-            hs = rng.integers(0, 1 << 16, (32, len(spec.layer_ids), spec.hidden_size), dtype=np.uint16)
-            w.append(f"s{i}", np.arange(32, dtype=np.int32), np.ones(32, np.uint8), hs)
-        def backlog_reaches(n):
-            deadline = time.monotonic() + 30
-            while w._io_backlog() != n and time.monotonic() < deadline:
-                time.sleep(0.01)
-            return w._io_backlog() == n
+    rng = np.random.default_rng(0)
+    ids = [f"s{i}" for i in range(2 + TaskStoreWriter.IO_QUEUE_LIMIT + 2)]
 
-        assert len(w._pending_io) == 6  # a shard of each array per sample
-        deadline = time.monotonic() + 30
-        while sum(not f.done() for f in w._pending_io) > 2 and time.monotonic() < deadline:
-            time.sleep(0.01)  # the token-id and mask shards are written ...
-        assert sum(not f.done() for f in w._pending_io) == 2  # ... the hidden-state shards wait for compression
+    def append(sid):  # one full 32-token shard of each array
+        w.append(sid, np.arange(32, dtype=np.int32), np.ones(32, np.uint8),
+                 rng.integers(0, 1 << 16, (32, len(spec.layer_ids), spec.hidden_size), dtype=np.uint16))
+
+    try:
+        for sid in ids[:2]:
+            append(sid)
+        # the token-id and mask shards are written, the hidden-state shards wait for compression ...
+        assert eventually(lambda: sum(not f.done() for f in w._pending_io) == 2)
         time.sleep(0.05)
-        assert w._io_backlog() == 0  # which is not the disk's backlog
+        assert w._io_backlog() == 0  # ... which is not the disk's backlog
+        # More shards than the disk's queue limit while compression is stuck: append must not wait (chunks
+        # that find no compression slot are kept raw and written).
+        more = threading.Thread(target=lambda: [append(sid) for sid in ids[2:]], daemon=True)
+        more.start()
+        more.join(20)
+        assert not more.is_alive(), "append waited for shards that only wait for compression"
+        assert w.chunk_stats()["stored_raw"] > 0
+        disk_open.clear()
         encode_gate.set()
-        assert backlog_reaches(2)  # every chunk encoded, both writes held by the disk
-        disk_gate.set()
+        assert eventually(lambda: w._io_backlog() >= 2)  # every chunk encoded, the writes held by the disk
+        disk_open.set()
         w.commit()
         assert w._io_backlog() == 0
     finally:
         encode_gate.set()
-        disk_gate.set()
+        disk_open.set()
         w.close()
-    assert [s["sample_id"] for s in open_dataset(tmp_path / "s.zarr")] == ["s0", "s1"]
+    assert [s["sample_id"] for s in open_dataset(tmp_path / "s.zarr")] == ids

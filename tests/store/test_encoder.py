@@ -93,7 +93,7 @@ def _write_and_check(path, expect_direct):
         w.finalize()
         if expect_direct:
             # ~25 full shards of 4 chunks each went through a bounded set of reused buffers
-            assert 0 < len(st.out_free) <= (w.IO_QUEUE_LIMIT + 2) * 4 + 2 * w.encode_threads + 2
+            assert 0 < len(st.out_free) <= (w.IO_QUEUE_CAP + 2) * 4 + 2 * w.encode_threads + 2
     ds = open_dataset(path)
     assert len(ds) == len(samples)
     for i, (sid, hs, ids) in enumerate(samples):
