@@ -135,16 +135,21 @@ def test_bf16_records_carry_their_bits_and_the_store_gets_them_exactly(tmp_path,
                                       hidden_states_to_uint16(_bf16_rows(i, L, H)))
 
 
-def test_ring_space_is_freed_only_over_the_released_prefix():
-    """The store releases records in any order (compression threads finish out of order); the producer's
-    free-space signal may only move past records that are all released."""
+def _collecting_receiver():
+    """A receiver over a 1 MiB ring whose sink keeps every request it is handed (unreleased)."""
     got = []
 
     class Sink:
         def put(self, item):
             got.append(item)
 
-    rx = ShmReceiver(Sink(), ring_bytes=1 << 20)
+    return ShmReceiver(Sink(), ring_bytes=1 << 20), got
+
+
+def test_ring_space_is_freed_only_over_the_released_prefix():
+    """The store releases records in any order (compression threads finish out of order); the producer's
+    free-space signal may only move past records that are all released."""
+    rx, got = _collecting_receiver()
     try:
         for i, (start, end) in enumerate([(0, 512), (512, 1024), (1024, 2048)]):
             rx._handle(([(f"s{i}", f"r{i}", np.arange(4), 4, True)], start, (2,), "bfloat16", end))
@@ -182,13 +187,7 @@ def test_a_record_the_sink_refuses_is_released():
 def test_a_record_of_several_requests_is_freed_with_its_last_request():
     """One record per engine step: each request is its own view of the record's rows and released on its
     own; the record's bytes are free once all its requests are, and only after every record before it."""
-    got = []
-
-    class Sink:
-        def put(self, item):
-            got.append(item)
-
-    rx = ShmReceiver(Sink(), ring_bytes=1 << 20)
+    rx, got = _collecting_receiver()
     try:
         L, H = 2, 4
         rows = (np.arange(9 * L * H) % 65536).astype(np.uint16)
