@@ -46,6 +46,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--layer-ids", default="", help="comma list (default: the built model's, else EAGLE-3 default)")
     p.add_argument("--num-prompts", type=int, default=2048)
     p.add_argument("--prompt-len", type=int, default=512)
+    p.add_argument("--prompt-len-spread", type=float, default=0.0,
+                   help="prompt lengths drawn uniformly from prompt-len x [1 - S, 1 + S] (same for every phase; "
+                        "0: all equal, the default). Chat data has varied lengths: samples then end mid-chunk")
     p.add_argument("--tp", type=int, default=1)
     p.add_argument("--backend", default="native", choices=["native", "hooks"])
     p.add_argument("--dtype", default="bfloat16")
@@ -96,7 +99,21 @@ def _cfg(args, path: Path, layer_ids: list[int], run_dir: str):
             f"store.adaptive={'false' if args.no_adaptive else 'true'}"]
     if args.codec:
         over.append(f"store.codec={args.codec}")
-    return make_config(path, layer_ids, args.tp, args.dtype, args.prompt_len + 16, args.backend, run_dir, over)
+    return make_config(path, layer_ids, args.tp, args.dtype, max(prompt_lengths(args)) + 16, args.backend, run_dir,
+                       over)
+
+
+def prompt_lengths(args) -> list[int]:
+    """The measured prompts' lengths (seeded: the same in every phase)."""
+    import numpy as np
+
+    s = float(getattr(args, "prompt_len_spread", 0.0) or 0.0)
+    if not 0 <= s < 1:
+        raise SystemExit(f"--prompt-len-spread {s}: give a fraction in [0, 1)")
+    if s == 0:
+        return [args.prompt_len] * args.num_prompts
+    lo, hi = max(1, round(args.prompt_len * (1 - s))), round(args.prompt_len * (1 + s))
+    return [int(x) for x in np.random.default_rng(12345).integers(lo, hi + 1, size=args.num_prompts)]
 
 
 def _prompts(args, seed=1):
@@ -104,8 +121,9 @@ def _prompts(args, seed=1):
     from eagle_batch.config import model_info
 
     vocab = model_info(args.model_path).vocab_size or 32000
-    return random_prompts(args.num_prompts if seed == 1 else min(16, args.num_prompts), args.prompt_len, seed,
-                          vocab=min(vocab, 32000))
+    if seed == 1:
+        return random_prompts(args.num_prompts, prompt_lengths(args), seed, vocab=min(vocab, 32000))
+    return random_prompts(min(16, args.num_prompts), args.prompt_len, seed, vocab=min(vocab, 32000))
 
 
 def _du(path: Path) -> int:
@@ -234,7 +252,7 @@ def _phase_eagle(args, cfg, samples, warm, work: Path) -> dict:
                 r = dict(seconds=time.perf_counter() - t0, samples=sink.samples)
             else:
                 r = _eagle_run(cfg, samples, backend, work, opts, args.keep)
-            r.update(name=name, options=opts, tok_s=len(samples) * args.prompt_len / r["seconds"])
+            r.update(name=name, options=opts, tok_s=sum(len(x.input_ids) for x in samples) / r["seconds"])
             print(f"  sweep {name} {opts}: {r['tok_s']:,.0f} tok/s", file=sys.stderr, flush=True)
             results.append(r)
     finally:
@@ -308,7 +326,7 @@ def _child(args) -> int:
         r = _phase_eagle(args, cfg, samples, warm, work)
     else:
         r = _phase_stock(args, cfg, samples, warm, work)
-    tokens = len(samples) * args.prompt_len
+    tokens = sum(len(x.input_ids) for x in samples)
     r.update(phase=args.phase, tokens=tokens)
     if "seconds" in r:
         r["tok_s"] = tokens / r["seconds"]
@@ -321,7 +339,8 @@ def _run_phase(args, name: str, path: Path, work: Path, mp: str) -> dict:
     res.unlink(missing_ok=True)
     cmd = [sys.executable, "-m", "eagle_batch.bench.capture", "--phase", name, "--result", str(res),
            "--model-path", str(path), "--work-dir", str(work), "--mp", mp,
-           "--num-prompts", str(args.num_prompts), "--prompt-len", str(args.prompt_len), "--tp", str(args.tp),
+           "--num-prompts", str(args.num_prompts), "--prompt-len", str(args.prompt_len),
+           "--prompt-len-spread", str(args.prompt_len_spread), "--tp", str(args.tp),
            "--backend", args.backend, "--dtype", args.dtype, "--max-num-seqs", str(args.max_num_seqs),
            "--max-num-batched-tokens", str(args.max_num_batched_tokens),
            "--gpu-memory-utilization", str(args.gpu_memory_utilization), "--layer-ids",
@@ -386,7 +405,8 @@ def run(args: argparse.Namespace) -> int:
     tok = lambda n: results.get(n, {}).get("tok_s")  # noqa: E731
     out = dict(bench="capture", model=str(path), built=None if args.model else args.build, tp=args.tp,
                backend=args.backend, dtype=args.dtype, num_prompts=args.num_prompts, prompt_len=args.prompt_len,
-               tokens=args.num_prompts * args.prompt_len, layer_ids=_layer_ids(args, path),
+               prompt_len_spread=args.prompt_len_spread, tokens=sum(prompt_lengths(args)),
+               layer_ids=_layer_ids(args, path),
                plain_tok_s=tok("plain"), eagle_batch_tok_s=tok("eagle-batch"), stock_tok_s=tok("stock"),
                phases=results, versions=versions())
     if tok("plain") and tok("eagle-batch"):

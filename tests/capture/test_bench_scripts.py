@@ -41,16 +41,19 @@ def test_bench_capture_cpu_tiny(tmp_path):
 def test_bench_capture_background_engine_through_a_small_ring(tmp_path):
     """The engine in vLLM's background process: states cross the shared-memory ring, here far smaller than
     the run (warm-up included), so the run only finishes if every record, the warm-up's too, is released.
-    Several runs on the one engine (--sweep): without a store, then stores with different options."""
+    Several runs on the one engine (--sweep): without a store, then stores with different options; prompts
+    of varied lengths."""
     p = _run(["eagle_batch.bench.capture", "--build", "tiny-llama", "--dtype", "float32", "--num-prompts", "24",
               "--prompt-len", "96", "--max-num-seqs", "16", "--max-num-batched-tokens", "512", "--enforce-eager",
               "--engine-process", "background", "--phases", "eagle-batch", "--timeout", "400",
-              "--sweep", "drop;default;none:codec=none,threads=3,switch_ms=1",
+              "--sweep", "drop;default;none:codec=none,threads=3,switch_ms=1", "--prompt-len-spread", "0.5",
               "--work-dir", str(tmp_path / "w"), "--json"], tmp_path, timeout=600,
              EAGLE_BATCH_SHM_BYTES=str(1 << 20))  # 1 MiB; one sample's fp32 states are 288 KiB
     out = json.loads(p.stdout[p.stdout.index("{"):])
     eb = out["phases"]["eagle-batch"]
     assert eb["engine_process"] == "background" and eb["samples"] == 24 and eb["commits"] >= 1
+    # varied lengths (48..144), the same in every phase and run: every run covered all of their tokens
+    assert out["prompt_len_spread"] == 0.5 and out["tokens"] != 24 * 96 and eb["tokens"] == out["tokens"]
     assert [r["engine_process"] for r in eb["runs"]] == ["background"]
     drop, default, none = eb["sweep"]
     assert drop["name"] == "drop" and drop["samples"] == 24 and "store_bytes" not in drop
