@@ -2,9 +2,14 @@
 no fsync, store in /dev/shm, adaptive off, producer as fast as the writer takes it.
 
     PYTHONPATH=. GB=2 python scripts/store_cpu_probe.py POOL.npz none,blosc-zstd
+    PYTHONPATH=. GB=2 SPREAD=0.5 MODES=single,blocks python scripts/store_cpu_probe.py POOL.npz blosc-zstd
 
 POOL.npz: `bench store`'s SmolLM2 row pool (rows [N, 4, 7168] uint16), cut to width 2048 as in
-scripts/gpu/ingest_probe.py. Prints one JSON line per codec: GB/s, process CPU seconds per GB (user, sys).
+scripts/gpu/ingest_probe.py. Samples are 512 tokens, or with SPREAD=s drawn from 512 x [1 - s, 1 + s]. They
+arrive as the shared-memory receiver hands them over: records of 16 samples back to back; MODES picks how
+the writer thread sees them: `single` (each sample alone, as before session 6) and/or `blocks` (with their
+record, so a record's queued samples go to the store as one block). Prints one JSON line per codec and
+mode: GB/s, process CPU seconds per GB (user, sys).
 """
 import json
 import os
@@ -22,29 +27,53 @@ from eagle_batch.capture.writer import WriterThread
 from eagle_batch.config import StoreConfig
 from eagle_batch.store import StoreSpec, TaskStoreWriter
 
-T, L, H = 512, 4, 2048
+T, L, H, PER_RECORD = 512, 4, 2048, 16
+SPREAD = float(os.environ.get("SPREAD", "0"))
 pool = np.load(sys.argv[1])["rows"][:, :, :H]
 rng = np.random.default_rng(0)
-samples = [torch.from_numpy(np.ascontiguousarray(pool[rng.integers(0, len(pool), T)])).view(torch.bfloat16)
-           for _ in range(16)]
-n = int(float(os.environ.get("GB", "2")) * 1e9 / samples[0].numel() / 2)
+records = []  # (record rows as uint16 [sum T, L, H], [(row0, T)])
+for _ in range(4):
+    lens = ([T] * PER_RECORD if SPREAD == 0 else
+            [int(x) for x in rng.integers(round(T * (1 - SPREAD)), round(T * (1 + SPREAD)) + 1, PER_RECORD)])
+    rows = np.ascontiguousarray(pool[rng.integers(0, len(pool), sum(lens))])
+    records.append((rows, [(int(sum(lens[:j])), n) for j, n in enumerate(lens)]))
+per_cycle = sum(r[0].nbytes for r in records)
+cycles = max(1, round(float(os.environ.get("GB", "2")) * 1e9 / per_cycle))
 spec = StoreSpec(layer_ids=[2, 8, 13, 16], hidden_size=H, model_name="probe")
-ids = np.zeros(T, np.int64)
 ok = torch.tensor([True])
+
+
+def requests(mode):
+    """(sample id, T, CapturedRequest) in arrival order."""
+    i = 0
+    for _ in range(cycles):
+        for rows, parts in records:
+            for row0, n in parts:
+                bits = rows[row0:row0 + n]
+                states = torch.from_numpy(bits).view(torch.bfloat16)
+                yield f"s{i}", n, CapturedRequest(f"s{i}", f"r{i}", None, states, finite=ok, bits=bits,
+                                                  block=rows if mode == "blocks" else None, row0=row0)
+                i += 1
+
+
 for codec in sys.argv[2].split(","):
-    d = tempfile.mkdtemp(dir="/dev/shm")
-    w = TaskStoreWriter.open(os.path.join(d, "s.zarr"), spec, StoreConfig(fsync=False, codec=codec, adaptive=False))
-    wt = WriterThread(w, L, H)
-    wt.expect([SimpleNamespace(sample_id=f"s{i}", input_ids=ids, loss_mask=np.ones(T, np.uint8)) for i in range(n)])
-    c0, t0 = os.times(), time.perf_counter()
-    for i in range(n):
-        wt.put(CapturedRequest(f"s{i}", f"r{i}", ids, samples[i % 16], finite=ok))
-    wt.commit(wait=True)
-    dt, c1 = time.perf_counter() - t0, os.times()
-    gb = n * samples[0].numel() * 2 / 1e9
-    user, sys_s = c1.user - c0.user, c1.system - c0.system
-    print(json.dumps(dict(codec=codec, gb=round(gb, 2), gb_s=round(gb / dt, 2), cpu_s_per_gb=round((user + sys_s) / gb, 3),
-                          user_s=round(user, 2), sys_s=round(sys_s, 2))), flush=True)
-    wt.close()
-    w.close()
-    subprocess.run(["rm", "-rf", d])
+    for mode in os.environ.get("MODES", "single").split(","):
+        d = tempfile.mkdtemp(dir="/dev/shm")
+        w = TaskStoreWriter.open(os.path.join(d, "s.zarr"), spec, StoreConfig(fsync=False, codec=codec, adaptive=False))
+        wt = WriterThread(w, L, H)
+        todo = list(requests(mode))
+        wt.expect([SimpleNamespace(sample_id=sid, input_ids=np.zeros(n, np.int64), loss_mask=np.ones(n, np.uint8))
+                   for sid, n, _ in todo])
+        c0, t0 = os.times(), time.perf_counter()
+        for _, _, req in todo:
+            wt.put(req)
+        wt.commit(wait=True)
+        dt, c1 = time.perf_counter() - t0, os.times()
+        gb = cycles * per_cycle / 1e9
+        user, sys_s = c1.user - c0.user, c1.system - c0.system
+        print(json.dumps(dict(codec=codec, mode=mode, spread=SPREAD, gb=round(gb, 2), gb_s=round(gb / dt, 2),
+                              cpu_s_per_gb=round((user + sys_s) / gb, 3), user_s=round(user, 2), sys_s=round(sys_s, 2),
+                              writer_busy_s=round(wt.stats.write_s, 3))), flush=True)
+        wt.close()
+        w.close()
+        subprocess.run(["rm", "-rf", d])
