@@ -3,13 +3,15 @@ no fsync, store in /dev/shm, adaptive off, producer as fast as the writer takes 
 
     PYTHONPATH=. GB=2 python scripts/store_cpu_probe.py POOL.npz none,blosc-zstd
     PYTHONPATH=. GB=2 SPREAD=0.5 MODES=single,blocks python scripts/store_cpu_probe.py POOL.npz blosc-zstd
+    PYTHONPATH=. GB=2 ENTROPY=1,0,1,0 MODES=blocks python scripts/store_cpu_probe.py POOL.npz blosc-zstd
 
 POOL.npz: `bench store`'s SmolLM2 row pool (rows [N, 4, 7168] uint16), cut to width 2048 as in
 scripts/gpu/ingest_probe.py. Samples are 512 tokens, or with SPREAD=s drawn from 512 x [1 - s, 1 + s]. They
 arrive as the shared-memory receiver hands them over: records of 16 samples back to back; MODES picks how
 the writer thread sees them: `single` (each sample alone, as before session 6) and/or `blocks` (with their
 record, so a record's queued samples go to the store as one block). Prints one JSON line per codec and
-mode: GB/s, process CPU seconds per GB (user, sys).
+mode: GB/s, process CPU seconds per GB (user, sys). ENTROPY: store.entropy_only per run (default 1; "1,0,1,0"
+alternates eagle-batch's entropy-only frames and c-blosc's zstd, side by side).
 """
 import json
 import os
@@ -56,10 +58,12 @@ def requests(mode):
                 i += 1
 
 
-for codec in sys.argv[2].split(","):
-    for mode in os.environ.get("MODES", "single").split(","):
+runs = [(codec, mode, entropy == "1") for entropy in os.environ.get("ENTROPY", "1").split(",")
+        for codec in sys.argv[2].split(",") for mode in os.environ.get("MODES", "single").split(",")]
+for codec, mode, entropy in runs:
         d = tempfile.mkdtemp(dir="/dev/shm")
-        w = TaskStoreWriter.open(os.path.join(d, "s.zarr"), spec, StoreConfig(fsync=False, codec=codec, adaptive=False))
+        w = TaskStoreWriter.open(os.path.join(d, "s.zarr"), spec,
+                                 StoreConfig(fsync=False, codec=codec, adaptive=False, entropy_only=entropy))
         wt = WriterThread(w, L, H)
         todo = list(requests(mode))
         wt.expect([SimpleNamespace(sample_id=sid, input_ids=np.zeros(n, np.int64), loss_mask=np.ones(n, np.uint8))
@@ -71,7 +75,7 @@ for codec in sys.argv[2].split(","):
         dt, c1 = time.perf_counter() - t0, os.times()
         gb = cycles * per_cycle / 1e9
         user, sys_s = c1.user - c0.user, c1.system - c0.system
-        print(json.dumps(dict(codec=codec, mode=mode, spread=SPREAD, gb=round(gb, 2), gb_s=round(gb / dt, 2),
+        print(json.dumps(dict(codec=codec, mode=mode, entropy_only=w.encoder_info()["entropy_only"], spread=SPREAD, gb=round(gb, 2), gb_s=round(gb / dt, 2),
                               cpu_s_per_gb=round((user + sys_s) / gb, 3), user_s=round(user, 2), sys_s=round(sys_s, 2),
                               writer_busy_s=round(wt.stats.write_s, 3))), flush=True)
         wt.close()

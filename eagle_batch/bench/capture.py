@@ -66,7 +66,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="store.adaptive=false: compress every chunk even when that makes the engine wait")
     p.add_argument("--sweep", default="",
                    help="eagle-batch phase: several timed runs on one engine, ';'-separated NAME[:KEY=VAL,...] with "
-                        "KEY in codec, threads, io_threads, adaptive, switch_ms; NAME 'drop' captures without a store "
+                        "KEY in codec, threads, io_threads, adaptive, entropy, switch_ms; NAME 'drop' captures without a store "
                         "(e.g. 'drop;default;none:codec=none;default'). The phase reports the first 'default' run.")
     p.add_argument("--work-dir", default="", help="models, store and stock files go here (default: a temp folder)")
     p.add_argument("--keep", action="store_true", help="keep the written store / files")
@@ -163,7 +163,7 @@ class _Drop:
         self.samples += 1
 
 
-SWEEP_KEYS = ("codec", "threads", "io_threads", "adaptive", "switch_ms")
+SWEEP_KEYS = ("codec", "threads", "io_threads", "adaptive", "entropy", "switch_ms")
 
 
 def parse_sweep(spec: str) -> list[tuple[str, dict[str, str]]]:
@@ -194,6 +194,8 @@ def _eagle_run(cfg, samples, backend, work: Path, opts: dict[str, str], keep: bo
         cfg.store.codec = opts["codec"]
     if "adaptive" in opts:
         cfg.store.adaptive = opts["adaptive"].lower() in ("1", "true", "yes")
+    if "entropy" in opts:
+        cfg.store.entropy_only = opts["entropy"].lower() in ("1", "true", "yes")
     env = {"EAGLE_BATCH_STORE_THREADS": opts.get("threads"), "EAGLE_BATCH_STORE_IO_THREADS": opts.get("io_threads")}
     saved_env = {k: os.environ.get(k) for k in env}
     saved_switch = sys.getswitchinterval()
@@ -213,6 +215,7 @@ def _eagle_run(cfg, samples, backend, work: Path, opts: dict[str, str], keep: bo
             stats = run_capture(cfg, samples, writer, backend=backend)  # returns after the final commit
             dt = time.perf_counter() - t0
             chunk_stats = writer.chunk_stats()
+            entropy_only = writer.encoder_info()["entropy_only"]
         finally:
             writer.close()
     finally:
@@ -225,7 +228,7 @@ def _eagle_run(cfg, samples, backend, work: Path, opts: dict[str, str], keep: bo
     out = dict(seconds=dt, samples=stats.samples, commits=stats.commits, store_bytes=_du(store),
                raw_bytes=stats.tokens * len(backend.layer_ids) * backend.hidden_size * 2,
                codec=str(cfg.store.codec), fsync=bool(cfg.store.fsync), adaptive=bool(cfg.store.adaptive),
-               chunks=chunk_stats,
+               entropy_only=entropy_only, chunks=chunk_stats,
                chunk_tokens=writer.layouts["hidden_states"].chunk_tokens, encode_threads=writer.encode_threads,
                io_threads=writer.io_threads, writer_busy_s=round(stats.writer_busy_s, 3),
                backpressure_s=round(stats.backpressure_s, 3),

@@ -41,6 +41,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--threads", type=int, default=0, help="writer compression threads (0: the store's default)")
     p.add_argument("--adaptive", action="store_true",
                    help="store.adaptive=true: keep chunks raw when every compression thread is busy")
+    p.add_argument("--no-entropy-only", action="store_true",
+                   help="store.entropy_only=false: c-blosc's own zstd at --level instead of eagle-batch's frames")
     p.add_argument("--dir", default=None, help="where to write the store (default: a temp folder; removed after)")
     p.add_argument("--keep", action="store_true", help="keep the store")
     p.add_argument("--seed", type=int, default=0)
@@ -181,7 +183,8 @@ def run(args: argparse.Namespace) -> int:
     work = Path(tempfile.mkdtemp(prefix="bench-store-", dir=base))
     store = work / "task-00000.zarr"
     # Adaptive off by default: the ratio measured is the codec's, not what a busy machine left CPU for.
-    cfg = StoreConfig(codec=args.codec, level=args.level, adaptive=args.adaptive)
+    cfg = StoreConfig(codec=args.codec, level=args.level, adaptive=args.adaptive,
+                      entropy_only=not args.no_entropy_only)
     spec = StoreSpec(layer_ids=LAYER_IDS, hidden_size=WIDE, model_name="SmolLM2-135M-Instruct-x13-wide")
     # Sample i's rows: a shuffled walk through the pool (consecutive rows distinct within every chunk).
     order = np.concatenate([rng.permutation(len(pool)) for _ in range(-(-n_samples * T // len(pool)))])
@@ -203,7 +206,7 @@ def run(args: argparse.Namespace) -> int:
             a = time.perf_counter()
             w.finalize()
             append_s += time.perf_counter() - a
-            chunks, threads = w.chunk_stats(), w.encode_threads
+            chunks, threads, encoder = w.chunk_stats(), w.encode_threads, w.encoder_info()
         write_cpu_s = time.process_time() - cpu0
         write_s = append_s  # only the store's time, not building the batches
         wall_s = time.perf_counter() - t0
@@ -239,7 +242,7 @@ def run(args: argparse.Namespace) -> int:
             "raw_mb": round(raw / 1e6, 1), "stored_mb": round(stored / 1e6, 1),
             "samples": n_samples, "sample_tokens": T, "row_shape": list(pool.shape[1:]),
             "commit_every": args.commit_every, "threads": threads,
-            "adaptive": args.adaptive, "chunks": chunks,
+            "adaptive": args.adaptive, "chunks": chunks, "encoder": encoder,
             "fsync": True, "read_cache": "dropped (posix_fadvise DONTNEED) before reads",
             "states": pool_info, "machine": _machine(work),
         }

@@ -11,6 +11,12 @@ So the store calls the same C functions numcodecs ships (`blosc_compress_ctx` fr
 a reused buffer. Both are checked at construction to produce byte-identical output to numcodecs on a
 test buffer; where a symbol is missing or the output differs (another numcodecs build), the encoder
 falls back to numcodecs' own `encode` and says so in `direct`. The on-disk format does not change.
+
+With `entropy_only` (store.entropy_only, the default) a blosc-zstd chunk is instead framed by
+`BloscFrameWriter` (blosc_frame.py): the same blosc frame format, zstd asked only for what pays on bf16
+states (Huffman-coded exponent bytes), ~2.4x the speed at the same ratio. It is checked at construction to
+decode back to its input through numcodecs; where it does not, the c-blosc path above is used and
+`why_not_entropy` says why.
 """
 
 from __future__ import annotations
@@ -19,6 +25,7 @@ import ctypes
 
 import numpy as np
 
+from .blosc_frame import BloscFrameWriter
 from .format import Codec
 
 BLOSC_MAX_OVERHEAD = 16
@@ -61,13 +68,15 @@ def _test_chunk(itemsize: int) -> np.ndarray:
 class ChunkEncoder:
     """Encodes one contiguous chunk into `out` (a uint8 buffer of at least `bound(chunk.nbytes)`)."""
 
-    def __init__(self, codec: Codec, itemsize: int):
+    def __init__(self, codec: Codec, itemsize: int, entropy_only: bool = False):
         self.codec = codec
         self._numcodec = codec.numcodec()
         self._fn = None
         self._bound = None
+        self._frames: BloscFrameWriter | None = None
         self.direct = False
         self.why_not_direct = ""
+        self.why_not_entropy = "" if entropy_only and codec.name == "blosc-zstd" else "not asked for"
         if self._numcodec is None:  # codec "none": the bytes themselves, copied by numpy without the GIL
             self.direct = True
             return
@@ -86,6 +95,12 @@ class ChunkEncoder:
         except (AttributeError, OSError, ValueError, RuntimeError) as e:
             self._fn = None
             self.why_not_direct = f"{type(e).__name__}: {e}"
+        if not self.why_not_entropy:
+            try:
+                self._frames = _checked_frame_writer(codec, itemsize)
+                self.direct = True  # frames are written into the caller's buffer too
+            except (AttributeError, OSError, ValueError, RuntimeError, MemoryError) as e:
+                self.why_not_entropy = f"{type(e).__name__}: {e}"
 
     def bound(self, nbytes: int) -> int:
         """The most bytes one chunk of `nbytes` raw bytes can encode to."""
@@ -95,7 +110,13 @@ class ChunkEncoder:
             return int(self._bound(nbytes))
         return nbytes  # codec none (or zstd without the direct path, which allocates no buffers)
 
+    @property
+    def entropy_only(self) -> bool:
+        return self._frames is not None
+
     def _encode_direct(self, chunk: np.ndarray, out: np.ndarray) -> int:
+        if self._frames is not None:
+            return self._frames.encode(chunk, out)
         src, dst, n, cap = chunk.ctypes.data, out.ctypes.data, chunk.nbytes, out.nbytes
         if self.codec.name == "blosc-zstd":
             c = self.codec
@@ -110,6 +131,9 @@ class ChunkEncoder:
 
     def encode(self, chunk: np.ndarray, out: np.ndarray | None):
         """The encoded bytes: a view of `out` on the direct path (`out` None: a new bytes object)."""
+        if out is None and self._frames is not None:  # one-off chunks (a tail): the same frames, a new buffer
+            out = np.empty(self.bound(chunk.nbytes), np.uint8)
+            return bytes(out[: self._encode_direct(np.ascontiguousarray(chunk), out)])
         if out is None or not self.direct:
             return chunk.tobytes() if self._numcodec is None else bytes(self._numcodec.encode(chunk))
         if not chunk.flags.c_contiguous:
@@ -119,3 +143,17 @@ class ChunkEncoder:
             np.copyto(flat, chunk.reshape(-1).view(np.uint8))
             return memoryview(flat)
         return memoryview(out)[: self._encode_direct(chunk, out)]
+
+
+def _checked_frame_writer(codec: Codec, itemsize: int) -> BloscFrameWriter:
+    """A frame writer whose frames numcodecs' blosc decodes back to the test chunk (compressible blocks and a
+    leftover block), or an error saying why not."""
+    frames = BloscFrameWriter(codec.blocksize, itemsize, level=codec.level)
+    one = _test_chunk(itemsize)
+    blocks = 2.5 * max(codec.blocksize, one.nbytes) / one.nbytes  # two full blocks and a leftover one
+    test = np.resize(one, int(min(blocks, 64) * one.size) // itemsize * itemsize)
+    out = np.empty(test.nbytes + BLOSC_MAX_OVERHEAD, np.uint8)
+    got = bytes(out[: frames.encode(test, out)])
+    if bytes(codec.numcodec().decode(got)) != test.tobytes():
+        raise ValueError("numcodecs' blosc does not decode the frames back to their input")
+    return frames

@@ -219,7 +219,8 @@ class _Stream:
     def __init__(self, layout: ArrayLayout, writer: "TaskStoreWriter"):
         self.layout = layout
         self.w = writer
-        self.encoder = ChunkEncoder(layout.codec, layout.np_dtype.itemsize)
+        self.encoder = ChunkEncoder(layout.codec, layout.np_dtype.itemsize,
+                                    entropy_only=layout.name == "hidden_states" and writer.entropy_only)
         self.raw_header = (_blosc_raw_header(layout.codec, (layout.chunk_tokens, *layout.row_shape), layout.np_dtype)
                            if writer.adaptive else None)
         self.chunks_compressed = 0
@@ -361,6 +362,7 @@ class TaskStoreWriter:
         self.cfg = store_cfg if store_cfg is not None else StoreConfig()
         self.fsync = bool(getattr(self.cfg, "fsync", True))
         self.adaptive = bool(getattr(self.cfg, "adaptive", False))
+        self.entropy_only = bool(getattr(self.cfg, "entropy_only", StoreConfig.entropy_only))
         self.trace = StoreTrace.from_env()
         self._closed = False
         self._broken: BaseException | None = None
@@ -870,6 +872,13 @@ class TaskStoreWriter:
         if self._committed_ids is None:  # cached: callers test membership once per sample
             self._committed_ids = frozenset(self.record["sample_ids"])
         return self._committed_ids
+
+    def encoder_info(self) -> dict:
+        """How hidden_states chunks are compressed: eagle-batch's entropy-only frames, c-blosc/zstd called
+        into our buffers (`direct`), or numcodecs' own encode; and why a faster path is not in use."""
+        e = self._streams["hidden_states"].encoder
+        return {"entropy_only": e.entropy_only, "direct": e.direct,
+                "why_not_entropy_only": e.why_not_entropy or None, "why_not_direct": e.why_not_direct or None}
 
     def chunk_stats(self) -> dict[str, int]:
         """hidden_states inner chunks compressed vs kept raw by `store.adaptive` since open()."""

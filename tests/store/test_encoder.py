@@ -1,5 +1,6 @@
 """ChunkEncoder: numcodecs' C compressors called into our own buffers must give numcodecs' exact bytes, and
-the store must fall back to numcodecs where they cannot be called."""
+the store must fall back to numcodecs where they cannot be called. (The entropy-only blosc frames are
+tested in test_blosc_frame.py.)"""
 
 import numpy as np
 import pytest
@@ -66,22 +67,25 @@ def test_falls_back_to_numcodecs_when_the_symbol_is_missing(monkeypatch, tmp_pat
     got = e.encode(chunk, np.empty(e.bound(chunk.nbytes), np.uint8))
     assert isinstance(got, bytes) and got == bytes(Codec("blosc-zstd", 1).numcodec().encode(chunk))
     # the store still writes a bit-exact, verifiable store through the fallback
-    _write_and_check(tmp_path / "s.zarr", expect_direct=False)
+    _write_and_check(tmp_path / "s.zarr", expect_direct=False, entropy_only=False)
 
 
-def test_store_reuses_encoded_chunk_buffers_and_reads_back(tmp_path):
-    _write_and_check(tmp_path / "s.zarr", expect_direct=True)
+@pytest.mark.parametrize("entropy_only", [True, False])
+def test_store_reuses_encoded_chunk_buffers_and_reads_back(tmp_path, entropy_only):
+    _write_and_check(tmp_path / "s.zarr", expect_direct=True, entropy_only=entropy_only)
 
 
-def _write_and_check(path, expect_direct):
+def _write_and_check(path, expect_direct, entropy_only):
     L, H = 2, 64
     spec = StoreSpec(layer_ids=[1, 2], hidden_size=H, model_name="t")
-    cfg = StoreConfig(chunk_tokens=16, shard_tokens=64, fsync=False, adaptive=False)
+    cfg = StoreConfig(chunk_tokens=16, shard_tokens=64, fsync=False, adaptive=False, entropy_only=entropy_only)
     rng = np.random.default_rng(4)
     samples = []
     with TaskStoreWriter.open(path, spec, cfg) as w:
         st = w._streams["hidden_states"]
         assert st.encoder.direct is expect_direct
+        assert st.encoder.entropy_only is entropy_only, st.encoder.why_not_entropy
+        assert w.encoder_info()["entropy_only"] is entropy_only
         for i in range(40):
             t = int(rng.integers(1, 90))
             hs = _bf16_like(rng, (t, L, H))
