@@ -111,6 +111,11 @@ class ChunkEncoder:
         return nbytes  # codec none (or zstd without the direct path, which allocates no buffers)
 
     @property
+    def identity(self) -> bool:
+        """Encoded bytes are the raw bytes (codec none)."""
+        return self._numcodec is None
+
+    @property
     def entropy_only(self) -> bool:
         return self._frames is not None
 

@@ -75,10 +75,16 @@ def test_store_reuses_encoded_chunk_buffers_and_reads_back(tmp_path, entropy_onl
     _write_and_check(tmp_path / "s.zarr", expect_direct=True, entropy_only=entropy_only)
 
 
-def _write_and_check(path, expect_direct, entropy_only):
+def test_uncompressed_store_checksums_verify(tmp_path):
+    # codec none takes one crc32c pass per chunk for both the rows and the encoded bytes
+    _write_and_check(tmp_path / "s.zarr", expect_direct=True, entropy_only=False, codec="none")
+
+
+def _write_and_check(path, expect_direct, entropy_only, codec="blosc-zstd"):
     L, H = 2, 64
     spec = StoreSpec(layer_ids=[1, 2], hidden_size=H, model_name="t")
-    cfg = StoreConfig(chunk_tokens=16, shard_tokens=64, fsync=False, adaptive=False, entropy_only=entropy_only)
+    cfg = StoreConfig(chunk_tokens=16, shard_tokens=64, fsync=False, adaptive=False, entropy_only=entropy_only,
+                      codec=codec)
     rng = np.random.default_rng(4)
     samples = []
     with TaskStoreWriter.open(path, spec, cfg) as w:
