@@ -151,12 +151,10 @@ class ChunkEncoder:
 
 
 def _checked_frame_writer(codec: Codec, itemsize: int) -> BloscFrameWriter:
-    """A frame writer whose frames numcodecs' blosc decodes back to the test chunk (compressible blocks and a
-    leftover block), or an error saying why not."""
-    frames = BloscFrameWriter(codec.blocksize, itemsize, level=codec.level)
-    one = _test_chunk(itemsize)
-    blocks = 2.5 * max(codec.blocksize, one.nbytes) / one.nbytes  # two full blocks and a leftover one
-    test = np.resize(one, int(min(blocks, 64) * one.size) // itemsize * itemsize)
+    """A frame writer (one block per chunk) whose frames numcodecs' blosc decodes back to the test chunk, or
+    an error saying why not."""
+    frames = BloscFrameWriter(None, itemsize, level=codec.level)
+    test = _test_chunk(itemsize)
     out = np.empty(test.nbytes + BLOSC_MAX_OVERHEAD, np.uint8)
     got = bytes(out[: frames.encode(test, out)])
     if bytes(codec.numcodec().decode(got)) != test.tobytes():
