@@ -86,12 +86,10 @@ class _Context:
                 self.cctx = None
                 raise ValueError(f"zstd rejected parameter {key}={value}")
         self.shuffled = np.empty(0, np.uint8)
-        self.wide = np.empty(0, np.uint16)
 
     def reserve(self, nbytes: int) -> None:
         if self.shuffled.nbytes < nbytes:
             self.shuffled = np.empty(nbytes, np.uint8)
-            self.wide = np.empty(nbytes // 2 + 1, np.uint16)
 
     def __del__(self) -> None:
         if getattr(self, "cctx", None):
@@ -198,24 +196,22 @@ class BloscFrameWriter:
         out = ctx.shuffled[:n]
         k = n // bs
         if k:
-            self._shuffle_rows(src[:k * bs].reshape(k, bs), out[:k * bs].reshape(k, bs), ctx)
+            self._shuffle_rows(src[:k * bs].reshape(k, bs), out[:k * bs].reshape(k, bs))
         if n > k * bs:
-            self._shuffle_rows(src[k * bs:].reshape(1, -1), out[k * bs:].reshape(1, -1), ctx)
+            self._shuffle_rows(src[k * bs:].reshape(1, -1), out[k * bs:].reshape(1, -1))
         return out
 
-    def _shuffle_rows(self, rows: np.ndarray, out: np.ndarray, ctx: _Context) -> None:
+    def _shuffle_rows(self, rows: np.ndarray, out: np.ndarray) -> None:
         """Shuffle each row (a block) of `rows` into the same row of `out`."""
         t, size = self.typesize, rows.shape[1]
         m = size // t
         if t == 1:
             np.copyto(out, rows)
             return
-        if t == 2:  # two numpy casts and a shift run at memory speed; a strided copy is ~5x slower
+        if t == 2:  # a cast and a shift run at memory speed; a strided byte copy is ~3x slower
             words = rows[:, :2 * m].view("<u2")
             np.copyto(out[:, :m], words, casting="unsafe")  # low bytes
-            wide = ctx.wide[:words.size].reshape(words.shape)
-            np.right_shift(words, 8, out=wide)
-            np.copyto(out[:, m:2 * m], wide, casting="unsafe")  # high bytes
+            np.right_shift(words, 8, out=out[:, m:2 * m], casting="unsafe")  # high bytes
         else:
             np.copyto(out[:, :m * t].reshape(-1, t, m), rows[:, :m * t].reshape(-1, m, t).transpose(0, 2, 1))
         if size > m * t:
