@@ -158,3 +158,27 @@ def test_store_of_entropy_only_frames_reads_back_through_zarr(tmp_path):
     flat = np.asarray(zarr.open_array(tmp_path / "s.zarr" / "hidden_states", mode="r")[:])
     assert np.array_equal(flat.view(np.uint16), np.concatenate(samples))  # plain zarr, no eagle-batch reader
     assert verify(tmp_path / "s.zarr", True) == []
+
+
+def test_resume_may_switch_encoders_within_one_store(tmp_path):
+    # store.entropy_only is not part of the format: a task resumed under the other setting appends to the same
+    # store, and every shard, old and new, reads back bit-exactly and verifies.
+    spec = StoreSpec(layer_ids=[1, 2], hidden_size=256, model_name="t")
+    rng = np.random.default_rng(7)
+    samples = [_bf16_like(rng, (int(t), 2, 256)) for t in rng.integers(20, 200, 10)]
+    path = tmp_path / "s.zarr"
+    for part, entropy in ((samples[:5], True), (samples[5:], False)):
+        cfg = StoreConfig(chunk_tokens=32, shard_tokens=128, fsync=False, adaptive=False, entropy_only=entropy)
+        with TaskStoreWriter.open(path, spec, cfg) as w:
+            assert w.encoder_info()["entropy_only"] is entropy
+            start = w.num_committed
+            for i, hs in enumerate(part, start):
+                w.append(f"s{i}", np.arange(len(hs)), np.ones(len(hs), np.uint8), hs)
+            w.commit()
+            if not entropy:
+                w.finalize()
+    ds = open_dataset(path)
+    assert [ds.get_arrays(i)["sample_id"] for i in range(len(ds))] == [f"s{i}" for i in range(10)]
+    for i, hs in enumerate(samples):
+        assert np.array_equal(ds.get_arrays(i)["hidden_states"], hs)
+    assert verify(path, True) == []
