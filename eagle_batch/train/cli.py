@@ -99,7 +99,7 @@ class TrainTask(submitit.helpers.Checkpointable):
         return submitit.helpers.DelayedSubmission(TrainTask(self.cfg, self.aggregate))
 
     def __call__(self) -> dict:
-        from .trainer import train
+        from .trainer import shutdown_distributed, train
 
         try:
             submitit.helpers.TorchDistributedEnvironment().export(set_cuda_visible_devices=False)
@@ -120,7 +120,10 @@ class TrainTask(submitit.helpers.Checkpointable):
             from .trainer import init_distributed
             init_distributed()
             dist.barrier()  # the other ranks wait for rank 0's aggregate
-        result = train(self.cfg, should_stop=lambda: stop["flag"])
+        try:
+            result = train(self.cfg, should_stop=lambda: stop["flag"])
+        finally:
+            shutdown_distributed()
         if result["status"] == "stopped":
             signal.signal(signal.SIGUSR2, original)
             if callable(original):
@@ -131,8 +134,11 @@ class TrainTask(submitit.helpers.Checkpointable):
 def _spawn_rank(rank: int, world: int, cfg: Any, port: int) -> None:
     os.environ.update(RANK=str(rank), WORLD_SIZE=str(world), LOCAL_RANK=str(rank),
                       MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-    from .trainer import train
-    train(cfg)
+    from .trainer import shutdown_distributed, train
+    try:
+        train(cfg)
+    finally:
+        shutdown_distributed()
 
 
 def run_local(cfg: Any, nproc: int = 1) -> dict:
