@@ -132,6 +132,9 @@ class TrainTask(submitit.helpers.Checkpointable):
 
 
 def _spawn_rank(rank: int, world: int, cfg: Any, port: int) -> None:
+    import faulthandler
+
+    faulthandler.enable()  # a C++ abort in a rank (gloo, OpenMP) then prints each Python thread's stack
     os.environ.update(RANK=str(rank), WORLD_SIZE=str(world), LOCAL_RANK=str(rank),
                       MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     from .trainer import shutdown_distributed, train
