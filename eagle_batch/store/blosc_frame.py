@@ -6,8 +6,8 @@ hidden states have almost none: after the byte shuffle the mantissa half of a bl
 exponent half has ~3.2 bits of order-0 entropy. Nearly all of blosc-zstd-1's 1.41x comes from
 Huffman-coding those exponent bytes (zstd's literal compression), not from matches. Asking zstd for its
 `fast` strategy with a 1 KiB hash table, a large acceleration (few match probes) and literal compression
-kept on gives the same ratio (1.416 vs 1.415 on real SmolLM2 states) at 3-5x the speed (CI VM, one
-thread: 2.5 GB/s vs 0.45-0.75 GB/s). c-blosc cannot pass those parameters, so this module builds the
+kept on gives the same ratio (1.416 vs 1.415-1.423 on real SmolLM2 states) at 2.3x the speed (CI VM,
+one thread, cold 3.5 MiB chunks: 2.1 vs 0.9 GB/s; docs/benchmarks.md, session 7). c-blosc cannot pass those parameters, so this module builds the
 frame around zstd's output: the bytes on disk are a standard blosc frame (same header, block starts and
 per-block streams as c-blosc 1.x writes with splitting off), and every blosc decoder, zarr's included,
 reads them. Only the compressed bytes inside differ from what c-blosc at `clevel` would produce. The
@@ -50,7 +50,7 @@ _LEVEL, _WINDOW_LOG, _HASH_LOG, _MIN_MATCH, _TARGET_LENGTH, _STRATEGY, _LITERALS
 ENTROPY_PARAMS = {_STRATEGY: 1, _WINDOW_LOG: 17, _HASH_LOG: 10, _MIN_MATCH: 7, _TARGET_LENGTH: 64, _LITERALS: 1}
 
 
-def _is_error(code: int) -> bool:
+def zstd_is_error(code: int) -> bool:
     return code > (1 << 64) - 120  # ZSTD_isError: the top ~120 size_t values are error codes
 
 
@@ -81,7 +81,7 @@ class _Context:
         if not self.cctx:
             raise MemoryError("ZSTD_createCCtx failed")
         for key, value in params.items():
-            if _is_error(zstd.set(self.cctx, key, value)):
+            if zstd_is_error(zstd.set(self.cctx, key, value)):
                 zstd.free(self.cctx)
                 self.cctx = None
                 raise ValueError(f"zstd rejected parameter {key}={value}")
@@ -173,7 +173,7 @@ class BloscFrameWriter:
             bstarts[b] = pos
             room = min(size - 1, end - pos - 4)  # a stream as long as its block means "stored"
             got = zstd.compress2(ctx.cctx, dst + pos + 4, room, shuffled.ctypes.data, size) if room > 0 else None
-            if got is None or _is_error(got):  # zstd could not make it smaller (dstSize_tooSmall): store it
+            if got is None or zstd_is_error(got):  # zstd could not make it smaller (dstSize_tooSmall): store it
                 if pos + 4 + size > end:
                     return self._memcpyed(src, memcpyed_header, out)
                 out[pos + 4:pos + 4 + size] = shuffled

@@ -25,7 +25,7 @@ import ctypes
 
 import numpy as np
 
-from .blosc_frame import BloscFrameWriter
+from .blosc_frame import BloscFrameWriter, zstd_is_error
 from .format import Codec
 
 BLOSC_MAX_OVERHEAD = 16
@@ -51,10 +51,6 @@ def _zstd_fns():
     bound.argtypes = [ctypes.c_size_t]
     bound.restype = ctypes.c_size_t
     return fn, bound
-
-
-def _zstd_is_error(code: int) -> bool:
-    return code > (1 << 64) - 120  # ZSTD_isError: the top ~120 size_t values are error codes
 
 
 def _test_chunk(itemsize: int) -> np.ndarray:
@@ -130,7 +126,7 @@ class ChunkEncoder:
                 raise RuntimeError(f"blosc compression failed ({got})")
             return got
         got = self._fn(dst, cap, src, n, self.codec.level)
-        if _zstd_is_error(got):
+        if zstd_is_error(got):
             raise RuntimeError(f"zstd compression failed (code {got})")
         return got
 
