@@ -131,12 +131,12 @@ class TrainTask(submitit.helpers.Checkpointable):
         return result
 
 
-def _spawn_rank(rank: int, world: int, cfg: Any, port: int) -> None:
+def _spawn_rank(rank: int, world: int, cfg: Any, rendezvous: str) -> None:
     import faulthandler
 
     faulthandler.enable()  # a C++ abort in a rank (gloo, OpenMP) then prints each Python thread's stack
     os.environ.update(RANK=str(rank), WORLD_SIZE=str(world), LOCAL_RANK=str(rank),
-                      MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+                      EAGLE_BATCH_DIST_INIT=f"file://{rendezvous}")
     from .trainer import shutdown_distributed, train
     try:
         train(cfg)
@@ -149,14 +149,19 @@ def run_local(cfg: Any, nproc: int = 1) -> dict:
 
     if nproc <= 1:
         return train(cfg)
-    import socket
+    import shutil
+    import tempfile
 
     import torch.multiprocessing as mp
 
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    mp.spawn(_spawn_rank, args=(nproc, cfg, port), nprocs=nproc, join=True)
+    # The ranks meet through a file, not a TCP port: a port picked free here and bound later by rank 0 can
+    # be taken in between by any other process on the machine (Slurm jobs, vLLM engines in the same test
+    # run), and a rank that reaches a stranger's listener fails in native code.
+    folder = tempfile.mkdtemp(prefix="eagle-batch-rendezvous-")
+    try:
+        mp.spawn(_spawn_rank, args=(nproc, cfg, os.path.join(folder, "store")), nprocs=nproc, join=True)
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
     p = output_dir(cfg) / "result.json"
     return json.loads(p.read_text()) if p.is_file() else {"status": "unknown", "out_dir": str(output_dir(cfg))}
 

@@ -54,7 +54,9 @@ def init_distributed() -> tuple[int, int, torch.device]:
     else:
         device = torch.device("cpu")
     if world > 1 and not torch.distributed.is_initialized():
+        # EAGLE_BATCH_DIST_INIT (file://...): the rendezvous of run_local's ranks; else env:// (torchrun, Slurm).
         torch.distributed.init_process_group("nccl" if device.type == "cuda" else "gloo",
+                                             init_method=os.environ.get("EAGLE_BATCH_DIST_INIT") or None,
                                              rank=rank, world_size=world)
     return rank, world, device
 
