@@ -91,8 +91,8 @@ class StoreConfig:
     codec: str = "blosc-zstd"
     level: int = 1
     # blosc-zstd hidden states only: eagle-batch frames the chunks itself and asks zstd only for entropy
-    # coding (fast strategy, tiny hash table, Huffman-coded literals), which is where bf16 states' gain
-    # is: the same ratio as level 1 at ~2.4x the speed, ordinary blosc frames on disk (store/blosc_frame.py).
+    # coding (fast strategy, small hash table, Huffman-coded literals), which is where bf16 states' gain
+    # is: level 1's ratio or better at ~2.3x the speed, ordinary blosc frames on disk (store/blosc_frame.py).
     # `level` then has no effect; false compresses with c-blosc at `level`.
     entropy_only: bool = True
     # Blosc block size in bytes; 1 MiB keeps exponent and mantissa bytes apart after byte shuffle.

@@ -5,8 +5,8 @@ level, and at every positive level zstd spends most of its time searching for re
 hidden states have almost none: after the byte shuffle the mantissa half of a block is noise and the
 exponent half has ~3.2 bits of order-0 entropy. Nearly all of blosc-zstd-1's 1.41x comes from
 Huffman-coding those exponent bytes (zstd's literal compression), not from matches. Asking zstd for its
-`fast` strategy with a 1 KiB hash table, a large acceleration (few match probes) and literal compression
-kept on gives the same ratio (1.416 vs 1.415-1.423 on real SmolLM2 states) at 2.3x the speed (CI VM,
+`fast` strategy with a small hash table, a large acceleration (few match probes) and literal compression
+kept on gives the same ratio (1.414 vs 1.413 on real SmolLM2 states without repeats) at 2.3x the speed (CI VM,
 one thread, cold 3.5 MiB chunks: 2.1 vs 0.9 GB/s; docs/benchmarks.md, session 7). c-blosc cannot pass those parameters, so this module builds the
 frame around zstd's output: the bytes on disk are a standard blosc frame (same header, block starts and
 per-block streams as c-blosc 1.x writes with splitting off), and every blosc decoder, zarr's included,
@@ -44,10 +44,14 @@ OVERHEAD = 16  # c-blosc's BLOSC_MAX_OVERHEAD: the most a frame exceeds its chun
 # parameter 5, stable in value since zstd 1.4.5); 1 = ZSTD_ps_enable.
 _LEVEL, _WINDOW_LOG, _HASH_LOG, _MIN_MATCH, _TARGET_LENGTH, _STRATEGY, _LITERALS = 100, 101, 102, 105, 106, 107, 1002
 # Measured on real SmolLM2 bf16 states, the exponent-byte stream (CI VM, one thread): level 1 0.53 GB/s;
-# fast + hashLog 10 + minMatch 7 1.1 GB/s; + targetLength 64 (acceleration: the match search skips ahead)
-# 1.5 GB/s; all ratio 2.42. With targetLength > 0 zstd turns literal compression off by default (the
-# ratio fell to 1.25), hence the explicit enable.
-ENTROPY_PARAMS = {_STRATEGY: 1, _WINDOW_LOG: 17, _HASH_LOG: 10, _MIN_MATCH: 7, _TARGET_LENGTH: 64, _LITERALS: 1}
+# fast + small hash table + minMatch 7 1.1 GB/s; + targetLength 64 (acceleration: the match search skips
+# ahead) 1.5 GB/s; all ratio 2.42. With targetLength > 0 zstd turns literal compression off by default (the
+# ratio fell to 1.25), hence the explicit enable. Matches are rare but real: chat samples that share a
+# prefix (template, system prompt) have identical states there, and several short samples share a chunk.
+# A 4 MiB window (a whole chunk; zstd shrinks it to the input) with an 8k-entry hash table (32 KiB, in L1)
+# finds them: the demo's chat states 1.609x (c-blosc zstd-1 1.504x; a 128 KiB window and 1k entries
+# 1.410x) at 2% less speed on states without repeats (2.12 vs 2.17 GB/s, both 1.414x).
+ENTROPY_PARAMS = {_STRATEGY: 1, _WINDOW_LOG: 22, _HASH_LOG: 13, _MIN_MATCH: 7, _TARGET_LENGTH: 64, _LITERALS: 1}
 
 
 def zstd_is_error(code: int) -> bool:
