@@ -118,7 +118,6 @@ class BloscFrameWriter:
 
         self.typesize = typesize
         self.blocksize = blocksize
-        self.level = level
         self.params = {_LEVEL: level, **(ENTROPY_PARAMS if params is None else params)}
         self._zstd = _Zstd(blosc.__file__)
         self._local = threading.local()
@@ -138,13 +137,11 @@ class BloscFrameWriter:
         info = self._headers.get(nbytes)
         if info is not None:
             return info
-        zeros = np.zeros(nbytes, np.uint8)
         blocksize = nbytes if self.blocksize is None else self.blocksize
-        ref = _blosc_encode(zeros, self.typesize, blocksize)
-        raw = _blosc_encode(zeros, self.typesize, blocksize, clevel=0)
+        raw_header = memcpyed_header(nbytes, self.typesize, blocksize)
+        ref = _blosc_encode(np.zeros(nbytes, np.uint8), self.typesize, blocksize)
         version, versionlz, flags, typesize, n, blocksize, _ = HEADER.unpack_from(ref)
-        if len(raw) != nbytes + OVERHEAD or raw[OVERHEAD:] != zeros.tobytes() or typesize != self.typesize \
-                or n != nbytes:
+        if raw_header is None or typesize != self.typesize or n != nbytes:
             raise ValueError(f"c-blosc's memcpyed frame for {nbytes} bytes is not header + bytes")
         if flags & FLAG_MEMCPYED:  # c-blosc does not compress chunks this small (< 128 bytes): neither do we
             prefix = None
@@ -153,7 +150,7 @@ class BloscFrameWriter:
                              f"(flags {flags:#x})")
         else:
             prefix = bytes([version, versionlz, (flags | FLAG_DONT_SPLIT) & ~FLAG_MEMCPYED, typesize])
-        info = (prefix, raw[:OVERHEAD], blocksize)
+        info = (prefix, raw_header, blocksize)
         with self._lock:
             self._headers[nbytes] = info
         return info
@@ -226,6 +223,19 @@ class BloscFrameWriter:
         out[:OVERHEAD] = np.frombuffer(header, np.uint8)
         out[OVERHEAD:OVERHEAD + src.nbytes] = src
         return OVERHEAD + src.nbytes
+
+
+def memcpyed_header(nbytes: int, typesize: int, blocksize: int) -> bytes | None:
+    """The 16-byte header c-blosc gives an uncompressed (clevel 0, memcpyed) frame of `nbytes`, or None if
+    its frame is not that header + the raw bytes.
+
+    It depends only on the size, typesize and flags, so `header + raw bytes` is exactly what c-blosc would
+    write for any content: every blosc decoder, zarr's included, reads it."""
+    zeros = np.zeros(nbytes, np.uint8)
+    frame = _blosc_encode(zeros, typesize, blocksize, clevel=0)
+    if len(frame) != nbytes + OVERHEAD or frame[OVERHEAD:] != zeros.tobytes():
+        return None
+    return frame[:OVERHEAD]
 
 
 def _blosc_encode(raw_u8: np.ndarray, typesize: int, blocksize: int, clevel: int = 1) -> bytes:

@@ -44,6 +44,7 @@ from typing import Any, Callable
 import crc32c
 import numpy as np
 
+from .blosc_frame import memcpyed_header
 from .crc import crc32c_combine
 from .encoder import ChunkEncoder
 from .format import (BF16, COMPLETE_NAME, FORMAT_NAME, FORMAT_VERSION, PARTIAL_SUFFIX, PROGRESS_NAME,
@@ -198,19 +199,11 @@ class _Encoded:
 
 
 def _blosc_raw_header(codec: Codec, chunk_shape: tuple, dtype: np.dtype) -> bytes | None:
-    """The 16-byte header blosc gives an uncompressed (clevel 0, memcpyed) frame of one full chunk.
-
-    It depends only on the chunk's byte size, typesize and flags, so `header + raw bytes` is exactly what
-    blosc would write for any content: every blosc decoder, zarr's included, reads it."""
+    """The header of a memcpyed blosc frame of one full chunk (None: not blosc, or not that frame layout, so
+    always compress)."""
     if codec.name != "blosc-zstd":
         return None
-    from numcodecs import Blosc
-
-    zeros = np.zeros(chunk_shape, dtype)
-    frame = bytes(Blosc(cname="zstd", clevel=0, shuffle=Blosc.SHUFFLE, blocksize=codec.blocksize).encode(zeros))
-    if len(frame) != zeros.nbytes + 16 or frame[16:] != zeros.tobytes():
-        return None  # not the frame layout this relies on: always compress
-    return frame[:16]
+    return memcpyed_header(int(np.prod(chunk_shape)) * dtype.itemsize, dtype.itemsize, codec.blocksize)
 
 
 class _Stream:
