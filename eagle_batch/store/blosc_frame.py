@@ -6,8 +6,8 @@ hidden states have almost none: after the byte shuffle the mantissa half of a bl
 exponent half has ~3.2 bits of order-0 entropy. Nearly all of blosc-zstd-1's 1.41x comes from
 Huffman-coding those exponent bytes (zstd's literal compression), not from matches. Asking zstd for its
 `fast` strategy with a small hash table, a large acceleration (few match probes) and literal compression
-kept on gives the same ratio (1.414 vs 1.413 on real SmolLM2 states without repeats) at 2.3x the speed (CI VM,
-one thread, cold 3.5 MiB chunks: 2.1 vs 0.9 GB/s; docs/benchmarks.md, session 7). c-blosc cannot pass those parameters, so this module builds the
+kept on gives the same ratio (1.414 vs 1.413 on real SmolLM2 states without repeats) at ~2.3x the speed
+(CI VM, one thread: 1.85-2.10 vs 0.86-0.89 GB/s; scripts/frame_probe.py, docs/benchmarks.md session 7). c-blosc cannot pass those parameters, so this module builds the
 frame around zstd's output: the bytes on disk are a standard blosc frame (same header, block starts and
 per-block streams as c-blosc 1.x writes with splitting off), and every blosc decoder, zarr's included,
 reads them. Only the compressed bytes inside differ from what c-blosc at `clevel` would produce. The
@@ -43,14 +43,14 @@ OVERHEAD = 16  # c-blosc's BLOSC_MAX_OVERHEAD: the most a frame exceeds its chun
 # zstd parameters (zstd.h: ZSTD_cParameter). 1002 is ZSTD_c_literalCompressionMode (experimental
 # parameter 5, stable in value since zstd 1.4.5); 1 = ZSTD_ps_enable.
 _LEVEL, _WINDOW_LOG, _HASH_LOG, _MIN_MATCH, _TARGET_LENGTH, _STRATEGY, _LITERALS = 100, 101, 102, 105, 106, 107, 1002
-# Measured on real SmolLM2 bf16 states, the exponent-byte stream (CI VM, one thread): level 1 0.53 GB/s;
-# fast + small hash table + minMatch 7 1.1 GB/s; + targetLength 64 (acceleration: the match search skips
-# ahead) 1.5 GB/s; all ratio 2.42. With targetLength > 0 zstd turns literal compression off by default (the
-# ratio fell to 1.25), hence the explicit enable. Matches are rare but real: chat samples that share a
+# Measured on real SmolLM2 bf16 states, the exponent-byte stream (CI VM, one thread; scripts/frame_probe.py):
+# level 1 ratio 2.408 at 0.52 GB/s; these parameters 2.414 at 1.30 GB/s (targetLength 64 is acceleration:
+# the match search skips ahead). With targetLength > 0 zstd turns literal compression off by default, hence
+# the explicit enable. Matches are rare but real: chat samples that share a
 # prefix (template, system prompt) have identical states there, and several short samples share a chunk.
 # A 4 MiB window (a whole chunk; zstd shrinks it to the input) with an 8k-entry hash table (32 KiB, in L1)
 # finds them: the demo's chat states 1.609x (c-blosc zstd-1 1.504x; a 128 KiB window and 1k entries
-# 1.410x) at 2% less speed on states without repeats (2.12 vs 2.17 GB/s, both 1.414x).
+# 1.410x) at about the same speed on states without repeats (1.85-2.10 vs 2.07-2.14 GB/s, both 1.414x).
 ENTROPY_PARAMS = {_STRATEGY: 1, _WINDOW_LOG: 22, _HASH_LOG: 13, _MIN_MATCH: 7, _TARGET_LENGTH: 64, _LITERALS: 1}
 
 
@@ -106,7 +106,8 @@ class BloscFrameWriter:
     `blocksize`: c-blosc's blocksize argument, or None for one block per chunk (what the store uses: the
     frame header carries the block size, so every decoder reads it, and a chunk then costs one zstd call.
     Each call drops and retakes the GIL, which can wait behind busy Python threads; 1 MiB blocks of a 3.5
-    MiB chunk took 4 calls, 2.3x the time of one block beside a spinning thread, and were 10% slower alone.
+    MiB chunk took 4 zstd calls and 2.4x the time of one block beside a spinning thread (4.27 vs 1.75 s per
+    100 chunks, scripts/frame_probe.py), the same alone.
     zstd's own 128 KiB blocks keep exponent and mantissa bytes apart either way: same ratio).
 
     `encode(chunk, out)` writes one frame into `out` (at least `len(chunk bytes) + 16` bytes) and returns
@@ -190,8 +191,7 @@ class BloscFrameWriter:
         """c-blosc's byte shuffle of every block of `src` (byte j of each element for j = 0..typesize-1, then
         any bytes past the last whole element), all full blocks in one pass and the leftover block in
         another. Each numpy call drops and retakes the GIL, and retaking it can wait a whole switch interval
-        (5 ms) behind a busy Python thread: beside a spinning thread, shuffling a 64-block buffer block by
-        block took 4.2 s against 1.35 s this way (scripts/encoder_gil_probe.py)."""
+        (5 ms) behind a busy Python thread, so the calls per chunk are kept few."""
         n = src.nbytes
         ctx.reserve(n)
         out = ctx.shuffled[:n]

@@ -14,7 +14,7 @@ falls back to numcodecs' own `encode` and says so in `direct`. The on-disk forma
 
 With `entropy_only` (store.entropy_only, the default) a blosc-zstd chunk is instead framed by
 `BloscFrameWriter` (blosc_frame.py): the same blosc frame format, zstd asked only for what pays on bf16
-states (Huffman-coded exponent bytes), ~2.4x the speed at the same ratio. It is checked at construction to
+states (Huffman-coded exponent bytes), ~2.3x the speed at the same ratio. It is checked at construction to
 decode back to its input through numcodecs; where it does not, the c-blosc path above is used and
 `why_not_entropy` says why.
 """
