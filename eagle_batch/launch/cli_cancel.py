@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import os
-import signal
 import subprocess
 import sys
 
@@ -16,6 +14,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from .local import cancel_local
     from .slurm_query import is_live, job_states
     from .state import read_submissions
 
@@ -28,13 +27,11 @@ def run(args: argparse.Namespace) -> int:
     targets: list[str] = []
     for s in subs:
         if s.executor == "local":
-            pid = s.job_id.split("-")[-1]
-            if not args.task and pid.isdigit():
-                try:
-                    os.kill(int(pid), signal.SIGTERM)
-                    print(f"sent SIGTERM to local job {s.job_id}")
-                except OSError:
-                    pass
+            if args.task:
+                print(f"eagle-batch cancel: --task applies to Slurm arrays; local job {s.job_id} runs its tasks "
+                      "one after another and is cancelled as a whole.", file=sys.stderr)
+            elif cancel_local(s):
+                print(f"sent SIGTERM to local job {s.job_id}")
             continue
         if args.task:
             targets += [s.task_job_id(t) for t in s.tasks if t in args.task and is_live(states.get(s.task_job_id(t), ""))]

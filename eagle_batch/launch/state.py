@@ -45,7 +45,7 @@ def store_path(run_dir: str | os.PathLike, task_id: int) -> Path:
 
 @dataclass
 class Attempt:
-    job_id: str  # Slurm "ARRAY_INDEX" id, or "local-PID"
+    job_id: str  # Slurm "ARRAY_INDEX" id, or "local-ID_TASK" (launch.local)
     restart: int  # SLURM_RESTART_COUNT
     host: str
     pid: int
@@ -54,6 +54,7 @@ class Attempt:
     outcome: str = RUNNING  # running | checkpointed | done | error | killed (seen dead by a later attempt)
     log: str = ""  # stdout/stderr path of this attempt
     error: str = ""  # last line of the exception, if it raised
+    ticks: int = 0  # the process's start time (launch.proc): with pid, tells it from a later reuse of the pid
 
 
 @dataclass
@@ -111,14 +112,16 @@ def write_state(run_dir: str | os.PathLike, st: TaskState) -> None:
 
 
 def new_attempt(job_id: str, restart: int, log: str) -> Attempt:
+    from .proc import start_ticks
+
     return Attempt(job_id=job_id, restart=restart, host=socket.gethostname(), pid=os.getpid(),
-                   started=time.time(), log=log)
+                   started=time.time(), log=log, ticks=start_ticks(os.getpid()))
 
 
 # ------------------------------------------------------------------------------------------ submissions
 @dataclass
 class Submission:
-    job_id: str  # the array's job id (Slurm) or "local-<pid>"
+    job_id: str  # the array's job id (Slurm) or "local-ID" (launch.local; its folder RUN/slurm/local-ID)
     executor: str  # slurm | local
     tasks: list[int]  # array index i runs tasks[i]
     time: float
@@ -127,10 +130,15 @@ class Submission:
     dependency: str = ""
     # submitit submits a batch of one as a plain job, not an array: its task's job id has no "_index".
     array: bool = True
+    # local executor: the GPUs of each slot ("" = CPU), and what the user was told about that choice
+    devices: list[str] = field(default_factory=list)
+    note: str = ""
 
     def task_job_id(self, task_id: int) -> str:
+        if self.executor == "local":
+            return f"{self.job_id}_{task_id}"  # what launch.local names the task's attempts
         idx = self.tasks.index(task_id)
-        return f"{self.job_id}_{idx}" if self.executor == "slurm" and self.array else f"{self.job_id}"
+        return f"{self.job_id}_{idx}" if self.array else f"{self.job_id}"
 
 
 def append_submission(run_dir: str | os.PathLike, sub: Submission) -> None:

@@ -25,11 +25,14 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Optional
 
+from . import proc
 from . import state as S
+from .local import cancelled, claimed, exit_message, submission_alive, task_exit, task_log
 from .slurm_query import is_live, job_states
 
 FINISHED_OK = {"done"}
 RESUMABLE = {"not_submitted", "failed", "cancelled", "timeout", "gave_up", "unknown", "damaged"}
+ACTIVE = {"pending", "requeued", "running"}
 
 
 @dataclass
@@ -73,14 +76,6 @@ def _tail_error(path: str) -> str:
     return ""
 
 
-def _pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-        return True
-    except (OSError, ValueError):
-        return False
-
-
 def _plan_totals(run_dir: Path) -> dict[int, tuple[int, int]]:
     """{task_id: (samples, tokens)} from prepared/plan.json: totals before a task has started."""
     try:
@@ -103,14 +98,20 @@ def task_rows(run_dir: str | os.PathLike, num_tasks: int) -> list[TaskRow]:
         sub = S.latest_submission_of(subs, t)
         job_id = sub.task_job_id(t) if sub else ""
         sstate = states.get(job_id, "") if sub and sub.executor == "slurm" else ""
-        state = _derive(st, sub, sstate, repair=S.repair_path(run_dir, t).exists())
+        repair = S.repair_path(run_dir, t).exists()
+        local = LocalView(sub, st, t) if sub is not None and sub.executor == "local" else None
+        state = local.state(repair) if local else _derive(st, sub, sstate, repair=repair)
         att = st.attempt if st else None
-        if att and att.log and (att.job_id == job_id or not sub or sub.executor == "local"):
+        if local:
+            log = str(task_log(Path(sub.folder), t))
+        elif att and att.log and (att.job_id == job_id or not sub):
             log = att.log
         else:
             log = _default_log(run_dir, job_id) if sub and sub.executor == "slurm" else ""
         last_error = st.last_error if st else ""
-        if state in ("failed", "gave_up") and st and st.last_error and st.last_error_log:
+        if local and state == "failed" and local.error:
+            last_error = local.error  # what the slot saw: a kill, or a job that ended before the task ran
+        elif state in ("failed", "gave_up") and st and st.last_error and st.last_error_log:
             log = st.last_error_log  # the log of the attempt that raised
         elif state == "failed" and not last_error:
             last_error = _tail_error(log)  # killed without recording an error (OOM, node failure)
@@ -130,31 +131,67 @@ def task_rows(run_dir: str | os.PathLike, num_tasks: int) -> list[TaskRow]:
     return rows
 
 
-def _local_pid(sub: S.Submission) -> int:
-    tail = sub.job_id.split("-")[-1]
-    return int(tail) if tail.isdigit() else -1
+class LocalView:
+    """The state of one task of a local submission (launch.local), from its folder and the task's state.
+
+    An attempt belongs to this submission when it started after it was submitted; an earlier attempt's
+    record (a killed one still saying `running`) says nothing about this submission's progress."""
+
+    def __init__(self, sub: S.Submission, st: Optional[S.TaskState], task_id: int):
+        self.sub, self.st, self.task_id = sub, st, task_id
+        self.dir = Path(sub.folder)
+        self.error = ""
+
+    def state(self, repair: bool) -> str:
+        st, att = self.st, (self.st.attempt if self.st else None)
+        ours = att is not None and att.started >= self.sub.time
+        alive = submission_alive(self.dir)
+        if not ours:  # this submission has not started the task (yet)
+            if st is not None and st.status == S.DONE and not repair:
+                return "done"
+            if alive:
+                return "pending"
+            if repair:
+                return "damaged"
+            if cancelled(self.dir):
+                return "cancelled"
+            self.error = f"local job {self.sub.job_id} ended before this task started (slot logs in {self.dir})"
+            return "failed"
+        if st.status == S.RUNNING:
+            if proc.alive(att.pid, att.ticks):
+                return "running"
+            ex = task_exit(self.dir, self.task_id)
+            if ex is not None and ex.get("ended", 0) >= att.started:
+                self.error = exit_message(ex)
+                return "cancelled" if cancelled(self.dir) else "failed"
+            if alive:
+                return "running"  # ended a moment ago: its slot is recording the exit
+            self.error = "the task's process ended without recording why, and so did its local job"
+            return "failed"
+        if st.status == S.CHECKPOINTED:  # committed at its time limit: the slot runs it again
+            return "requeued" if alive else "timeout"
+        if st.status == S.FAILED:
+            return "requeued" if alive and st.failures < _max_attempts(self.dir) else "failed"
+        return {S.RETRYING: "failed"}.get(st.status, st.status)
+
+
+def _max_attempts(sub_dir: Path) -> int:
+    """slurm.max_attempts the slot runs under (RUN/config.yaml; the folder is RUN/slurm/local-ID)."""
+    from eagle_batch.config import ConfigError, load_run_config
+
+    try:
+        return int(load_run_config(sub_dir.parents[1]).slurm.max_attempts)
+    except (ConfigError, OSError):
+        return 0
 
 
 def _derive(st: Optional[S.TaskState], sub: Optional[S.Submission], sstate: str, repair: bool = False) -> str:
     if st is not None and st.status == S.DONE and not repair:
         return "done"
-    if repair and sub is not None and sub.executor == "local" and _pid_alive(_local_pid(sub)):
-        # The local job of `resume --repair` is running the tasks one after another: the state file still
-        # says `done` (from before the damage) until this task's attempt starts.
-        att = st.attempt if st else None
-        return "running" if st and st.status == S.RUNNING and att and _pid_alive(att.pid) else "pending"
     if repair and not is_live(sstate):
         return "damaged"
     if sub is None:
         return "not_submitted"
-    if sub.executor == "local":
-        att = st.attempt if st else None
-        if st is None:
-            pid = _local_pid(sub)
-            return "pending" if pid > 0 and _pid_alive(pid) else "unknown"
-        if st.status == S.RUNNING:
-            return "running" if att and _pid_alive(att.pid) else "failed"
-        return {S.CHECKPOINTED: "cancelled", S.RETRYING: "failed"}.get(st.status, st.status)
     if is_live(sstate):
         if sstate in ("RUNNING", "COMPLETING", "CONFIGURING", "SIGNALING", "STAGE_OUT"):
             return "running"
@@ -193,7 +230,7 @@ def totals(rows: list[TaskRow]) -> dict:
         "eta_s": round((tt - tc) / rate, 1) if rate > 0 and tt else None,
         "all_done": bool(rows) and all(r.state == "done" for r in rows),
         # A task whose data is done can still be exiting in Slurm; `--wait` and chaining wait for that too.
-        "active": sum(1 for r in rows if r.state in ("pending", "requeued", "running") or is_live(r.slurm_state)),
+        "active": sum(1 for r in rows if r.state in ACTIVE or is_live(r.slurm_state)),
         "time": time.time(),
     }
 

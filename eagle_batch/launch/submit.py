@@ -1,8 +1,8 @@
 """Build a submitit executor from `cfg.slurm` and submit extraction arrays and dependent jobs.
 
-- `make_executor(cfg, run_dir, kind)`: Slurm or local, resources and container wrapping from the config.
-- `submit_tasks(cfg, run_dir, task_ids, kind)`: one array (`map_array`) of `ExtractTask`s; records the
-  submission in RUN/slurm/submissions.jsonl.
+- `make_executor(cfg, run_dir, kind)`: a Slurm executor, resources and container wrapping from the config.
+- `submit_tasks(cfg, run_dir, task_ids, kind)`: one array of `ExtractTask`s on Slurm, or the local
+  executor's slots (`launch.local`); records the submission in RUN/slurm/submissions.jsonl.
 - `submit_after(run_dir, fn, *args)`: one job that waits (`afterok`) for the run's unfinished extraction
   arrays, aggregates the task stores, then calls `fn(*args)` (used by `train --after RUN` and
   `extract --then-train`).
@@ -16,6 +16,8 @@ have eagle-batch installed (see container/).
 """
 
 from __future__ import annotations
+
+from eagle_batch.errors import UserError
 
 import json
 import os
@@ -31,7 +33,7 @@ from .slurm_query import controller_answers, have_slurm, is_live, job_states
 from .task import HOST_REQUEUE_ENV, ExtractTask
 
 
-class SubmitError(RuntimeError):
+class SubmitError(UserError, RuntimeError):
     """A submission that must not go ahead; the message names the run and the fix."""
 
 
@@ -109,14 +111,14 @@ def container_wrapping(cfg, run_dir: Path) -> tuple[Optional[str], list[str]]:
 
 def make_executor(cfg, run_dir: str | os.PathLike, kind: str = "extract", job_name: str = "",
                   dependency: str = "", executor: Optional[str] = None):
+    """A submitit SlurmExecutor with the run's resources (local runs go through `launch.local`)."""
     run_dir = Path(run_dir)
     which = executor or resolve_executor(cfg)
+    if which != "slurm":
+        raise SubmitError(f"make_executor builds Slurm executors; executor {which!r} runs through "
+                          "eagle_batch.launch.local.submit_local.")
     folder = run_dir / S.SLURM_DIR / "%j"
     sc = cfg.slurm
-    if which == "local":
-        ex = submitit.LocalExecutor(folder=folder)
-        ex.update_parameters(timeout_min=sc.time_min)
-        return ex
     python, srun_args = container_wrapping(cfg, run_dir)
     ex = submitit.SlurmExecutor(folder=folder, max_num_timeout=sc.max_num_timeout, python=python)
     params: dict[str, Any] = dict(
@@ -168,18 +170,13 @@ def plan_num_tasks(run_dir: str | os.PathLike) -> int:
 
 
 def live_tasks(run_dir: str | os.PathLike) -> dict[int, str]:
-    """{task_id: job id} for tasks whose latest extraction job is still pending or running in Slurm."""
-    subs = [s for s in S.read_submissions(run_dir) if s.kind in ("extract", "resume") and s.executor == "slurm"]
-    if not subs:
+    """{task_id: job id} for tasks whose latest extraction job is still queued or running (Slurm or local)."""
+    from .status import ACTIVE, task_rows
+
+    if not any(s.kind in ("extract", "resume") for s in S.read_submissions(run_dir)):
         return {}
-    states = job_states(s.job_id for s in subs)
-    out: dict[int, str] = {}
-    for s in subs:
-        for t in s.tasks:
-            jid = s.task_job_id(t)
-            if is_live(states.get(jid, "")):
-                out[t] = jid
-    return out
+    return {r.task_id: r.job_id for r in task_rows(run_dir, plan_num_tasks(run_dir))
+            if r.state in ACTIVE or is_live(r.slurm_state)}
 
 
 def submit_tasks(cfg, run_dir: str | os.PathLike, task_ids: Sequence[int], kind: str = "extract",
@@ -198,14 +195,15 @@ def submit_tasks(cfg, run_dir: str | os.PathLike, task_ids: Sequence[int], kind:
                           f"`eagle-batch status {run_dir}`, or stop them with `eagle-batch cancel {run_dir}` "
                           "before submitting again.")
     which = executor or resolve_executor(cfg)
-    ex = make_executor(cfg, run_dir, kind=kind, executor=which)
     if which == "local":
-        # The local executor would start every array task at once on this one machine; one job that
-        # runs the tasks in order keeps memory bounded and is what a laptop can do.
-        job = ex.submit(_run_sequentially, str(run_dir), task_ids)
-        sub = S.Submission(job_id=f"local-{job.job_id}", executor="local", tasks=task_ids, time=time.time(),
-                           kind=kind, folder=str(job.paths.folder))
+        from .local import LocalResourceError, submit_local
+
+        try:
+            sub = submit_local(cfg, run_dir, task_ids, kind)
+        except LocalResourceError as e:
+            raise SubmitError(f"{e} Nothing was submitted.") from None
     else:
+        ex = make_executor(cfg, run_dir, kind=kind, executor=which)
         # Submit task *instances* (callables without arguments): submitit checkpoints and requeues the
         # callable it ran, which must be the Checkpointable itself. One batch = one array.
         with ex.batch():
@@ -215,19 +213,6 @@ def submit_tasks(cfg, run_dir: str | os.PathLike, task_ids: Sequence[int], kind:
                            kind=kind, folder=str(run_dir / S.SLURM_DIR), array="_" in first)
     S.append_submission(run_dir, sub)
     return sub
-
-
-def _run_sequentially(run_dir: str, task_ids: list[int]) -> list[dict]:
-    out = []
-    errors = []
-    for t in task_ids:
-        try:
-            out.append(ExtractTask(run_dir, t)())
-        except Exception as e:  # keep going: one bad task must not block the others
-            errors.append(f"task {t}: {e}")
-    if errors:
-        raise RuntimeError("; ".join(errors))
-    return out
 
 
 def _aggregate_then(run_dir: str, fn: Callable, args: tuple, kwargs: dict, aggregate: bool):

@@ -70,35 +70,6 @@ def _is_store_locked(exc: BaseException) -> bool:
     return isinstance(exc, StoreLockedError)
 
 
-class _ReportingWriter:
-    """Wraps a TaskStoreWriter: counts appended tokens and reports progress after each commit."""
-
-    def __init__(self, writer, ctx: TaskContext, committed_samples: int, committed_tokens: int):
-        self._w = writer
-        self._ctx = ctx
-        self._samples = committed_samples
-        self._tokens = committed_tokens
-        self._pending_samples = 0
-        self._pending_tokens = 0
-
-    def append(self, sample_id, input_ids, *args, **kwargs):
-        out = self._w.append(sample_id, input_ids, *args, **kwargs)
-        self._pending_samples += 1
-        self._pending_tokens += int(len(input_ids))
-        return out
-
-    def commit(self, *args, **kwargs):
-        out = self._w.commit(*args, **kwargs)
-        self._samples += self._pending_samples
-        self._tokens += self._pending_tokens
-        self._pending_samples = self._pending_tokens = 0
-        self._ctx.report(self._samples, self._tokens)
-        return out
-
-    def __getattr__(self, name):
-        return getattr(self._w, name)
-
-
 def capture_work(ctx: TaskContext) -> bool:
     """The real work: prepared samples -> run_capture -> task store. Returns True when the task is done."""
     from eagle_batch.capture import run_capture
@@ -107,26 +78,20 @@ def capture_work(ctx: TaskContext) -> bool:
 
     samples = PreparedDataset(ctx.run_dir).task_samples(ctx.task_id)
     ctx.set_totals(len(samples), int(sum(len(s.input_ids) for s in samples)))
+    # Progress is what the store committed: the writer reports its record once the lock is held and after
+    # every commit, whichever way capture appends (per sample or per engine step's block).
     writer = TaskStoreWriter.open(S.store_path(ctx.run_dir, ctx.task_id), _store_spec(ctx.cfg), ctx.cfg.store,
-                                  repair=ctx.repair)
+                                  repair=ctx.repair, on_commit=ctx.report)
     try:
-        done_ids = set(writer.committed_sample_ids)
-        done_tokens = int(sum(len(s.input_ids) for s in samples if s.sample_id in done_ids))
-        ctx.report(len(done_ids), done_tokens)
-        if _is_complete(writer):
+        if writer.is_complete:
             return True
-        rw = _ReportingWriter(writer, ctx, len(done_ids), done_tokens)
-        run_capture(ctx.cfg, samples, rw, should_stop=ctx.should_stop)
+        run_capture(ctx.cfg, samples, writer, should_stop=ctx.should_stop)
         if set(writer.committed_sample_ids) >= {s.sample_id for s in samples}:
             writer.finalize()
             return True
         return False
     finally:
         writer.close()
-
-
-def _is_complete(writer) -> bool:
-    return bool(getattr(writer, "is_complete", False))
 
 
 def _store_spec(cfg):
@@ -149,7 +114,7 @@ def resolve_work() -> Callable[[TaskContext], bool]:
 
 
 def _job_identity() -> tuple[str, int, str, str]:
-    """(job id, restart count, stdout path, stderr path) of this process."""
+    """(job id, restart count, stdout path, stderr path) of this process, as submitit or Slurm name it."""
     restart = int(os.environ.get("SLURM_RESTART_COUNT", "0") or 0)
     try:
         env = submitit.JobEnvironment()
@@ -180,9 +145,12 @@ def _last_line(exc: BaseException) -> str:
 class ExtractTask(submitit.helpers.Checkpointable):
     """One array task: extract hidden states for task `task_id` of the run in `run_dir`."""
 
-    def __init__(self, run_dir: str | os.PathLike, task_id: int):
+    def __init__(self, run_dir: str | os.PathLike, task_id: int, job_id: str = "", log: str = ""):
         self.run_dir = str(run_dir)
         self.task_id = int(task_id)
+        # Set by launch.local, whose task processes are no submitit or Slurm jobs: how the attempt is named.
+        self.job_id = job_id
+        self.log = log
 
     def __repr__(self) -> str:
         return f"ExtractTask({self.run_dir!r}, {self.task_id})"
@@ -190,7 +158,7 @@ class ExtractTask(submitit.helpers.Checkpointable):
     # submitit calls this (through its handler, which we call ourselves after a clean stop) and pickles
     # the result for the requeued attempt. Everything that matters is on disk, so a fresh task is enough.
     def checkpoint(self, *args: Any, **kwargs: Any) -> submitit.helpers.DelayedSubmission:
-        return submitit.helpers.DelayedSubmission(ExtractTask(self.run_dir, self.task_id))
+        return submitit.helpers.DelayedSubmission(ExtractTask(self.run_dir, self.task_id, self.job_id, self.log))
 
     def __call__(self) -> dict:
         from eagle_batch.config import load_run_config
@@ -204,7 +172,10 @@ class ExtractTask(submitit.helpers.Checkpointable):
             print(f"[eagle-batch] task {self.task_id}: rank {rank} idles; rank 0 runs the task", file=sys.stderr)
             return {"task_id": self.task_id, "rank": rank}
         cfg = load_run_config(run_dir)
-        job_id, restart, out_log, err_log = _job_identity()
+        if self.job_id:
+            job_id, restart, out_log, err_log = self.job_id, 0, self.log, self.log
+        else:
+            job_id, restart, out_log, err_log = _job_identity()
         stop = {"flag": False}
         original = signal.getsignal(signal.SIGUSR2)
 

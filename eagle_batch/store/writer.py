@@ -342,12 +342,15 @@ class TaskStoreWriter:
 
     @classmethod
     def open(cls, path: str | os.PathLike, spec: StoreSpec, store_cfg: Any = None, *, threads: int | None = None,
-             repair: bool = False) -> "TaskStoreWriter":
+             repair: bool = False, on_commit: Callable[[int, int], None] | None = None) -> "TaskStoreWriter":
         """Open (creating or recovering) the store at `path` for appending.
 
         `store_cfg`: a `StoreConfig` (codec, level, blocksize, chunk_tokens, shard_tokens, fsync); an
         existing store keeps its own layout and codec. `repair=True` truncates the committed record to
         the last sample before the first damaged shard instead of raising StoreCorruptError.
+        `on_commit(num_samples, num_tokens)` is called with the committed record's totals once the store
+        is open (what an earlier writer committed) and after every commit that added samples, from the
+        thread that called open()/commit(): how a task reports progress, whatever way it appends.
         """
         from eagle_batch.config import StoreConfig
 
@@ -369,7 +372,13 @@ class TaskStoreWriter:
         except BaseException:
             self._lock.release()
             raise
+        self._on_commit = on_commit
+        self._report_commit()
         return self
+
+    def _report_commit(self) -> None:
+        if self._on_commit is not None:
+            self._on_commit(int(self.record["num_samples"]), int(self.record["num_tokens"]))
 
     def _init_state(self, threads: int | None, repair: bool) -> None:
         progress = self.path / PROGRESS_NAME
@@ -978,6 +987,7 @@ class TaskStoreWriter:
         except BaseException as e:
             self._broken = e
             raise
+        self._report_commit()
 
     def _commit(self) -> None:
         for st in self._streams.values():

@@ -189,6 +189,22 @@ def test_real_pipeline_array_completes_and_status_each_stage(tmp_path, capsys, t
             assert bool(g["hidden_states"].float().isfinite().all())
 
 
+# ------------------------------------------------------------------------- GPUs Slurm assigned
+def test_extraction_tasks_see_the_gpus_slurm_assigned(tmp_path, capsys, monkeypatch, synthetic):
+    """slurm.gpus_per_node reaches sbatch, and the task process sees exactly the GPUs Slurm gave its job."""
+    monkeypatch.setenv("EAGLE_BATCH_TEST_WORK", "tests.slurm.work:env_probe_work")
+    run, cfg = make_synthetic_run(tmp_path, "gpus", 2, gpus_per_node=4)
+    rc, out, err = cli(capsys, "extract", cfg, "--wait", "--interval", "1")
+    assert rc == 0, err + out
+    for t in range(2):
+        seen = json.loads((run / f"seen-{t}.json").read_text())
+        devices = seen["CUDA_VISIBLE_DEVICES"].split(",")
+        assert len(devices) == 4 and len(set(devices)) == 4, seen
+        assert set(devices) <= {str(i) for i in range(8)}  # the node's 8 (fake) GPUs
+        assert seen["SLURM_JOB_GPUS"] == seen["CUDA_VISIBLE_DEVICES"], seen
+    assert status(capsys, run)["totals"]["all_done"]
+
+
 # ------------------------------------------------------------- cancel mid-way, duplicate, resume
 def test_cancel_midway_duplicate_refused_resume_identical(tmp_path, capsys, synthetic):
     from eagle_batch.config import load_run_config

@@ -21,7 +21,7 @@ from pathlib import Path
 import numpy as np
 
 from eagle_batch.launch.state import store_path
-from eagle_batch.launch.task import TaskContext, _ReportingWriter, capture_work
+from eagle_batch.launch.task import TaskContext, capture_work
 
 N_SAMPLES = 12
 LAYERS = [1, 2]
@@ -63,20 +63,19 @@ def synthetic_work(ctx: TaskContext) -> bool:
     samples = [synthetic_sample(ctx.task_id, i) for i in range(N_SAMPLES)]
     ctx.set_totals(len(samples), sum(len(s[1]) for s in samples))
     spec = StoreSpec(layer_ids=LAYERS, hidden_size=HIDDEN, model_name="synthetic")
-    w = TaskStoreWriter.open(store_path(ctx.run_dir, ctx.task_id), spec, ctx.cfg.store, repair=ctx.repair)
+    w = TaskStoreWriter.open(store_path(ctx.run_dir, ctx.task_id), spec, ctx.cfg.store, repair=ctx.repair,
+                             on_commit=ctx.report)
     try:
         done = set(w.committed_sample_ids)
-        ctx.report(len(done), sum(len(s[1]) for s in samples if s[0] in done))
         if w.is_complete:
             return True
-        rw = _ReportingWriter(w, ctx, len(done), sum(len(s[1]) for s in samples if s[0] in done))
         for sid, ids, mask, hs in samples:
             if sid in done:
                 continue
             if ctx.should_stop():
                 return False
-            rw.append(sid, ids, mask, hs)
-            rw.commit()
+            w.append(sid, ids, mask, hs)
+            w.commit()
             time.sleep(_sleep_s(ctx))
         w.finalize()
         return True
@@ -109,3 +108,48 @@ def chained_probe(run_dir: str, out: str) -> dict:
             "states": [getattr(read_state(run, t), "status", None) for t in range(n)]}
     Path(out).write_text(json.dumps(seen))
     return seen
+
+
+def env_probe_work(ctx: TaskContext) -> bool:
+    """synthetic_work, after recording the GPUs the task process was given (RUN/seen-T.json)."""
+    import json
+    import os
+
+    seen = {k: os.environ.get(k) for k in ("CUDA_VISIBLE_DEVICES", "SLURM_JOB_GPUS", "SLURM_JOB_ID")}
+    seen["pid"] = os.getpid()
+    (Path(ctx.run_dir) / f"seen-{ctx.task_id}.json").write_text(json.dumps(seen))
+    return synthetic_work(ctx)
+
+
+def block_work(ctx: TaskContext) -> bool:
+    """The synthetic samples appended as the GPU capture path appends them: engine steps as append_block."""
+    from eagle_batch.store import StoreSpec, TaskStoreWriter
+
+    samples = [synthetic_sample(ctx.task_id, i) for i in range(N_SAMPLES)]
+    ctx.set_totals(len(samples), sum(len(s[1]) for s in samples))
+    spec = StoreSpec(layer_ids=LAYERS, hidden_size=HIDDEN, model_name="synthetic")
+    w = TaskStoreWriter.open(store_path(ctx.run_dir, ctx.task_id), spec, ctx.cfg.store, on_commit=ctx.report)
+    try:
+        for k in range(0, len(samples), 4):  # 4 samples per "engine step", one commit per step
+            step = samples[k:k + 4]
+            w.append_block([s[0] for s in step], [s[1] for s in step], [s[2] for s in step],
+                           np.concatenate([s[3] for s in step]))
+            w.commit()
+        w.finalize()
+        return True
+    finally:
+        w.close()
+
+
+def empty_work(ctx: TaskContext) -> bool:
+    """A task whose share of the plan is empty: a finalized store with no sample."""
+    from eagle_batch.store import StoreSpec, TaskStoreWriter
+
+    ctx.set_totals(0, 0)
+    spec = StoreSpec(layer_ids=LAYERS, hidden_size=HIDDEN, model_name="synthetic")
+    w = TaskStoreWriter.open(store_path(ctx.run_dir, ctx.task_id), spec, ctx.cfg.store, on_commit=ctx.report)
+    try:
+        w.finalize()
+        return True
+    finally:
+        w.close()

@@ -1,0 +1,48 @@
+"""Is a process of this machine still running? The one liveness check of local jobs and attempts.
+
+`os.kill(pid, 0)` alone is not enough: a child that was killed stays a zombie until its parent reaps it
+(the CLI that started a local job is that parent while `--wait` runs), and a pid can be reused by an
+unrelated process after the first one ended. So a process is identified by (pid, start time): the start
+time in clock ticks since boot, field 22 of /proc/PID/stat, recorded when the process is first seen.
+A zombie counts as dead. Without /proc (not Linux) only `os.kill(pid, 0)` is available.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Optional
+
+_PROC = Path("/proc")
+
+
+def _stat_fields(pid: int) -> Optional[list[str]]:
+    """Fields of /proc/PID/stat after the command name (which may hold spaces and parentheses)."""
+    try:
+        raw = (_PROC / str(pid) / "stat").read_text()
+    except (OSError, ValueError):
+        return None
+    return raw[raw.rfind(")") + 2:].split()
+
+
+def start_ticks(pid: int) -> int:
+    """The process's start time (clock ticks since boot); 0 when unknown (no such process, or no /proc)."""
+    fields = _stat_fields(pid) if pid > 0 else None
+    # After the name: [0] state, ... [19] starttime (field 22 of stat(5)).
+    return int(fields[19]) if fields and len(fields) > 19 else 0
+
+
+def alive(pid: int, ticks: int = 0) -> bool:
+    """True when `pid` runs (not a zombie) and, if `ticks` is given, is the process that started then."""
+    if pid <= 0:
+        return False
+    if not _PROC.is_dir():
+        try:
+            os.kill(pid, 0)
+            return True
+        except (OSError, ValueError):
+            return False
+    fields = _stat_fields(pid)
+    if not fields or fields[0] in ("Z", "X"):
+        return False
+    return not ticks or len(fields) <= 19 or int(fields[19]) == ticks

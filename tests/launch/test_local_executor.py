@@ -1,0 +1,203 @@
+"""The local executor (launch.local) on this machine, through the CLI a user types.
+
+- tasks see the GPUs the config asks for (`CUDA_VISIBLE_DEVICES` covers `slurm.gpus_per_node` devices,
+  slots side by side when the machine has enough), and a config asking for more is refused up front;
+- `status` counts what the store committed, also when capture appends whole engine steps (append_block);
+- a task killed with SIGKILL is `failed` (not `running`), with the signal as its error, even while the
+  CLI that started it is still its parent (zombies); `resume` reruns exactly it; `extract --wait` returns
+  after the kill and `resume --wait` only once the new attempt is done.
+
+The GPUs are names in CUDA_VISIBLE_DEVICES (this machine has none): what is checked is which device list
+each task process receives, which is all the executor decides.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+if str(REPO) not in sys.path:
+    sys.path.insert(0, str(REPO))
+
+from tests.slurm import work  # noqa: E402
+
+
+def make_run(tmp_path: Path, num_tasks: int, **slurm) -> tuple[Path, Path]:
+    run = tmp_path / "run"
+    (run / "prepared").mkdir(parents=True)
+    (run / "faults").mkdir()
+    tasks = [{"task_id": t, "rows": list(range(work.N_SAMPLES)), "num_samples": work.N_SAMPLES,
+              "num_tokens": sum(len(work.synthetic_sample(t, i)[1]) for i in range(work.N_SAMPLES))}
+             for t in range(num_tasks)]
+    (run / "prepared" / "plan.json").write_text(json.dumps({"num_tasks": num_tasks, "tasks": tasks}))
+    s = dict(executor="local", gpus_per_node=1, time_min=5, max_attempts=1)
+    s.update(slurm)
+    cfg = tmp_path / "run.yaml"
+    cfg.write_text(json.dumps({"run_dir": str(run), "model": {"path": str(tmp_path)}, "slurm": s,
+                               "store": {"chunk_tokens": 8, "shard_tokens": 64}}))
+    return run, cfg
+
+
+def cli(*argv, env: dict, timeout: float = 240) -> subprocess.CompletedProcess:
+    full = dict(os.environ, PYTHONPATH=str(REPO), **env)
+    return subprocess.run([sys.executable, "-m", "eagle_batch.cli", *map(str, argv)], capture_output=True,
+                          text=True, env=full, timeout=timeout, cwd=str(REPO))
+
+
+def status(run: Path, env: dict) -> dict:
+    r = cli("status", run, "--json", env=env)
+    assert r.returncode == 0, r.stderr
+    return json.loads(r.stdout)
+
+
+def wait_for(pred, timeout: float, what: str):
+    t0 = time.time()
+    while not (v := pred()):
+        if time.time() - t0 > timeout:
+            raise AssertionError(f"timed out after {timeout:.0f} s waiting for {what}")
+        time.sleep(0.5)
+    return v
+
+
+def no_traceback(r: subprocess.CompletedProcess) -> None:
+    assert "Traceback" not in r.stderr + r.stdout, r.stderr[-3000:]
+
+
+# ------------------------------------------------------------------------------------------ liveness
+def test_a_killed_child_is_dead_while_it_is_a_zombie_and_a_reused_pid_is_not_it():
+    from eagle_batch.launch import proc
+
+    p = subprocess.Popen(["sleep", "60"])
+    ticks = proc.start_ticks(p.pid)
+    assert ticks > 0 and proc.alive(p.pid, ticks)
+    os.kill(p.pid, signal.SIGKILL)
+    wait_for(lambda: (Path(f"/proc/{p.pid}/stat").read_text().split(")")[1].split()[0] == "Z"), 10, "a zombie")
+    os.kill(p.pid, 0)  # the old check still finds the zombie ...
+    assert not proc.alive(p.pid, ticks)  # ... the new one does not
+    p.wait()
+    me = os.getpid()
+    assert proc.alive(me, proc.start_ticks(me)) and not proc.alive(me, proc.start_ticks(me) + 1)
+
+
+# ------------------------------------------------------------------------------------------ GPUs
+def test_visible_gpus_and_slot_plan():
+    from eagle_batch.launch.local import LocalResourceError, plan_slots, visible_gpus
+
+    assert visible_gpus({"CUDA_VISIBLE_DEVICES": "0,1,3"}) == ["0", "1", "3"]
+    assert visible_gpus({"CUDA_VISIBLE_DEVICES": ""}) == []
+    assert visible_gpus({"CUDA_VISIBLE_DEVICES": "2,-1,3"}) == ["2"]  # CUDA stops at an invalid entry
+    assert visible_gpus({"CUDA_VISIBLE_DEVICES": "GPU-5d2e"}) == ["GPU-5d2e"]
+    assert plan_slots(["0", "1", "2", "3"], 2, 64, 5).devices == [["0", "1"], ["2", "3"]]
+    assert plan_slots(["0", "1", "2", "3"], 1, 2, 5).devices == [["0"], ["1"]]  # array_parallelism caps slots
+    assert plan_slots(["0", "1", "2", "3"], 1, 64, 1).devices == [["0"]]  # no more slots than tasks
+    cpu = plan_slots([], 8, 64, 3)
+    assert cpu.devices == [[]] and "no GPU is visible" in cpu.note
+    with pytest.raises(LocalResourceError, match=r"slurm.gpus_per_node=8 asks for 8 GPUs .* has 1 \(0\); "
+                                                 r"set slurm.gpus_per_node=1"):
+        plan_slots(["0"], 8, 64, 3)
+
+
+def test_local_tasks_get_the_gpus_the_config_asks_for(tmp_path):
+    run, cfg = make_run(tmp_path, 4, gpus_per_node=2)
+    env = {"EAGLE_BATCH_TEST_WORK": "tests.slurm.work:env_probe_work", "CUDA_VISIBLE_DEVICES": "0,1,2,3"}
+    r = cli("extract", cfg, "--wait", "--interval", "0.5", env=env)
+    assert r.returncode == 0, r.stderr + r.stdout
+    assert "slot 0: GPUs 0,1; slot 1: GPUs 2,3" in r.stdout
+    seen = [json.loads((run / f"seen-{t}.json").read_text()) for t in range(4)]
+    lists = [s["CUDA_VISIBLE_DEVICES"].split(",") for s in seen]
+    assert all(len(d) == 2 for d in lists), lists
+    assert {tuple(d) for d in lists} == {("0", "1"), ("2", "3")}  # both slots ran tasks, disjoint devices
+    assert len({s["pid"] for s in seen}) == 4  # one process per task
+    t = status(run, env)["totals"]
+    assert t["all_done"] and t["progress"] == 1.0
+
+
+def test_more_gpus_per_task_than_the_machine_has_is_refused_before_anything_starts(tmp_path):
+    run, cfg = make_run(tmp_path, 2, gpus_per_node=2)
+    r = cli("extract", cfg, env={"EAGLE_BATCH_TEST_WORK": "tests.slurm.work:env_probe_work",
+                                 "CUDA_VISIBLE_DEVICES": "0"})
+    assert r.returncode == 1
+    assert "slurm.gpus_per_node=2 asks for 2 GPUs per task but this machine has 1 (0)" in r.stderr
+    assert "Nothing was submitted" in r.stderr
+    no_traceback(r)
+    assert not (run / "slurm" / "submissions.jsonl").exists() and not (run / "state").exists()
+
+
+# ------------------------------------------------------------------------------------------ progress
+def test_status_counts_block_appends(tmp_path):
+    run, cfg = make_run(tmp_path, 2, gpus_per_node=0)
+    env = {"EAGLE_BATCH_TEST_WORK": "tests.slurm.work:block_work"}
+    r = cli("extract", cfg, "--wait", "--interval", "0.5", env=env)
+    assert r.returncode == 0, r.stderr
+    st = status(run, env)
+    assert st["totals"]["progress"] == 1.0, st["totals"]
+    for row in st["tasks"]:
+        assert row["state"] == "done"
+        assert row["samples_committed"] == row["samples_total"] == work.N_SAMPLES
+        assert row["tokens_committed"] == row["tokens_total"] > 0
+
+
+# ------------------------------------------------------------------------------------------ kills
+def _task_pid(run: Path, t: int) -> int:
+    st = json.loads((run / "state" / f"task-{t:05d}.json").read_text())
+    return int(st["attempts"][-1]["pid"])
+
+
+def test_killed_local_task_is_failed_resumable_and_wait_follows_the_new_attempt(tmp_path):
+    run, cfg = make_run(tmp_path, 2, gpus_per_node=0)
+    (run / "faults" / "sleep_s").write_text("0.3")  # ~4 s per task
+    env = {"EAGLE_BATCH_TEST_WORK": "tests.slurm.work:synthetic_work"}
+    full = dict(os.environ, PYTHONPATH=str(REPO), **env)
+    # `extract --wait` is the parent of the local job's controller: the case where a dead child was a zombie.
+    waiting = subprocess.Popen([sys.executable, "-m", "eagle_batch.cli", "extract", str(cfg), "--wait",
+                                "--interval", "0.5"], env=full, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                               text=True, cwd=str(REPO))
+    try:
+        wait_for(lambda: (run / "state" / "task-00000.json").exists()
+                 and json.loads((run / "state" / "task-00000.json").read_text())["samples_committed"] >= 2,
+                 120, "task 0 to commit")
+        os.kill(_task_pid(run, 0), signal.SIGKILL)
+        out, err = waiting.communicate(timeout=120)  # returns once task 1 is done too; never hangs
+    finally:
+        if waiting.poll() is None:
+            waiting.kill()
+    assert waiting.returncode == 1, err
+    rows = {r["task_id"]: r for r in status(run, env)["tasks"]}
+    assert rows[0]["state"] == "failed"
+    assert "killed by SIGKILL" in rows[0]["last_error"]
+    assert rows[1]["state"] == "done"
+    committed_before = rows[0]["samples_committed"]
+    assert 0 < committed_before < work.N_SAMPLES
+
+    (run / "faults" / "sleep_s").write_text("0.2")
+    r = cli("resume", run, "--wait", "--interval", "0.5", env=env)
+    assert r.returncode == 0, r.stderr
+    assert "resubmitting 1 task(s): 0" in r.stdout
+    rows = {r["task_id"]: r for r in status(run, env)["tasks"]}
+    assert rows[0]["state"] == "done" and rows[0]["samples_committed"] == work.N_SAMPLES
+    assert rows[0]["attempts"] == 2
+    from eagle_batch.store import open_dataset
+
+    assert len(open_dataset(run / "stores" / "task-00000.zarr")) == work.N_SAMPLES
+
+
+def test_cancel_stops_a_local_job_and_its_tasks_are_resumable(tmp_path):
+    run, cfg = make_run(tmp_path, 2, gpus_per_node=0)
+    (run / "faults" / "sleep_s").write_text("0.5")
+    env = {"EAGLE_BATCH_TEST_WORK": "tests.slurm.work:synthetic_work"}
+    assert cli("extract", cfg, env=env).returncode == 0
+    wait_for(lambda: status(run, env)["tasks"][0]["state"] == "running", 120, "task 0 to run")
+    r = cli("cancel", run, env=env)
+    assert r.returncode == 0 and "sent SIGTERM to local job" in r.stdout, r.stdout + r.stderr
+    st = wait_for(lambda: (s := status(run, env))["totals"]["active"] == 0 and s, 60, "the job to stop")
+    assert {r["state"] for r in st["tasks"]} == {"cancelled"}, st["tasks"]
+    r = cli("resume", run, "--dry-run", env=env)
+    assert "resubmitting 2 task(s): 0, 1" in r.stdout
