@@ -107,7 +107,7 @@ def run(args: argparse.Namespace) -> int:
         t0 = time.monotonic()
         write_synthetic(data, args.rows, args.seed)
         gen_s = time.monotonic() - t0
-        cfg = RunConfig(run_dir=str(base / "run"), model=ModelConfig(path=model),
+        cfg = RunConfig(run_dir=str(base / "run"), model=ModelConfig(path=model, max_model_len=4097),
                         data=DataConfig(inputs=[str(data)], max_length=4096),
                         extract=ExtractConfig(num_tasks=args.num_tasks))
         t0 = time.monotonic()

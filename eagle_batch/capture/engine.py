@@ -40,9 +40,10 @@ def _check_lengths(cfg: RunConfig, samples: Sequence[Any]) -> None:
         n = len(s.input_ids)
         if n == 0:
             raise CaptureError(f"sample {s.sample_id}: empty input_ids; re-run prepare (it drops empty rows).")
-        if n > cfg.model.max_model_len:
-            raise CaptureError(f"sample {s.sample_id}: {n} tokens > model.max_model_len={cfg.model.max_model_len}; "
-                               "raise model.max_model_len or lower data.max_length and re-run prepare.")
+        if n >= cfg.model.max_model_len:  # vLLM needs the prompt plus the one token it generates
+            raise CaptureError(f"sample {s.sample_id}: {n} tokens, model.max_model_len={cfg.model.max_model_len} "
+                               f"allows {cfg.model.max_model_len - 1}; raise model.max_model_len or lower "
+                               "data.max_length and re-run prepare.")
         if len(s.loss_mask) != n:
             raise CaptureError(f"sample {s.sample_id}: loss_mask has {len(s.loss_mask)} entries for {n} tokens.")
 

@@ -3,12 +3,13 @@
 from .load import (ConfigError, config_dict, config_hash, load_config, load_run_config, save_config,
                    to_yaml)
 from .model_info import ModelInfo, default_layer_ids, model_info, resolve_layer_ids
-from .validate import check_config, check_model_files, check_tokenizer, check_values, claim_run_dir
+from .validate import (check_config, check_fits_model, check_model_files, check_prepared_fits, check_tokenizer, check_values,
+                       claim_run_dir)
 from .schema import (ContainerConfig, DataConfig, ExtractConfig, ModelConfig, RunConfig, SlurmConfig,
                      StoreConfig, TrainConfig)
 
 __all__ = [
-    "ConfigError", "check_config", "check_model_files", "check_tokenizer", "check_values", "claim_run_dir", "ContainerConfig", "DataConfig", "ExtractConfig", "ModelConfig", "ModelInfo",
+    "ConfigError", "check_config", "check_fits_model", "check_model_files", "check_prepared_fits", "check_tokenizer", "check_values", "claim_run_dir", "ContainerConfig", "DataConfig", "ExtractConfig", "ModelConfig", "ModelInfo",
     "RunConfig", "SlurmConfig", "StoreConfig", "TrainConfig", "config_dict", "config_hash",
     "default_layer_ids", "load_config", "load_run_config", "model_info", "resolve_layer_ids",
     "save_config", "to_yaml",

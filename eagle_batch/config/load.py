@@ -8,6 +8,8 @@ raises on unknown keys and wrong types and we re-raise with the dotted key path 
 
 from __future__ import annotations
 
+from eagle_batch.errors import UserError
+
 import hashlib
 import json
 import os
@@ -23,8 +25,10 @@ from .schema import RunConfig
 RESOLVED_NAME = "config.yaml"
 
 
-class ConfigError(ValueError):
+class ConfigError(UserError, ValueError):
     """A configuration problem, with the key path or file and what to do."""
+
+    exit_code = 2
 
 
 def _format_omegaconf_error(err: OmegaConfBaseException, source: str) -> str:

@@ -24,6 +24,9 @@ class ModelInfo:
     vocab_size: int
     num_attention_heads: int
     num_key_value_heads: int
+    # The longest sequence the model's positions cover without rope scaling (0 = not stated, or rope scaling
+    # set: then vLLM derives a longer limit itself and we do not guess it).
+    max_positions: int = 0
 
 
 def _text_config(cfg: dict) -> dict:
@@ -57,6 +60,7 @@ def model_info(model_path: str | Path) -> ModelInfo:
         vocab_size=int(tc.get("vocab_size", raw.get("vocab_size", 0)) or 0),
         num_attention_heads=heads,
         num_key_value_heads=int(tc.get("num_key_value_heads", heads) or heads),
+        max_positions=0 if tc.get("rope_scaling") else int(tc.get("max_position_embeddings", 0) or 0),
     )
 
 

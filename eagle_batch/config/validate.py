@@ -50,6 +50,16 @@ def check_values(cfg: RunConfig) -> None:
     if cfg.store.chunk_tokens and cfg.store.shard_tokens % cfg.store.chunk_tokens:
         raise ConfigError(f"store.shard_tokens={cfg.store.shard_tokens} must be a multiple of "
                           f"store.chunk_tokens={cfg.store.chunk_tokens}.")
+    if cfg.data.max_length >= cfg.model.max_model_len:
+        raise ConfigError(f"data.max_length={cfg.data.max_length} must be below model.max_model_len="
+                          f"{cfg.model.max_model_len}: vLLM needs room for the prompt plus the one token it "
+                          f"generates, so samples can be at most max_model_len - 1 tokens. Set data.max_length="
+                          f"{cfg.model.max_model_len - 1} or model.max_model_len={cfg.data.max_length + 1}.")
+    tp, gpus = cfg.model.tensor_parallel_size, cfg.slurm.gpus_per_node * cfg.slurm.nodes
+    if cfg.slurm.gpus_per_node > 0 and tp > gpus:
+        raise ConfigError(f"model.tensor_parallel_size={tp} needs {tp} GPUs per task but slurm.gpus_per_node="
+                          f"{cfg.slurm.gpus_per_node} x slurm.nodes={cfg.slurm.nodes} gives {gpus}; raise "
+                          "slurm.gpus_per_node or lower model.tensor_parallel_size.")
     if not 0.0 < cfg.extract.gpu_memory_utilization <= 1.0:
         raise ConfigError(f"extract.gpu_memory_utilization={cfg.extract.gpu_memory_utilization} must be in (0, 1].")
 
@@ -76,8 +86,19 @@ def check_model_files(cfg: RunConfig) -> ModelInfo:
     if kv and kv % tp and tp % kv:
         raise ConfigError(f"model.tensor_parallel_size={tp} and num_key_value_heads={kv}: one must divide "
                           "the other for vLLM to shard or replicate KV heads.")
-    resolve_layer_ids(cfg.model, info)
+    check_fits_model(cfg, info)
     return info
+
+
+def check_fits_model(cfg: RunConfig, info: ModelInfo) -> None:
+    """Layer ids and model.max_model_len against the model's own config.json (vLLM refuses a max_model_len
+    beyond the model's positions at engine start, inside every task)."""
+    resolve_layer_ids(cfg.model, info)
+    if info.max_positions and cfg.model.max_model_len > info.max_positions:
+        raise ConfigError(f"model.max_model_len={cfg.model.max_model_len} is more than the model's "
+                          f"max_position_embeddings={info.max_positions} ({cfg.model.path}/config.json); vLLM "
+                          f"refuses it. Set model.max_model_len={info.max_positions} and data.max_length="
+                          f"{info.max_positions - 1} or less.")
 
 
 def check_tokenizer(cfg: RunConfig, tokenizer, info: ModelInfo) -> None:
@@ -106,6 +127,15 @@ def claim_run_dir(cfg: RunConfig, force: bool = False) -> None:
     if theirs != ours:
         raise ConfigError(f"run_dir={cfg.run_dir} already holds another run (its {RESOLVED_NAME} has data-config "
                           f"hash {theirs}, this config {ours}); choose a new run_dir, or pass --force to reuse it.")
+
+
+def check_prepared_fits(cfg: RunConfig, prepared_max_tokens: int, where: str) -> None:
+    """The longest prepared sample must fit the engine (checked before submit: the config may have changed)."""
+    if prepared_max_tokens >= cfg.model.max_model_len:
+        raise ConfigError(f"{where} holds samples of up to {prepared_max_tokens} tokens, but model.max_model_len="
+                          f"{cfg.model.max_model_len} allows at most {cfg.model.max_model_len - 1} (the prompt plus "
+                          f"the one token vLLM generates); set model.max_model_len={prepared_max_tokens + 1}, or "
+                          f"re-run prepare with data.max_length={cfg.model.max_model_len - 1}.")
 
 
 def check_config(cfg: RunConfig, need_model: bool = True) -> ModelInfo | None:

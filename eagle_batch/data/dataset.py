@@ -58,6 +58,14 @@ class PreparedDataset:
     def summary(self) -> dict:
         return json.loads((self.dir / SUMMARY).read_text())
 
+    def max_sample_tokens(self) -> int:
+        """Tokens of the longest prepared sample (0 for none)."""
+        import pyarrow.compute as pc
+        import pyarrow.parquet as pq
+
+        col = pq.read_table(self.dir / SAMPLES, columns=["num_tokens"]).column("num_tokens")
+        return int(pc.max(col).as_py() or 0) if len(col) else 0
+
     def task_rows(self, task_id: int) -> list[int]:
         if not 0 <= task_id < self.num_tasks:
             raise IndexError(f"task_id {task_id} out of range: the plan has {self.num_tasks} tasks (0..{self.num_tasks - 1})")

@@ -20,9 +20,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from eagle_batch.config import check_config, check_values, claim_run_dir, save_config
+    from eagle_batch.config import check_config, check_prepared_fits, check_values, claim_run_dir, save_config
+    from eagle_batch.data import PreparedDataset
 
     from .state import read_state, DONE
+    from .local import local_summary
     from .submit import SubmitError, live_tasks, plan_num_tasks, resolve_executor, submit_tasks
     from .task import TEST_WORK_ENV
 
@@ -35,6 +37,9 @@ def run(args: argparse.Namespace) -> int:
     run_dir = cfg.run_dir
     try:
         n = plan_num_tasks(run_dir)
+        if not os.environ.get(TEST_WORK_ENV):
+            prepared = PreparedDataset(run_dir)
+            check_prepared_fits(cfg, prepared.max_sample_tokens(), str(prepared.dir))
         live = live_tasks(run_dir)
         if live:
             raise SubmitError(f"{run_dir} already has {len(live)} task(s) queued or running (jobs "
@@ -52,8 +57,7 @@ def run(args: argparse.Namespace) -> int:
         print(f"eagle-batch extract: {e}", file=sys.stderr)
         return 1
     if which == "local":
-        print(f"executor: local (no Slurm: submitit LocalExecutor runs the {len(todo)} task(s) one after "
-              f"another on this machine, job {sub.job_id})")
+        print(local_summary(sub))
     else:
         print(f"submitted Slurm array {sub.job_id}: {len(todo)} task(s) of {n}, "
               f"at most {cfg.slurm.array_parallelism} at once; logs under {run_dir}/slurm/{sub.job_id}_*/")

@@ -151,7 +151,10 @@ def test_run_capture_should_stop_commits_then_returns(tmp_path, fake_writer_cls,
 def test_run_capture_rejects_bad_inputs_naming_the_sample(tmp_path, fake_writer_cls, samples_factory):
     cfg = _cfg(tmp_path, "model.max_model_len=8")
     s = samples_factory([4, 9])
-    with pytest.raises(Exception, match=rf"sample {s[1].sample_id}: 9 tokens > model.max_model_len=8"):
+    with pytest.raises(Exception, match=rf"sample {s[1].sample_id}: 9 tokens, model.max_model_len=8 allows 7"):
+        run_capture(cfg, s, fake_writer_cls(), backend=_FakeBackend())
+    s = samples_factory([4, 8])  # vLLM needs the prompt plus the one generated token: 8 does not fit either
+    with pytest.raises(Exception, match=rf"sample {s[1].sample_id}: 8 tokens, model.max_model_len=8 allows 7"):
         run_capture(cfg, s, fake_writer_cls(), backend=_FakeBackend())
     s = samples_factory([4, 4])
     s[1].sample_id = s[0].sample_id
