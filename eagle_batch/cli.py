@@ -21,6 +21,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "verify": ("eagle_batch.store.cli_verify", "re-check checksums, offsets, dtypes and values"),
     "validate": ("eagle_batch.capture.cli_validate", "compare captured states with transformers"),
     "train": ("eagle_batch.train.cli", "train an EAGLE-3 draft on a run's hidden states"),
+    "evaluate": ("eagle_batch.train.cli_evaluate", "serve the draft with vLLM: acceptance, identical outputs"),
     "demo": ("eagle_batch.demo", "run the whole pipeline on the embedded SmolLM2 default"),
     "bench": ("eagle_batch.bench.cli", "benchmarks that print one JSON object"),
 }
@@ -28,6 +29,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
 
 def main(argv: list[str] | None = None) -> int:
     from eagle_batch.config import ConfigError
+    from eagle_batch.errors import UserError
 
     argv = list(sys.argv[1:] if argv is None else argv)
     parser = argparse.ArgumentParser(prog="eagle-batch")
@@ -46,7 +48,10 @@ def main(argv: list[str] | None = None) -> int:
         return int(importlib.import_module(args._module).run(args) or 0)
     except ConfigError as e:
         print(f"eagle-batch {args.command}: configuration error: {e}", file=sys.stderr)
-        return 2
+        return e.exit_code
+    except UserError as e:  # names the file / key and the fix: one line, no traceback
+        print(f"eagle-batch {args.command}: {e}", file=sys.stderr)
+        return e.exit_code
     except KeyboardInterrupt:
         return 130
 

@@ -24,13 +24,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def _datasets(run_dir: Path):
-    from eagle_batch.store import open_dataset
+    from eagle_batch.store import StoreError, open_dataset
 
     if (run_dir / "dataset.json").is_file():
         return [open_dataset(run_dir)]
     stores = sorted((run_dir / "stores").glob("task-*.zarr"))
     if not stores:
-        raise FileNotFoundError(f"{run_dir}: no dataset.json and no stores/task-*.zarr; run `eagle-batch extract` first")
+        raise StoreError(f"{run_dir}: no dataset.json and no stores/task-*.zarr; run `eagle-batch extract` first")
     return [open_dataset(p) for p in stores]
 
 
@@ -38,6 +38,7 @@ def validate_run(run_dir: str | Path, k: int, seed: int = 0, device: str | None 
     import numpy as np
 
     from eagle_batch.config import load_run_config, model_info, resolve_layer_ids
+    from eagle_batch.store import StoreError
 
     from .hf import hf_hidden_states, load_hf_model
     from .validate import LayerAccumulator
@@ -48,7 +49,8 @@ def validate_run(run_dir: str | Path, k: int, seed: int = 0, device: str | None 
     dss = _datasets(run_dir)
     index = [(d, i) for d, ds in enumerate(dss) for i in range(len(ds))]
     if not index:
-        raise ValueError(f"{run_dir}: the stores hold no committed samples yet")
+        raise StoreError(f"{run_dir}: the stores hold no committed samples: nothing to validate (see "
+                         f"`eagle-batch status {run_dir}`)")
     rng = np.random.default_rng(seed)
     picks = sorted(rng.choice(len(index), size=min(k, len(index)), replace=False).tolist())
     model = load_hf_model(cfg.model.path, dtype or cfg.model.dtype, device, cfg.model.trust_remote_code)

@@ -42,6 +42,9 @@ def _print_summary(s: dict, out_dir: str) -> None:
     t = s["tasks"]
     lines.append(f"  plan: {t['num_tasks']} tasks, {t['min_tokens']:,}..{t['max_tokens']:,} tokens each"
                  + (f", {t['empty_tasks']} empty (fewer samples than tasks)" if t["empty_tasks"] else ""))
+    if s["skipped_by_reason"].get("truncated_file"):
+        lines.append(f"  warning: {s['skipped_by_reason']['truncated_file']} input file(s) end in the middle of a "
+                     "record (cut off); their complete records were read")
     if s["rows_skipped"] or s["samples_dropped_by_reason"]:
         lines.append(f"  skipped rows are listed in {os.path.join(out_dir, 'bad_rows.jsonl')}")
     lines.append(f"  {s['elapsed_s']:.1f} s in all; processing {s['process_s']:.1f} s: {s['rows_per_s']:,.0f} rows/s, "

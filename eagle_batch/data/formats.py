@@ -18,6 +18,7 @@ from typing import Any
 BAD_ROW_REASONS = {
     "invalid_json": "the line is not valid JSON",
     "undecodable_bytes": "the bytes are not valid UTF-8",
+    "truncated_file": "the file ends in the middle of a record (it was cut off); the complete records before it are kept",
     "not_an_object": "the row is not a JSON object / struct",
     "unknown_format": "no messages / conversations / prompt+response column in the row",
     "not_a_list": "the messages / conversations value is not a list of turns",

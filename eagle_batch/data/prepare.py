@@ -15,6 +15,8 @@ to disk before planning (not implemented).
 
 from __future__ import annotations
 
+from eagle_batch.errors import UserError
+
 import hashlib
 import json
 import multiprocessing as mp
@@ -29,12 +31,12 @@ from typing import Any, Iterable, Iterator
 
 import numpy as np
 
-from eagle_batch.config import ConfigError, RunConfig, save_config
+from eagle_batch.config import ConfigError, RunConfig, check_fits_model, check_values, model_info, save_config
 
 from .dataset import BAD_ROWS, PLAN, PREPARED, SAMPLES, SUMMARY
 from .formats import BAD_ROW_REASONS, BadRow, row_to_conversation
 from .plan import plan_lpt
-from .readers import (JSONL_SUFFIXES, RawRecord, _InvalidJson, _Undecodable, count_rows, iter_records,
+from .readers import (JSONL_SUFFIXES, RawRecord, ReadProblem, count_rows, iter_records, json_error_detail,
                       resolve_inputs)
 from .template import (TemplateError, TemplateNotPrefixStable, render_samples, template_info,
                        tokenize_rendered)
@@ -42,7 +44,7 @@ from .template import (TemplateError, TemplateNotPrefixStable, render_samples, t
 CHUNK_ROWS = 256
 
 
-class BadRowError(ValueError):
+class BadRowError(UserError, ValueError):
     """A bad input row with data.on_bad_row=error."""
 
 
@@ -117,11 +119,9 @@ def _decode_record(rec: RawRecord) -> Any:
         try:
             return json.loads(text)
         except json.JSONDecodeError as e:
-            raise BadRow("invalid_json", f"{e.msg} at column {e.colno}") from None
-    if isinstance(rec.row, _Undecodable):
-        raise BadRow("undecodable_bytes", rec.row.detail)
-    if isinstance(rec.row, _InvalidJson):
-        raise BadRow("invalid_json", rec.row.detail)
+            raise BadRow("invalid_json", json_error_detail(e, line=False)) from None
+    if isinstance(rec.row, ReadProblem):
+        raise BadRow(rec.row.reason, rec.row.detail)
     return rec.row
 
 
@@ -264,14 +264,11 @@ def prepare(cfg: RunConfig, workers: int = 1, progress: bool = True, force: bool
 
     t0 = time.monotonic()
     d = cfg.data
-    if d.on_bad_row not in ("skip", "error"):
-        raise ConfigError(f"data.on_bad_row={d.on_bad_row!r}; use skip or error")
-    if d.non_prefix_stable not in ("error", "per_turn"):
-        raise ConfigError(f"data.non_prefix_stable={d.non_prefix_stable!r}; use error or per_turn")
-    if d.format not in ("auto", "messages", "sharegpt", "prompt_response"):
-        raise ConfigError(f"data.format={d.format!r}; use auto, messages, sharegpt or prompt_response")
-    if cfg.extract.num_tasks < 1:
-        raise ConfigError(f"extract.num_tasks={cfg.extract.num_tasks}; must be >= 1")
+    # The checks extract repeats before submitting, so that a run fails here, not hours later in its tasks:
+    # values (lengths against model.max_model_len, enums) and, when the model folder is here, its layer ids.
+    check_values(cfg)
+    if (Path(cfg.model.path) / "config.json").is_file():
+        check_fits_model(cfg, model_info(cfg.model.path))
     run_dir = _check_run_dir(cfg, force)
     files = resolve_inputs(list(d.inputs))
     tok = tokenizer if tokenizer is not None else load_tokenizer(cfg)

@@ -147,7 +147,11 @@ def _iter_json(path: Path) -> Iterator[RawRecord]:
         text = data.decode("utf-8")
     except UnicodeDecodeError as e:
         line = data[: e.start].count(b"\n") + 1
-        yield RawRecord(name, line, "line", row=_Undecodable(f"invalid UTF-8 at byte {e.start}"))
+        yield RawRecord(name, line, "line", row=ReadProblem("undecodable_bytes", f"invalid UTF-8 at byte {e.start}"))
+        return
+    start = len(text) - len(text.lstrip())
+    if text[start:start + 1] == "[":
+        yield from _iter_json_array(name, text, start + 1)
         return
     try:
         obj = json.loads(text)
@@ -155,26 +159,71 @@ def _iter_json(path: Path) -> Iterator[RawRecord]:
         if e.msg == "Extra data":  # JSON Lines saved as .json
             yield from _iter_jsonl(path)
             return
-        yield RawRecord(name, e.lineno, "line", row=_InvalidJson(f"{e.msg} at column {e.colno}"))
+        yield RawRecord(name, e.lineno, "line", row=ReadProblem("invalid_json", json_error_detail(e)))
         return
     if isinstance(obj, dict):
         # {"data": [...]} style wrappers: take the single list-valued key; else one row.
         lists = [v for v in obj.values() if isinstance(v, list) and v and isinstance(v[0], dict)]
         rows = lists[0] if len(lists) == 1 and not any(k in obj for k in ("messages", "conversations")) else [obj]
-    elif isinstance(obj, list):
-        rows = obj
     else:
         rows = [obj]
-    # Line numbers are not known for elements of one JSON document; report the element index.
     for i, row in enumerate(rows):
         yield RawRecord(name, i, "row", row=row)
 
 
-class _Undecodable:
-    def __init__(self, detail: str):
-        self.detail = detail
+def _iter_json_array(name: str, text: str, pos: int) -> Iterator[RawRecord]:
+    """The elements of a top-level JSON array one at a time (row i = element i), so a file that is cut off
+    (a download or an export that stopped mid-record) still yields every complete record before the cut;
+    the cut itself is one `truncated_file` row naming the byte offset. A syntax error elsewhere is one
+    `invalid_json` row, and reading stops there (no way to find where the next record starts)."""
+    dec = json.JSONDecoder()
+    n, i = len(text), 0
+    ws = " \t\r\n"
+    while True:
+        while pos < n and text[pos] in ws:
+            pos += 1
+        if pos < n and text[pos] == "]":
+            return
+        if pos >= n:
+            yield RawRecord(name, i, "row", row=ReadProblem(
+                "truncated_file", f"the file ends after {i} complete record(s) without the closing ']' "
+                f"(at byte {len(text[:pos].encode())}); the {i} records were read"))
+            return
+        try:
+            obj, end = dec.raw_decode(text, pos)
+        except json.JSONDecodeError as e:
+            rest = text[e.pos:].strip()
+            if e.msg.startswith("Unterminated string") or not rest or e.pos >= n - 1:
+                offset = len(text[:pos].encode())
+                yield RawRecord(name, i, "row", row=ReadProblem(
+                    "truncated_file", f"the file ends in the middle of record {i} (it starts at byte {offset}, "
+                    f"line {e.doc.count(chr(10), 0, pos) + 1}); the {i} complete records before it were read"))
+            else:
+                yield RawRecord(name, i, "row", row=ReadProblem("invalid_json", json_error_detail(e)))
+            return
+        yield RawRecord(name, i, "row", row=obj)
+        i += 1
+        pos = end
+        while pos < n and text[pos] in ws:
+            pos += 1
+        if pos < n and text[pos] == ",":
+            pos += 1
+        elif pos < n and text[pos] != "]":
+            line = text.count("\n", 0, pos) + 1
+            yield RawRecord(name, i, "row", row=ReadProblem(
+                "invalid_json", f"expected ',' or ']' after record {i - 1} (line {line}); reading stopped there"))
+            return
 
 
-class _InvalidJson:
-    def __init__(self, detail: str):
+def json_error_detail(e: json.JSONDecodeError, line: bool = True) -> str:
+    """"Expecting ',' delimiter (line 3, column 18)": json's message and where (`line=False` for one JSON
+    Lines record, whose line the record's location already names)."""
+    return f"{e.msg} (line {e.lineno}, column {e.colno})" if line else f"{e.msg} (column {e.colno})"
+
+
+class ReadProblem:
+    """A record the reader could not turn into a row: the bad-row reason (formats.BAD_ROW_REASONS) and detail."""
+
+    def __init__(self, reason: str, detail: str):
+        self.reason = reason
         self.detail = detail

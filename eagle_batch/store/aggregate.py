@@ -15,7 +15,7 @@ import json
 import time
 from pathlib import Path
 
-from .format import COMPLETE_NAME, PROGRESS_NAME, TOKEN_ARRAYS, write_json_atomic
+from .format import COMPLETE_NAME, TOKEN_ARRAYS, committed_samples, write_json_atomic
 from .reader import DATASET_NAME, read_attrs
 from .spec import StoreError, StoreMismatchError, StoreSpec
 
@@ -39,7 +39,7 @@ def aggregate(run_dir, *, fsync: bool = True) -> dict:
         try:
             done = json.loads((store / COMPLETE_NAME).read_bytes())
         except FileNotFoundError:
-            incomplete.append({"path": rel, "committed_samples": _committed_samples(store)})
+            incomplete.append({"path": rel, "committed_samples": committed_samples(store)})
             continue
         root_meta = json.loads((store / "zarr.json").read_bytes())
         attrs = root_meta.get("attributes", {}).get("eagle_batch") or read_attrs(store)  # read_attrs names the problem
@@ -72,8 +72,3 @@ def aggregate(run_dir, *, fsync: bool = True) -> dict:
     return index
 
 
-def _committed_samples(store: Path) -> int:
-    try:
-        return int(json.loads((store / PROGRESS_NAME).read_bytes())["num_samples"])
-    except (OSError, ValueError, KeyError):
-        return 0

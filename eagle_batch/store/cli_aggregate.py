@@ -39,4 +39,9 @@ def run(args: argparse.Namespace) -> int:
     if n_ok == 0:
         print(f"eagle-batch aggregate: no complete task store under {args.run_dir}/stores", file=sys.stderr)
         return 1
+    if index["num_samples"] == 0:
+        print(f"eagle-batch aggregate: the {n_ok} complete task store(s) under {args.run_dir}/stores hold no "
+              "samples: nothing was extracted (was the prepared data empty? see RUN/prepared/summary.json)",
+              file=sys.stderr)
+        return 1
     return 1 if (inc and args.require_all) else 0

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from pathlib import Path
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -16,14 +17,16 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from .spec import StoreError
-    from .verify import _store_paths, verify
+    from .format import committed_samples
+    from .verify import store_paths, verify
 
     try:
-        stores = _store_paths(__import__("pathlib").Path(args.path))
+        stores = store_paths(Path(args.path))
         problems = verify(args.path, check_values=not args.no_values)
     except StoreError as e:
         print(f"eagle-batch verify: {e}", file=sys.stderr)
         return 2
+    samples = sum(committed_samples(s) for s in stores)
     if args.json:
         print(json.dumps({"path": args.path, "stores": len(stores), "ok": not problems,
                           "problems": [p.to_dict() for p in problems]}))
@@ -36,6 +39,10 @@ def run(args: argparse.Namespace) -> int:
                   "the store is reopened for writing (`eagle-batch resume`); damaged shards need "
                   "`eagle-batch resume --repair` (recomputes the samples listed) or deleting the store.",
                   file=sys.stderr)
+        elif samples == 0:
+            print(f"eagle-batch verify: {args.path}: " + (f"the {len(stores)} store(s) hold no committed samples"
+                  if stores else "no task store") + ": nothing to verify (nothing was extracted; see "
+                  "`eagle-batch status RUN`)", file=sys.stderr)
         else:
-            print(f"OK: {len(stores)} store(s) verified")
-    return 1 if problems else 0
+            print(f"OK: {len(stores)} store(s), {samples} samples verified")
+    return 1 if problems or samples == 0 else 0

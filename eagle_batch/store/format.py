@@ -221,6 +221,14 @@ class ShardError(ValueError):
 
 # --- durable file operations --------------------------------------------------------------------
 
+def committed_samples(store: Path) -> int:
+    """Samples in a task store's committed record (0 when it has none yet or cannot be read)."""
+    try:
+        return int(json.loads((Path(store) / PROGRESS_NAME).read_bytes())["num_samples"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return 0
+
+
 def fsync_dir(path: Path) -> None:
     fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
     try:

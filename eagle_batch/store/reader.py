@@ -278,7 +278,12 @@ class StoreDataset:  # a map-style dataset for torch's DataLoader (no torch impo
 
     @property
     def layer_ids(self) -> list[int]:
-        return self._layer_ids if self._layer_ids is not None else list(self.stores[0].layer_ids)
+        if self._layer_ids is not None:
+            return self._layer_ids
+        if not self.stores:
+            raise StoreError("this dataset has no task store, so no layer ids; aggregate a run whose "
+                             "extraction finished (`eagle-batch status RUN`)")
+        return list(self.stores[0].layer_ids)
 
     def with_layers(self, layer_ids: Sequence[int]) -> "StoreDataset":
         """The same samples with only `layer_ids` (by layer id, in the given order)."""

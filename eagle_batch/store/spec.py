@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from eagle_batch.errors import UserError
+
 import fcntl
 import json
 import os
@@ -14,7 +16,7 @@ from typing import Any
 from .format import LAYER_SEMANTICS, LOCK_NAME
 
 
-class StoreError(RuntimeError):
+class StoreError(UserError, RuntimeError):
     """Base class of store errors; messages name the store (and shard/field) and what to do."""
 
 

@@ -54,7 +54,7 @@ class Problem:
         return asdict(self)
 
 
-def _store_paths(path: Path) -> list[Path]:
+def store_paths(path: Path) -> list[Path]:
     if (path / PROGRESS_NAME).is_file() or (path / "zarr.json").is_file() and not (path / "stores").is_dir():
         return [path]
     if (path / "stores").is_dir():
@@ -66,7 +66,7 @@ def verify(path, check_values: bool = True) -> list[Problem]:
     """All problems of a task store, or of every task store of a run (plus its dataset.json)."""
     path = Path(path)
     problems: list[Problem] = []
-    for store in _store_paths(path):
+    for store in store_paths(path):
         problems += verify_store(store, check_values)
     if (path / DATASET_NAME).is_file():
         problems += _verify_dataset_index(path)

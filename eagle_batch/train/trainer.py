@@ -254,6 +254,12 @@ def train(cfg, dataset: Any = None, should_stop: Callable[[], bool] = lambda: Fa
     if dataset is None:
         from eagle_batch.store import open_dataset
         dataset = open_dataset(tc.data or cfg.run_dir)
+    if len(dataset) == 0:
+        from eagle_batch.store import StoreError
+
+        raise StoreError(f"{tc.data or cfg.run_dir} holds no committed samples: there is nothing to train on. "
+                         f"Check `eagle-batch status {cfg.run_dir}` (did extraction run and finish?), then "
+                         "`eagle-batch aggregate` again.")
     aux_ids, last_id = resolve_layers(cfg, list(dataset.layer_ids))
     samples = TrainSamples(dataset, aux_ids, last_id, tc.max_length)
     plan = BatchPlan(samples.lengths(), tc.batch_tokens, tc.seed, world)
