@@ -137,6 +137,8 @@ def tiny_run(run: Path, model: Path) -> dict[str, list[str]]:
             "model.tensor_parallel_size=1",  # README: TP=8 over 8 GPUs; one CPU process here
             "model.layer_ids=null",  # README: [2, 30, 58, 61] of 61 layers; the tiny model has 6 (default rule)
             "model.dtype=float32",  # README: bfloat16; bf16 matmuls are slow on the CPU (the fault suite's choice)
+            # README: 4097 of Kimi's 262k positions; the tiny model has 4096
+            "model.max_model_len=4096", "data.max_length=4095",
             "extract.backend=hf",  # README: native = vLLM on GPUs; transformers on the CPU (as tests/faults)
             "slurm.executor=local",  # README's cluster file: slurm; submitit's local executor here
             "slurm.gpus_per_node=0",  # README: 8 GPUs per node; none here
@@ -162,6 +164,14 @@ def localize(argv: list[str], readme_run: str, run: Path, overrides: dict[str, l
         out += overrides["config"]
     if out[0] == "extract":
         out += ["--wait", "--interval", "1"]  # follow the array to the end so aggregate sees complete stores
+    if out[0] == "evaluate" and "--prompts" in out:
+        # README: a held-out JSONL of the user's chats; here demo chats the run did not train on (data.limit=8
+        # took the first 8), two of them, short answers (vLLM on 2 CPU cores)
+        i = out.index("--prompts")
+        held_out = run.parent / "held-out.jsonl"
+        held_out.write_text("".join(F.DATA.read_text().splitlines(keepends=True)[8:10]))
+        out[i + 1] = str(held_out)
+        out += ["--max-tokens", "16"]
     if out[0] == "train" and "--after" in out:
         # README: `--after RUN` submits a Slurm job with afterok on the extraction array; without Slurm the
         # same training runs here with --local (the run is complete at this point).
@@ -180,7 +190,8 @@ def cli(capsys, argv: list[str]) -> tuple[int, str, str]:
 
 def test_readme_cluster_walkthrough_runs(tmp_path, capsys):
     steps = cluster_block()
-    assert [s[0] for s in steps] == ["prepare", "extract", "status", "resume", "aggregate", "verify", "train"]
+    assert [s[0] for s in steps] == ["prepare", "extract", "status", "resume", "aggregate", "verify", "train",
+                                     "evaluate"]
     assert all(s[1:3] == ["configs/models/kimi-k2.5.yaml", "configs/clusters/blackwell-8gpu.yaml"]
                for s in steps if s[0] in ("prepare", "extract", "train"))
     readme_run = next(a.split("=", 1)[1] for a in steps[0] if a.startswith("run_dir="))
@@ -203,10 +214,11 @@ def test_readme_cluster_walkthrough_runs(tmp_path, capsys):
     assert "nothing to resume" in out["resume"], out["resume"]
     index = json.loads((run / "dataset.json").read_text())
     assert len(index["stores"]) == 2 and index["num_samples"] == 8 and not index["incomplete"]
-    assert "OK: 2 store(s) verified" in out["verify"], out["verify"]
+    assert "OK: 2 store(s), 8 samples verified" in out["verify"], out["verify"]
     export = run / "train" / "kimi-k2.5-eagle3" / "export"  # train.name from configs/models/kimi-k2.5.yaml
     assert (export / "model.safetensors").stat().st_size > 0
     assert json.loads((export / "config.json").read_text())["architectures"] == ["LlamaForCausalLMEagle3"]
+    assert "mean acceptance length" in out["evaluate"] and "identical greedy outputs: yes (2/2" in out["evaluate"]
 
 
 # ------------------------------------------------------------------------------------------- benchmarks

@@ -1,0 +1,134 @@
+"""`eagle-batch evaluate RUN [--draft DIR] [--prompts FILE]`: serve the exported draft with vLLM and measure it.
+
+The target (the run's model.path) generates greedily twice, alone and with the draft as its EAGLE-3
+drafter (`speculative_config` method `eagle3`), each engine in its own process (train/serve_check.py):
+outputs must be identical; the draft's worth is the mean acceptance length (tokens per target forward)
+and the acceptance per draft position, next to the decode speed with and without it.
+
+Prompts: `--prompts FILE`, JSON Lines with one prompt per line: a string, {"prompt": "..."}, or a chat
+({"messages": [...]} / {"conversations": [...]}, cut before its first assistant turn, so a held-out
+slice of the training data's format works as is); `--skip N` and `--num-prompts N` pick a slice.
+Default: eight short built-in prompts.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+from eagle_batch.errors import UserError
+
+BUILTIN_PROMPTS = [
+    "Explain what a hash table is and when to use one.",
+    "Write a short poem about autumn leaves.",
+    "How do I reverse a list in Python?",
+    "What are three tips for better sleep?",
+    "Summarize the water cycle in a few sentences.",
+    "What is the difference between a virus and a bacterium?",
+    "Give me a recipe for a simple tomato pasta.",
+    "How does compound interest work?",
+]
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("run_dir", metavar="RUN", help="run directory (its config.yaml names the target model)")
+    p.add_argument("--draft", default="", help="exported draft folder (default: RUN/train/<train.name>/export)")
+    p.add_argument("--prompts", default="", help="JSON Lines file of prompts (see above); default: built-in")
+    p.add_argument("--skip", type=int, default=0, help="skip the first N prompts of --prompts")
+    p.add_argument("--num-prompts", type=int, default=0, help="use at most N prompts (0 = all)")
+    p.add_argument("--k", type=int, default=3, help="draft tokens per step (num_speculative_tokens)")
+    p.add_argument("--max-tokens", type=int, default=128, help="tokens generated per prompt")
+    p.add_argument("--json", action="store_true", help="print the result as one JSON object")
+    p.add_argument("--out", default="", help="also write the result as JSON to this file")
+
+
+def _prompt_of(obj, where: str) -> str | list[dict]:
+    from eagle_batch.data.formats import BadRow, normalize_message
+
+    if isinstance(obj, str):
+        return obj
+    if isinstance(obj, dict) and isinstance(obj.get("prompt"), str):
+        return obj["prompt"]
+    turns = obj.get("messages") or obj.get("conversations") if isinstance(obj, dict) else None
+    if not isinstance(turns, list):
+        raise UserError(f"{where}: not a prompt: expected a string, {{\"prompt\": ...}} or a chat with "
+                        "\"messages\" / \"conversations\"")
+    msgs = []
+    try:
+        for i, t in enumerate(turns):
+            m = normalize_message(t, i, sharegpt="from" in t if isinstance(t, dict) else False)
+            if m is None:
+                continue
+            if m["role"] == "assistant":
+                break
+            msgs.append(m)
+    except BadRow as e:
+        raise UserError(f"{where}: {e}") from None
+    if not msgs or msgs[-1]["role"] != "user":
+        raise UserError(f"{where}: the chat has no user turn before its first assistant turn")
+    return msgs
+
+
+def load_prompts(path: str, skip: int = 0, limit: int = 0) -> list[str | list[dict]]:
+    p = Path(path)
+    if not p.is_file():
+        raise UserError(f"--prompts {path}: no such file")
+    out = []
+    with open(p, encoding="utf-8") as f:
+        for lineno, line in enumerate(f, start=1):
+            if not line.strip():
+                continue
+            if skip > 0:
+                skip -= 1
+                continue
+            try:
+                obj = json.loads(line)
+            except json.JSONDecodeError as e:
+                raise UserError(f"{path}:{lineno}: not JSON ({e.msg} at column {e.colno})") from None
+            out.append(_prompt_of(obj, f"{path}:{lineno}"))
+            if limit and len(out) >= limit:
+                break
+    if not out:
+        raise UserError(f"--prompts {path}: no prompt left (after --skip)")
+    return out
+
+
+def run(args: argparse.Namespace) -> int:
+    from eagle_batch.config import load_run_config
+
+    from .serve_check import measure_acceptance
+    from .trainer import output_dir
+
+    cfg = load_run_config(args.run_dir)
+    draft = Path(args.draft) if args.draft else output_dir(cfg) / "export"
+    if not (draft / "config.json").is_file():
+        raise UserError(f"{draft}: no exported draft (config.json); train first (`eagle-batch train CONFIG "
+                        f"run_dir={args.run_dir} --local`) or pass --draft")
+    prompts = (load_prompts(args.prompts, args.skip, args.num_prompts) if args.prompts
+               else BUILTIN_PROMPTS[:args.num_prompts or None])
+    print(f"evaluate: {len(prompts)} prompts, k={args.k}, {args.max_tokens} tokens each; target {cfg.model.path}, "
+          f"draft {draft}", file=sys.stderr, flush=True)
+    r = measure_acceptance(cfg.model.path, draft, prompts, k=args.k, max_tokens=args.max_tokens,
+                           max_model_len=cfg.model.max_model_len, dtype=cfg.model.dtype)
+    r.pop("reference", None)
+    gen = r.get("generated_tokens", 0)
+    r["target_alone_tok_s"] = round(gen / r["baseline_s"], 1) if r.get("baseline_s") else None
+    r["with_draft_tok_s"] = round(gen / r["spec_s"], 1) if r.get("spec_s") else None
+    r.update(target=str(cfg.model.path), draft=str(draft))
+    if args.out:
+        Path(args.out).write_text(json.dumps(r, indent=1) + "\n")
+    if args.json:
+        print(json.dumps(r))
+    else:
+        per_pos = r.get("accepted_per_position") or []
+        drafts = r.get("num_drafts") or 0
+        print(f"mean acceptance length {r['mean_acceptance_length']:.3f} (k={args.k}; 1 = the draft never helps)")
+        if drafts:
+            print("acceptance per position: " + ", ".join(f"{a / drafts:.3f}" for a in per_pos))
+        print(f"identical greedy outputs: {'yes' if r['identical_outputs'] else 'NO'} "
+              f"({len(prompts) - len(r['mismatches'])}/{len(prompts)} prompts)")
+        print(f"decode: {r['target_alone_tok_s']} tok/s alone, {r['with_draft_tok_s']} tok/s with the draft "
+              f"({gen} tokens, all prompts at once)")
+    return 0 if r["identical_outputs"] else 1
