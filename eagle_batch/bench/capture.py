@@ -42,7 +42,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     src = p.add_mutually_exclusive_group()
     src.add_argument("--model", default="", help="local HF model folder")
     src.add_argument("--build", default="llama-1b",
-                     help="build a random-weight model: llama-1b, dsv3-moe, tiny-llama, tiny-qwen3-moe (default llama-1b)")
+                     help="build a random-weight model: llama-1b, llama-8b, dsv3-moe, tiny-llama, tiny-qwen3-moe "
+                          "(default llama-1b)")
     p.add_argument("--layer-ids", default="", help="comma list (default: the built model's, else EAGLE-3 default)")
     p.add_argument("--num-prompts", type=int, default=2048)
     p.add_argument("--prompt-len", type=int, default=512)

