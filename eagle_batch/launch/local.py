@@ -15,6 +15,8 @@ GPU box. It keeps the promises of the Slurm path:
   claims the next unclaimed task and runs it in a child process, so a task that is killed (the
   out-of-memory killer, `kill -9`) is reaped at once, its exit is recorded, and the slot goes on with the
   next task; every task also starts its engine in a fresh process (GPU memory is freed between tasks).
+  The child leads a process group of its own, and when it ends whatever it started (vLLM's engine core and
+  workers outlive a killed task, holding the GPU) is ended too, as Slurm ends a job step's processes.
 - **Limits and retries as on Slurm.** `slurm.time_min` is each task's limit: the task gets SIGUSR2
   `slurm.signal_delay_s` before it, commits and stops, and the slot runs it again from its commits (at
   most `slurm.max_num_timeout` times). A task that raised runs again while it has fewer than
@@ -359,7 +361,9 @@ def _run_attempt(run_dir: str, sub: Path, job_id: str, task_id: int, devices: li
     log = task_log(sub, task_id)
     cmd = [sys.executable, "-u", "-m", "eagle_batch.launch.run_task", run_dir, str(task_id), job_id, str(log)]
     with open(log, "ab") as f:
-        p = subprocess.Popen(cmd, stdout=f, stderr=subprocess.STDOUT, env=_task_env(devices))
+        # A session of its own: what the task starts (vLLM's engine core and workers) is in its process group,
+        # and ends with it (_end_group), as Slurm ends every process of a job step.
+        p = subprocess.Popen(cmd, stdout=f, stderr=subprocess.STDOUT, env=_task_env(devices), start_new_session=True)
         child["p"] = p
         started = time.monotonic()
         warned = False
@@ -385,3 +389,22 @@ def _run_attempt(run_dir: str, sub: Path, job_id: str, task_id: int, devices: li
                     p.kill()
         finally:
             child["p"] = None
+            _end_group(p.pid)
+
+
+def _end_group(pgid: int, grace_s: float = 10.0) -> None:
+    """End whatever is left of a task's process group. A task killed by SIGKILL leaves its engine processes
+    running (they hold the GPU's memory, shared memory and ports), and the next attempt's engine would fail
+    to start next to them: SIGTERM, then SIGKILL after `grace_s`, and wait until the group is gone."""
+    for sig in (signal.SIGTERM, signal.SIGKILL):
+        try:
+            os.killpg(pgid, sig)
+        except ProcessLookupError:
+            return
+        deadline = time.monotonic() + grace_s
+        while time.monotonic() < deadline:
+            try:
+                os.killpg(pgid, 0)
+            except ProcessLookupError:
+                return
+            time.sleep(0.2)

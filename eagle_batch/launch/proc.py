@@ -4,7 +4,9 @@
 (the CLI that started a local job is that parent while `--wait` runs), and a pid can be reused by an
 unrelated process after the first one ended. So a process is identified by (pid, start time): the start
 time in clock ticks since boot, field 22 of /proc/PID/stat, recorded when the process is first seen.
-A zombie counts as dead. Without /proc (not Linux) only `os.kill(pid, 0)` is available.
+A zombie counts as dead, and so does a process with SIGKILL pending: one killed inside a system call that
+cannot be interrupted (an fsync of the store, say) keeps running until the call returns, and until then
+`status` must not call it running. Without /proc (not Linux) only `os.kill(pid, 0)` is available.
 """
 
 from __future__ import annotations
@@ -43,6 +45,17 @@ def alive(pid: int, ticks: int = 0) -> bool:
         except (OSError, ValueError):
             return False
     fields = _stat_fields(pid)
-    if not fields or fields[0] in ("Z", "X"):
+    if not fields or fields[0] in ("Z", "X") or _sigkill_pending(pid):
         return False
     return not ticks or len(fields) <= 19 or int(fields[19]) == ticks
+
+
+_SIGKILL_BIT = 1 << 8  # signal 9 in the hex masks of /proc/PID/status
+
+
+def _sigkill_pending(pid: int) -> bool:
+    try:
+        lines = (_PROC / str(pid) / "status").read_text().splitlines()
+    except OSError:
+        return False
+    return any(int(line.split()[1], 16) & _SIGKILL_BIT for line in lines if line.startswith(("SigPnd:", "ShdPnd:")))

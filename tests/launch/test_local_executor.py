@@ -201,3 +201,43 @@ def test_cancel_stops_a_local_job_and_its_tasks_are_resumable(tmp_path):
     assert {r["state"] for r in st["tasks"]} == {"cancelled"}, st["tasks"]
     r = cli("resume", run, "--dry-run", env=env)
     assert "resubmitting 2 task(s): 0, 1" in r.stdout
+
+
+@pytest.mark.vllm
+@pytest.mark.slow
+def test_kill_with_vllm_engine_processes_then_resume_completes(tmp_path, tiny_model):
+    """A task killed while vLLM's engine core and worker run in their own processes: they die with it (they
+    would hold memory, shared memory and ports, and the resumed attempt's engine would fail to start), and
+    `resume` right after the kill reruns the task to completion with the samples committed before kept."""
+    run = tmp_path / "run"
+    cfg = tmp_path / "run.yaml"
+    cfg.write_text(json.dumps({
+        "run_dir": str(run),
+        "model": {"path": str(tiny_model("llama")), "max_model_len": 512, "dtype": "float32"},
+        "data": {"inputs": [str(REPO / "eagle_batch" / "demo_data" / "chat.jsonl")], "format": "messages",
+                 "max_length": 256, "limit": 80},
+        "extract": {"num_tasks": 1, "backend": "native", "engine_process": "background", "batch_samples": 1,
+                    "commit_interval_s": 0, "enforce_eager": True},
+        "store": {"chunk_tokens": 16, "shard_tokens": 64},
+        "slurm": {"executor": "local", "gpus_per_node": 0, "max_attempts": 1}}))
+    env = {"VLLM_ENABLE_V1_MULTIPROCESSING": "1"}
+    assert cli("prepare", cfg, "--no-progress", "--workers", "1", env=env).returncode == 0
+    assert cli("extract", cfg, env=env).returncode == 0
+    state = run / "state" / "task-00000.json"
+    wait_for(lambda: state.exists() and json.loads(state.read_text())["samples_committed"] >= 3, 300, "commits")
+    task_pid = _task_pid(run, 0)
+    engine = [int(p) for p in subprocess.run(["pgrep", "-g", str(task_pid)], capture_output=True,
+                                             text=True).stdout.split() if int(p) != task_pid]
+    assert engine, "the engine should run in processes of its own (extract.engine_process=background)"
+    os.kill(task_pid, signal.SIGKILL)
+    row = status(run, env)["tasks"][0]
+    assert row["state"] == "failed" and 3 <= row["samples_committed"] < 80, row  # at once, not `running`
+    r = cli("resume", run, "--wait", "--interval", "1", env=env, timeout=600)
+    assert r.returncode == 0, r.stdout + r.stderr
+    from eagle_batch.launch import proc
+
+    assert not any(proc.alive(p) for p in engine), "the killed task's engine processes are still running"
+    row = status(run, env)["tasks"][0]
+    assert row["state"] == "done" and row["samples_committed"] == row["samples_total"] == 80
+    r = cli("verify", run, env=env)
+    assert r.returncode == 0 and "80 samples verified" in r.stdout, r.stdout + r.stderr
