@@ -42,6 +42,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--max-tokens", type=int, default=128, help="tokens generated per prompt")
     p.add_argument("--json", action="store_true", help="print the result as one JSON object")
     p.add_argument("--out", default="", help="also write the result as JSON to this file")
+    p.add_argument("--batch-invariant", action="store_true",
+                   help="run both engines with vLLM's batch-invariant kernels (VLLM_BATCH_INVARIANT=1, CUDA): "
+                        "plain decoding and the draft's verification then round alike, so a random or "
+                        "undertrained target's near-tied logits cannot make greedy outputs differ; slower")
 
 
 def _prompt_of(obj, where: str) -> str | list[dict]:
@@ -111,7 +115,8 @@ def run(args: argparse.Namespace) -> int:
     print(f"evaluate: {len(prompts)} prompts, k={args.k}, {args.max_tokens} tokens each; target {cfg.model.path}, "
           f"draft {draft}", file=sys.stderr, flush=True)
     r = measure_acceptance(cfg.model.path, draft, prompts, k=args.k, max_tokens=args.max_tokens,
-                           max_model_len=cfg.model.max_model_len, dtype=cfg.model.dtype)
+                           max_model_len=cfg.model.max_model_len, dtype=cfg.model.dtype,
+                           engine_env={"VLLM_BATCH_INVARIANT": "1"} if args.batch_invariant else None)
     r.pop("reference", None)
     gen = r.get("generated_tokens", 0)
     r["target_alone_tok_s"] = round(gen / r["baseline_s"], 1) if r.get("baseline_s") else None

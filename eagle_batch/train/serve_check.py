@@ -26,8 +26,8 @@ from pathlib import Path
 from typing import Any, Sequence
 
 
-def _engine_env() -> dict[str, str]:
-    env = dict(os.environ)
+def _engine_env(extra: dict[str, str] | None = None) -> dict[str, str]:
+    env = dict(os.environ, **(extra or {}))
     env.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
     env.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
     env.setdefault("HF_HUB_OFFLINE", "1")
@@ -63,12 +63,12 @@ def servable_target(target_path: str | os.PathLike, dest: str | os.PathLike | No
     return dest
 
 
-def _run_engine(spec: dict, timeout_s: float) -> dict:
+def _run_engine(spec: dict, timeout_s: float, env: dict[str, str] | None = None) -> dict:
     with tempfile.TemporaryDirectory(prefix="eagle-serve-") as d:
         inp, out = Path(d) / "in.json", Path(d) / "out.json"
         inp.write_text(json.dumps(spec))
         proc = subprocess.run([sys.executable, "-m", "eagle_batch.train.serve_check", str(inp), str(out)],
-                              env=_engine_env(), capture_output=True, text=True, timeout=timeout_s)
+                              env=_engine_env(env), capture_output=True, text=True, timeout=timeout_s)
         if proc.returncode != 0 or not out.is_file():
             tail = (proc.stdout[-3000:] + "\n" + proc.stderr[-6000:]).strip()
             raise RuntimeError(f"vLLM engine subprocess failed (rc={proc.returncode}):\n{tail}")
@@ -93,7 +93,8 @@ def render_prompts(target_path: str | os.PathLike, prompts: Sequence[str | list[
 def measure_acceptance(target_path: str | os.PathLike, draft_dir: str | os.PathLike | None,
                        prompts: Sequence[str | list[dict]], k: int = 3, max_tokens: int = 64,
                        reference: dict | None = None, timeout_s: float = 900.0,
-                       max_model_len: int = 2048, dtype: str = "auto") -> dict[str, Any]:
+                       max_model_len: int = 2048, dtype: str = "auto",
+                       engine_env: dict[str, str] | None = None) -> dict[str, Any]:
     """Greedy-generate `prompts` with and without the EAGLE-3 draft in `draft_dir`.
 
     Returns mean_acceptance_length, identical_outputs, num_drafts, num_draft_tokens,
@@ -110,8 +111,8 @@ def measure_acceptance(target_path: str | os.PathLike, draft_dir: str | os.PathL
     common = dict(target=str(target_path), prompts=prompt_ids, max_tokens=max_tokens,
                   max_model_len=max_model_len, dtype=dtype)
     if reference is None:
-        reference = _run_engine(dict(common, draft=None, k=0), timeout_s)
-    spec = _run_engine(dict(common, draft=str(draft_dir), k=int(k)), timeout_s) if draft_dir else None
+        reference = _run_engine(dict(common, draft=None, k=0), timeout_s, engine_env)
+    spec = _run_engine(dict(common, draft=str(draft_dir), k=int(k)), timeout_s, engine_env) if draft_dir else None
     result: dict[str, Any] = {"k": k, "num_prompts": len(prompt_ids), "max_tokens": max_tokens,
                               "reference": reference, "baseline_s": reference["elapsed_s"]}
     if spec is None:

@@ -61,7 +61,6 @@ for stage in $stages; do
         date -u
         nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv 2>/dev/null || echo "no nvidia-smi"
         python3 -c "import sys, vllm, torch, transformers, zarr; print('python', sys.version.split()[0], 'vllm', vllm.__version__, 'torch', torch.__version__, 'cuda', torch.version.cuda, 'transformers', transformers.__version__, 'zarr', zarr.__version__)"
-        git -C "$repo" rev-parse HEAD 2>/dev/null || echo "commit: (not a git checkout)"
       } > "$out/env.txt" 2>&1
       cat "$out/env.txt"
       # eagle-batch installed as a user installs it, so `eagle-batch` is the console script.
