@@ -16,6 +16,19 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Optional
 
+from eagle_batch.errors import UserError
+
+class SubmitError(UserError, RuntimeError):
+    """A submission that must not go ahead; the message names the run and the fix."""
+
+
+def plan_num_tasks(run_dir: str | os.PathLike) -> int:
+    p = Path(run_dir) / "prepared" / "plan.json"
+    if not p.is_file():
+        raise SubmitError(f"{p} does not exist: run `eagle-batch prepare CONFIG run_dir={run_dir}` first.")
+    return int(json.loads(p.read_text())["num_tasks"])
+
+
 STATE_DIR = "state"
 SLURM_DIR = "slurm"
 SUBMISSIONS = "submissions.jsonl"

@@ -241,9 +241,7 @@ def totals(rows: list[TaskRow]) -> dict:
 
 
 def run_status(run_dir: str | os.PathLike) -> dict:
-    from .submit import plan_num_tasks
-
-    rows = task_rows(run_dir, plan_num_tasks(run_dir))
+    rows = task_rows(run_dir, S.plan_num_tasks(run_dir))
     return {"run_dir": str(run_dir), "tasks": [asdict(r) for r in rows], "totals": totals(rows)}
 
 

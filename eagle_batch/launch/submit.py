@@ -17,9 +17,6 @@ have eagle-batch installed (see container/).
 
 from __future__ import annotations
 
-from eagle_batch.errors import UserError
-
-import json
 import os
 import shlex
 import time
@@ -29,12 +26,11 @@ from typing import Any, Callable, Optional, Sequence
 import submitit
 
 from . import state as S
+from .state import SubmitError, plan_num_tasks
 from .slurm_query import controller_answers, have_slurm, is_live, job_states
 from .task import HOST_REQUEUE_ENV, ExtractTask
 
 
-class SubmitError(UserError, RuntimeError):
-    """A submission that must not go ahead; the message names the run and the fix."""
 
 
 def resolve_executor(cfg) -> str:
@@ -160,13 +156,6 @@ def make_executor(cfg, run_dir: str | os.PathLike, kind: str = "extract", job_na
         params["additional_parameters"] = extra
     ex.update_parameters(**params)
     return ex
-
-
-def plan_num_tasks(run_dir: str | os.PathLike) -> int:
-    p = Path(run_dir) / "prepared" / "plan.json"
-    if not p.is_file():
-        raise SubmitError(f"{p} does not exist: run `eagle-batch prepare CONFIG run_dir={run_dir}` first.")
-    return int(json.loads(p.read_text())["num_tasks"])
 
 
 def live_tasks(run_dir: str | os.PathLike) -> dict[int, str]:
