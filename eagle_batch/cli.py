@@ -7,7 +7,9 @@ slow to import). A command module exposes `add_arguments(parser)` and `run(args)
 from __future__ import annotations
 
 import argparse
+import errno
 import importlib
+import os
 import sys
 
 # name -> (module, one-line help), in data-flow order.
@@ -25,6 +27,12 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "demo": ("eagle_batch.demo", "run the whole pipeline on the embedded SmolLM2 default"),
     "bench": ("eagle_batch.bench.cli", "benchmarks that print one JSON object"),
 }
+
+
+# OS errors about a path (permissions, a file where a folder should be, a full or read-only disk) are the
+# user's environment, not a bug: reported as one line naming the path.
+_ENVIRONMENT_ERRNOS = {errno.EACCES, errno.EPERM, errno.ENOTDIR, errno.EISDIR, errno.ENOENT, errno.ENOSPC,
+                       errno.EROFS, errno.EDQUOT, errno.EEXIST, errno.ENAMETOOLONG}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -52,6 +60,15 @@ def main(argv: list[str] | None = None) -> int:
     except UserError as e:  # names the file / key and the fix: one line, no traceback
         print(f"eagle-batch {args.command}: {e}", file=sys.stderr)
         return e.exit_code
+    except BrokenPipeError:  # `eagle-batch status --json | head`: the reader has all it wanted
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # no second error at interpreter exit
+        return 0
+    except OSError as e:
+        if e.errno not in _ENVIRONMENT_ERRNOS or not e.filename:
+            raise
+        # A folder or file the user named that cannot be read or written: the path and the reason.
+        print(f"eagle-batch {args.command}: {e.filename}: {e.strerror}", file=sys.stderr)
+        return 1
     except KeyboardInterrupt:
         return 130
 

@@ -52,6 +52,10 @@ class DataConfig:
     # When the chat template is not prefix-stable (e.g. it drops earlier turns' reasoning):
     # error | per_turn (one sample per assistant turn)
     non_prefix_stable: str = "per_turn"
+    # An assistant turn that renders to nothing but end-of-turn markers (a tool call the chat template
+    # does not write): mask it out of the loss (the row's other turns are kept) | skip the row | keep
+    # (train the draft to end the turn at once).
+    empty_assistant_turns: str = "mask"
     chat_template_kwargs: dict[str, Any] = field(default_factory=dict)
     limit: int = 0  # read at most this many rows (0 = all); for smoke runs
 

@@ -18,6 +18,7 @@ ENUMS = {
     "data.format": ("auto", "messages", "sharegpt", "prompt_response"),
     "data.on_bad_row": ("skip", "error"),
     "data.non_prefix_stable": ("error", "per_turn"),
+    "data.empty_assistant_turns": ("mask", "skip", "keep"),
     "extract.backend": ("auto", "native", "hooks", "hf"),
     "store.codec": ("blosc-zstd", "zstd", "none"),
     "slurm.executor": ("auto", "slurm", "local"),

@@ -31,6 +31,8 @@ BAD_ROW_REASONS = {
     "no_assistant_turn": "the conversation has no assistant turn to train on",
     "template_error": "the chat template failed or rendered the conversation inconsistently",
     "not_prefix_stable": "the template rewrites earlier turns (data.non_prefix_stable=error)",
+    "empty_assistant_turn": "an assistant turn renders to nothing but end-of-turn markers, e.g. a tool call the "
+                            "chat template does not write (data.empty_assistant_turns=skip)",
 }
 
 # Reasons a sample (not a row) is dropped after tokenization; not input errors.

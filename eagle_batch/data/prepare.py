@@ -17,6 +17,7 @@ from __future__ import annotations
 
 from eagle_batch.errors import UserError
 
+import contextlib
 import hashlib
 import json
 import multiprocessing as mp
@@ -38,14 +39,11 @@ from .formats import BAD_ROW_REASONS, BadRow, row_to_conversation
 from .plan import plan_lpt
 from .readers import (JSONL_SUFFIXES, RawRecord, ReadProblem, count_rows, iter_records, json_error_detail,
                       resolve_inputs)
-from .template import (TemplateError, TemplateNotPrefixStable, render_samples, template_info,
+from .tally import BadRowError, NothingToPrepare, Sample, Tally  # noqa: F401 - the errors prepare raises
+from .template import (EmptyAssistantTurn, TemplateError, TemplateNotPrefixStable, render_samples, template_info,
                        tokenize_rendered)
 
 CHUNK_ROWS = 256
-
-
-class BadRowError(UserError, ValueError):
-    """A bad input row with data.on_bad_row=error."""
 
 
 def load_tokenizer(cfg: RunConfig):
@@ -91,6 +89,8 @@ class RowResult:
     truncated: int = 0
     split: bool = False  # the template was not prefix-stable: more than one sample for this row
     unrendered: tuple[str, ...] = ()  # message fields the template left out (e.g. reasoning in ChatML)
+    empty_turns_masked: int = 0  # assistant turns left out of the loss for rendering empty
+    keys: tuple[str, ...] = ()  # the row's fields, when it was skipped for its shape (what the file holds)
 
 
 # Worker state (set once per process by _init_worker; the main process uses it too when workers=1).
@@ -116,8 +116,8 @@ def _decode_record(rec: RawRecord) -> Any:
             text = rec.raw.decode("utf-8")
         except UnicodeDecodeError as e:
             raise BadRow("undecodable_bytes", f"invalid UTF-8 at byte {e.start} of the line") from None
-        try:
-            return json.loads(text)
+        try:  # without the line break: a string left open at the end of the line is "unterminated"
+            return json.loads(text.rstrip("\r\n"))
         except json.JSONDecodeError as e:
             raise BadRow("invalid_json", json_error_detail(e, line=False)) from None
     if isinstance(rec.row, ReadProblem):
@@ -133,16 +133,23 @@ def process_chunk(records: list[RawRecord]) -> list[RowResult]:
     for rec in records:
         res = RowResult(rec.file, rec.index, rec.line_kind)
         results.append(res)
+        row = None
         try:
             row = _decode_record(rec)
             messages, tools = row_to_conversation(row, data)
             kw = dict(kwargs, tools=tools) if tools else kwargs
-            rendered = render_samples(tok, messages, non_prefix_stable=data.non_prefix_stable, **kw)
+            rendered = render_samples(tok, messages, non_prefix_stable=data.non_prefix_stable,
+                                      empty_turns=data.empty_assistant_turns, **kw)
         except BadRow as e:
             res.bad = (e.reason, e.detail)
+            if isinstance(row, dict):
+                res.keys = tuple(sorted(str(k) for k in row)[:40])
             continue
         except TemplateNotPrefixStable as e:
             res.bad = ("not_prefix_stable", str(e))
+            continue
+        except EmptyAssistantTurn as e:
+            res.bad = ("empty_assistant_turn", str(e))
             continue
         except TemplateError as e:
             res.bad = ("template_error", str(e))
@@ -152,6 +159,9 @@ def process_chunk(records: list[RawRecord]) -> list[RowResult]:
             continue
         res.split = len(rendered) > 1
         res.unrendered = _unrendered_fields(messages, rendered)
+        trained = {t for r in rendered for t in r.turns}
+        res.empty_turns_masked = sum(1 for i, m in enumerate(messages)
+                                     if m["role"] == "assistant" and i > 0 and i not in trained)
         rendered_all.extend((len(results) - 1, r) for r in rendered)
     if rendered_all:
         info = template_info(tok, **kwargs)
@@ -279,10 +289,14 @@ def prepare(cfg: RunConfig, workers: int = 1, progress: bool = True, force: bool
     if total is not None and d.limit:
         total = min(total, d.limit)
 
-    run_dir.mkdir(parents=True, exist_ok=True)
     tmp_dir = run_dir / f".{PREPARED}.tmp-{os.getpid()}"
-    shutil.rmtree(tmp_dir, ignore_errors=True)
-    tmp_dir.mkdir()
+    try:
+        run_dir.mkdir(parents=True, exist_ok=True)
+        shutil.rmtree(tmp_dir, ignore_errors=True)
+        tmp_dir.mkdir()
+    except OSError as e:
+        raise ConfigError(f"run_dir={run_dir}: cannot create {e.filename or run_dir} ({e.strerror}); choose a "
+                          "folder you can write to.") from None
     t_start = time.monotonic()
     try:
         summary = _prepare_into(cfg, cfg_dict, tok, files, total, tmp_dir, workers, progress)
@@ -309,111 +323,66 @@ def prepare(cfg: RunConfig, workers: int = 1, progress: bool = True, force: bool
 def _prepare_into(cfg: RunConfig, cfg_dict: dict, tok, files: list[Path], total: int | None, out: Path,
                   workers: int, show_progress: bool) -> dict:
     d = cfg.data
-
     consumed = [0]  # bytes of JSON Lines handed to the workers (progress for text inputs)
-
-    def records() -> Iterator[RawRecord]:
-        n = 0
-        for f in files:
-            for rec in iter_records(f):
-                if d.limit and n >= d.limit:
-                    return
-                n += 1
-                if rec.raw is not None:
-                    consumed[0] += len(rec.raw)
-                yield rec
-
-    ids_list: list[np.ndarray] = []
-    mask_list: list[np.ndarray] = []
-    sids: list[str] = []
-    src_file: list[str] = []
-    src_row: list[int] = []
-    seen: dict[str, int] = {}
-    skipped: Counter = Counter()
-    dropped: Counter = Counter()
-    unrendered: Counter = Counter()
-    rows_read = rows_kept = truncated = split_rows = tokens = 0
     text_bytes = sum(f.stat().st_size for f in files) if total is None and not d.limit and all(
         f.name.endswith(JSONL_SUFFIXES) for f in files) else None
     prog = Progress(total, enabled=show_progress, total_bytes=text_bytes, bytes_done=lambda: consumed[0])
+    with open(out / BAD_ROWS, "w") as bad_f, _row_results(cfg_dict, tok, _records(files, d.limit, consumed),
+                                                           workers) as results:
+        tally = Tally(_DataView(cfg_dict["data"]), bad_f, [str(f) for f in files])
+        for chunk in results:
+            for res in chunk:
+                tally.add(res)
+            prog.update(tally.rows_read, len(tally.samples), tally.tokens, sum(tally.skipped.values()))
+    prog.update(tally.rows_read, len(tally.samples), tally.tokens, sum(tally.skipped.values()), force=True)
+    if not tally.samples:
+        raise tally.nothing_kept(len(files))
+    return _write_plan(cfg, files, tally, out)
 
-    pool = None
+
+def _records(files: list[Path], limit: int, consumed: list[int]) -> Iterator[RawRecord]:
+    n = 0
+    for f in files:
+        for rec in iter_records(f):
+            if limit and n >= limit:
+                return
+            n += 1
+            if rec.raw is not None:
+                consumed[0] += len(rec.raw)
+            yield rec
+
+
+@contextlib.contextmanager
+def _row_results(cfg_dict: dict, tok, records: Iterator[RawRecord], workers: int) -> Iterator[Iterator[list]]:
+    """RowResults of `records` in input order, chunk by chunk, from `workers` processes (or this one)."""
     _init_worker(cfg_dict["model"], cfg_dict["data"], tokenizer=tok)
-    if workers > 1:
-        if "fork" in mp.get_all_start_methods():
-            # Forked workers inherit the loaded tokenizer: no per-worker import of transformers (tens of
-            # seconds on a busy node). Safe because the tokenizer's Rust thread pool is off
-            # (TOKENIZERS_PARALLELISM=false, set before loading); if a user turned it on, the tokenizers
-            # library notices the fork and disables it in the children.
-            pool = mp.get_context("fork").Pool(workers)
-        else:
-            pool = mp.get_context("spawn").Pool(workers, initializer=_init_worker,
-                                                initargs=(cfg_dict["model"], cfg_dict["data"]))
-        results_iter = pool.imap(process_chunk, _chunks(records(), CHUNK_ROWS), chunksize=1)
+    if workers <= 1:
+        yield map(process_chunk, _chunks(records, CHUNK_ROWS))
+        return
+    if "fork" in mp.get_all_start_methods():
+        # Forked workers inherit the loaded tokenizer: no per-worker import of transformers (tens of
+        # seconds on a busy node). Safe because the tokenizer's Rust thread pool is off
+        # (TOKENIZERS_PARALLELISM=false, set before loading); if a user turned it on, the tokenizers
+        # library notices the fork and disables it in the children.
+        pool = mp.get_context("fork").Pool(workers)
     else:
-        results_iter = map(process_chunk, _chunks(records(), CHUNK_ROWS))
-
+        pool = mp.get_context("spawn").Pool(workers, initializer=_init_worker,
+                                            initargs=(cfg_dict["model"], cfg_dict["data"]))
     try:
-        with open(out / BAD_ROWS, "w") as bad_f:
-            for chunk in results_iter:
-                for res in chunk:
-                    rows_read += 1
-                    loc = {"file": res.file, res.line_kind: res.index}
-                    if res.bad is not None:
-                        reason, detail = res.bad
-                        if d.on_bad_row == "error":
-                            where = f"{res.file}:{res.index}" if res.line_kind == "line" else f"{res.file} row {res.index}"
-                            raise BadRowError(
-                                f"{where}: {reason} ({BAD_ROW_REASONS[reason]}): {detail}. Fix or remove this "
-                                "row, or set data.on_bad_row=skip to count and skip bad rows (they are then "
-                                "listed in RUN/prepared/bad_rows.jsonl).")
-                        skipped[reason] += 1
-                        bad_f.write(json.dumps({**loc, "reason": reason, "detail": detail}) + "\n")
-                        continue
-                    truncated += res.truncated
-                    for name in res.unrendered:
-                        unrendered[name] += 1
-                    split_rows += int(res.split)
-                    for reason in res.dropped:
-                        dropped[reason] += 1
-                        bad_f.write(json.dumps({**loc, "reason": reason, "detail": DROP_DETAIL[reason]}) + "\n")
-                    kept_any = False
-                    for sid, ids, mask in res.samples:
-                        if sid in seen:
-                            if d.dedupe:
-                                dropped["duplicate"] += 1
-                                first = seen[sid]
-                                bad_f.write(json.dumps({**loc, "reason": "duplicate", "detail":
-                                                        f"same tokens as sample {sid} from {src_file[first]} "
-                                                        f"{src_row[first]}"}) + "\n")
-                                continue
-                            # Without dedupe, sample ids must still be unique: stores resume by id.
-                            k = 1
-                            while f"{sid}-{k}" in seen:
-                                k += 1
-                            sid = f"{sid}-{k}"
-                        seen[sid] = len(sids)
-                        sids.append(sid)
-                        ids_list.append(ids)
-                        mask_list.append(mask)
-                        src_file.append(res.file)
-                        src_row.append(res.index)
-                        tokens += len(ids)
-                        kept_any = True
-                    rows_kept += int(kept_any)
-                prog.update(rows_read, len(sids), tokens, sum(skipped.values()))
+        yield pool.imap(process_chunk, _chunks(records, CHUNK_ROWS), chunksize=1)
     finally:
-        if pool is not None:
-            pool.terminate()
-            pool.join()
-    prog.update(rows_read, len(sids), tokens, sum(skipped.values()), force=True)
+        pool.terminate()
+        pool.join()
 
-    lengths = np.fromiter((len(x) for x in ids_list), dtype=np.int64, count=len(ids_list))
-    loss = np.fromiter((int(m.sum()) for m in mask_list), dtype=np.int64, count=len(mask_list))
+
+def _write_plan(cfg: RunConfig, files: list[Path], tally: Tally, out: Path) -> dict:
+    """samples.parquet and plan.json for the kept samples; returns the summary."""
+    samples = tally.samples
+    lengths = np.fromiter((len(s.input_ids) for s in samples), dtype=np.int64, count=len(samples))
+    loss = np.fromiter((int(s.loss_mask.sum()) for s in samples), dtype=np.int64, count=len(samples))
     num_tasks = cfg.extract.num_tasks
     tasks = plan_lpt(lengths, num_tasks)
-    order = [i for rows in tasks for i in rows]
-    _write_samples(out / SAMPLES, tasks, ids_list, mask_list, sids, lengths, loss, src_file, src_row)
+    _write_samples(out / SAMPLES, tasks, samples, lengths, loss)
     plan = {"num_tasks": num_tasks, "tasks": []}
     pos = 0
     task_tokens = []
@@ -423,23 +392,27 @@ def _prepare_into(cfg: RunConfig, cfg_dict: dict, tok, files: list[Path], total:
         plan["tasks"].append({"task_id": t, "rows": list(range(pos, pos + len(rows))), "num_tokens": ntok,
                               "num_samples": len(rows)})
         pos += len(rows)
-    assert pos == len(order)
+    assert pos == len(samples)
     (out / PLAN).write_text(json.dumps(plan) + "\n")
-
     mean_task = (sum(task_tokens) / num_tasks) if num_tasks else 0
     return {
         "inputs": [str(f) for f in files],
         "tokenizer": str(cfg.model.tokenizer or cfg.model.path),
-        "rows_read": rows_read,
-        "rows_kept": rows_kept,
-        "rows_skipped": sum(skipped.values()),
-        "skipped_by_reason": dict(sorted(skipped.items())),
-        "samples": len(sids),
-        "samples_dropped_by_reason": dict(sorted(dropped.items())),
-        "samples_truncated": truncated,
-        "rows_split_per_turn": split_rows,
+        "rows_read": tally.rows_read,
+        "rows_kept": tally.rows_kept,
+        "rows_skipped": sum(tally.skipped.values()),
+        "skipped_by_reason": dict(sorted(tally.skipped.items())),
+        "samples": len(samples),
+        "samples_dropped_by_reason": dict(sorted(tally.dropped.items())),
+        "samples_truncated": tally.truncated,
+        "rows_split_per_turn": tally.split_rows,
         # Rows whose assistant turns carry fields the chat template does not render (not trained on).
-        "rows_with_unrendered_fields": dict(sorted(unrendered.items())),
+        "rows_with_unrendered_fields": dict(sorted(tally.unrendered.items())),
+        # Assistant turns that render to nothing but end-of-turn markers (data.empty_assistant_turns=mask).
+        "empty_assistant_turns_masked": tally.empty_turns_masked,
+        "file_warnings": tally.file_warnings(),
+        "files": {name: {"rows": ft.rows, "kept": ft.kept, "skipped": dict(sorted(ft.skipped.items()))}
+                  for name, ft in tally.files.items()},
         "tokens": int(lengths.sum()),
         "loss_tokens": int(loss.sum()),
         "masked_fraction": round(float(loss.sum() / max(lengths.sum(), 1)), 6),
@@ -450,10 +423,7 @@ def _prepare_into(cfg: RunConfig, cfg_dict: dict, tok, files: list[Path], total:
     }
 
 
-DROP_DETAIL = {"too_few_loss_tokens": "fewer masked tokens than data.min_loss_tokens after truncation"}
-
-
-def _write_samples(path: Path, tasks, ids_list, mask_list, sids, lengths, loss, src_file, src_row) -> None:
+def _write_samples(path: Path, tasks, samples: list[Sample], lengths, loss) -> None:
     """samples.parquet in plan order; each task's rows in their own row groups (cheap per-task reads)."""
     import pyarrow as pa
     import pyarrow.parquet as pq
@@ -479,12 +449,12 @@ def _write_samples(path: Path, tasks, ids_list, mask_list, sids, lengths, loss, 
             if not rows:
                 continue
             table = pa.Table.from_arrays([
-                pa.array([sids[i] for i in rows], pa.string()),
-                list_array([ids_list[i] for i in rows], np.int32, pa.int32()),
-                list_array([mask_list[i] for i in rows], np.uint8, pa.uint8()),
+                pa.array([samples[i].sample_id for i in rows], pa.string()),
+                list_array([samples[i].input_ids for i in rows], np.int32, pa.int32()),
+                list_array([samples[i].loss_mask for i in rows], np.uint8, pa.uint8()),
                 pa.array(lengths[rows].astype(np.int32)),
                 pa.array(loss[rows].astype(np.int32)),
-                pa.array([src_file[i] for i in rows], pa.string()),
-                pa.array(np.asarray([src_row[i] for i in rows], dtype=np.int64)),
+                pa.array([samples[i].file for i in rows], pa.string()),
+                pa.array(np.asarray([samples[i].row for i in rows], dtype=np.int64)),
             ], schema=schema)
             w.write_table(table, row_group_size=8192)

@@ -41,6 +41,10 @@ class TemplateNotPrefixStable(TemplateError):
     """Rendering a later turn rewrites earlier ones, so one sequence cannot hold every turn as generated."""
 
 
+class EmptyAssistantTurn(TemplateError):
+    """An assistant turn renders to nothing but end-of-turn markers (with empty_turns="skip")."""
+
+
 @dataclass(frozen=True)
 class TemplateInfo:
     # Text the template writes after the end-of-turn token that the model does not generate.
@@ -123,9 +127,14 @@ class RenderedSample:
     turns: list[int]  # indices (into messages) of the assistant turns this sample trains on
 
 
-def render_samples(tokenizer, messages: list[dict], non_prefix_stable: str = "error",
+def render_samples(tokenizer, messages: list[dict], non_prefix_stable: str = "error", empty_turns: str = "keep",
                    **template_kwargs) -> list[RenderedSample]:
     """Render a conversation into the fewest samples that train on every assistant turn.
+
+    An assistant turn whose generated text is nothing but special tokens (typically a tool call that the
+    chat template does not write, leaving only the end-of-turn marker) would teach the draft to end turns
+    at once: `empty_turns="mask"` leaves such turns out of the loss (they stay in the context),
+    `"skip"` raises EmptyAssistantTurn, `"keep"` trains on them like any other turn.
 
     Raises TemplateNotPrefixStable when more than one sample is needed and non_prefix_stable="error",
     TemplateError when the template fails or its generation prompt does not start the rendered turn,
@@ -133,6 +142,8 @@ def render_samples(tokenizer, messages: list[dict], non_prefix_stable: str = "er
     """
     if non_prefix_stable not in ("error", "per_turn"):
         raise ValueError(f"non_prefix_stable={non_prefix_stable!r}; use 'error' or 'per_turn'")
+    if empty_turns not in ("keep", "mask", "skip"):
+        raise ValueError(f"empty_turns={empty_turns!r}; use 'keep', 'mask' or 'skip'")
     # A turn at position 0 has no prompt to generate from (nothing to render with a generation
     # prompt); it stays in the context of later samples but is not trained on.
     turns = [i for i, m in enumerate(messages) if m.get("role") == "assistant" and i > 0]
@@ -154,6 +165,17 @@ def render_samples(tokenizer, messages: list[dict], non_prefix_stable: str = "er
         if tail and t.endswith(tail) and end - len(tail) > len(p):
             end -= len(tail)
         spans.append((len(p), end))
+    if empty_turns != "keep":
+        empty = _empty_turns(tokenizer, throughs, spans)
+        if empty and empty_turns == "skip":
+            raise EmptyAssistantTurn(f"assistant turn {turns[empty[0]]} renders to nothing but end-of-turn "
+                                     f"markers ({throughs[empty[0]][spans[empty[0]][0]:spans[empty[0]][1]]!r}: "
+                                     "a tool call the chat template does not write?)")
+        if empty:
+            keep = [j for j in range(len(turns)) if j not in empty]
+            if not keep:
+                raise ValueError("no assistant turn to train on (every assistant turn renders empty)")
+            turns, prompts, throughs, spans = ([x[j] for j in keep] for x in (turns, prompts, throughs, spans))
     remaining = list(range(len(turns)))
     samples: list[RenderedSample] = []
     while remaining:
@@ -170,6 +192,19 @@ def render_samples(tokenizer, messages: list[dict], non_prefix_stable: str = "er
             "data.non_prefix_stable=per_turn to emit them as separate samples")
     samples.reverse()  # earliest turn first: deterministic and reads naturally
     return samples
+
+
+def _empty_turns(tokenizer, throughs: list[str], spans: list[tuple[int, int]]) -> list[int]:
+    """Indexes of the turns whose generated text is only special tokens and whitespace."""
+    specials = sorted(_special_strings(tokenizer), key=len, reverse=True)
+    out = []
+    for j, (t, (a, b)) in enumerate(zip(throughs, spans)):
+        text = t[a:b]
+        for sp in specials:
+            text = text.replace(sp, "")
+        if not text.strip():
+            out.append(j)
+    return out
 
 
 def tokenize_rendered(tokenizer, samples: Sequence[RenderedSample],

@@ -21,18 +21,13 @@ def _fmt_eta(s) -> str:
 
 def run(args: argparse.Namespace) -> int:
     from .status import progress_line, run_status
-    from .submit import SubmitError
 
-    try:
-        if args.wait:
-            from .follow import follow
+    if args.wait:
+        from .follow import follow
 
-            st = follow(args.run_dir)
-        else:
-            st = run_status(args.run_dir)
-    except SubmitError as e:
-        print(f"eagle-batch status: {e}")
-        return 1
+        st = follow(args.run_dir)
+    else:
+        st = run_status(args.run_dir)
     if args.json:
         print(json.dumps(st, indent=1))
         return 0

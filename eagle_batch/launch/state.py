@@ -22,11 +22,19 @@ class SubmitError(UserError, RuntimeError):
     """A submission that must not go ahead; the message names the run and the fix."""
 
 
+class StateFileError(UserError, RuntimeError):
+    """A state file that does not parse (the task writes them atomically: someone edited it)."""
+
+
 def plan_num_tasks(run_dir: str | os.PathLike) -> int:
     p = Path(run_dir) / "prepared" / "plan.json"
     if not p.is_file():
         raise SubmitError(f"{p} does not exist: run `eagle-batch prepare CONFIG run_dir={run_dir}` first.")
-    return int(json.loads(p.read_text())["num_tasks"])
+    try:
+        return int(json.loads(p.read_text())["num_tasks"])
+    except (ValueError, KeyError, TypeError) as e:
+        raise SubmitError(f"{p} is not a plan prepare wrote ({type(e).__name__}: {e}); run `eagle-batch prepare "
+                          f"CONFIG run_dir={run_dir} --force` again.") from None
 
 
 STATE_DIR = "state"
@@ -112,7 +120,8 @@ def read_state(run_dir: str | os.PathLike, task_id: int) -> Optional[TaskState]:
         return None
     except (json.JSONDecodeError, TypeError) as e:
         # Written by atomic replace, so this means someone edited it by hand.
-        raise RuntimeError(f"{p} is not a valid task state file ({e}); delete it to let the task rewrite it") from e
+        raise StateFileError(f"{p} is not a valid task state file ({e}); delete it to let the task rewrite "
+                             "it") from e
 
 
 def write_state(run_dir: str | os.PathLike, st: TaskState) -> None:
@@ -167,10 +176,14 @@ def read_submissions(run_dir: str | os.PathLike) -> list[Submission]:
     if not p.is_file():
         return []
     out = []
-    for line in p.read_text().splitlines():
+    for lineno, line in enumerate(p.read_text().splitlines(), start=1):
         if line.strip():
-            d = json.loads(line)
-            out.append(Submission(**{k: v for k, v in d.items() if k in Submission.__dataclass_fields__}))
+            try:
+                d = json.loads(line)
+                out.append(Submission(**{k: v for k, v in d.items() if k in Submission.__dataclass_fields__}))
+            except (ValueError, TypeError) as e:  # appended in whole lines by the CLI: edited by hand
+                raise StateFileError(f"{p}:{lineno} is not a submission record ({e}); restore or delete that "
+                                     "line") from None
     return out
 
 

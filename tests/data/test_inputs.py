@@ -12,7 +12,7 @@ import pytest
 
 from eagle_batch.config import ConfigError, DataConfig, ExtractConfig, ModelConfig, RunConfig
 from eagle_batch.data import BAD_ROW_REASONS, PreparedDataset, prepare
-from eagle_batch.data.prepare import BadRowError
+from eagle_batch.data.prepare import BadRowError, NothingToPrepare
 from tests.data.conftest import build_family_tokenizer, masked_runs
 
 CONV = [{"role": "user", "content": "Hello?"}, {"role": "assistant", "content": "Hi there."}]
@@ -100,8 +100,9 @@ def test_template_error_and_not_prefix_stable_are_bad_rows(tmp_path, smollm2_pat
     path.write_text(json.dumps(multi) + "\n")
     qwen = build_family_tokenizer(smollm2_path, "qwen3")
     cfg = make_cfg(tmp_path, smollm2_path, [path], name="q", non_prefix_stable="error")
-    summary, bad = run_prepare(cfg, qwen)
-    assert summary["skipped_by_reason"] == {"not_prefix_stable": 1}
+    # The only row skipped: nothing is left, so prepare fails, naming the reason (nothing succeeds on nothing).
+    with pytest.raises(NothingToPrepare, match=r"\(1 rows read; skipped: not_prefix_stable: 1\)"):
+        run_prepare(cfg, qwen)
     cfg.data.non_prefix_stable = "per_turn"
     summary, bad = run_prepare(cfg, qwen)
     assert summary["samples"] == 2 and summary["rows_split_per_turn"] == 1 and summary["rows_kept"] == 1

@@ -1,0 +1,171 @@
+"""Accounting of prepare's rows: what was kept, what was skipped and why, per file; never silent.
+
+Every row read ends as kept (one or more samples) or skipped with a reason from BAD_ROW_REASONS, and
+every dropped sample has a reason from DROP_REASONS; both are written to RUN/prepared/bad_rows.jsonl with
+the file and line/row. On top of the row-level reasons, `file_warnings()` says what is wrong with a whole
+file (empty, no usable row and which fields it has instead, probably not UTF-8), and `NothingToPrepare`
+is raised when no sample is left at all: a run never goes ahead on nothing.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections import Counter
+from dataclasses import dataclass, field
+from typing import IO
+
+import numpy as np
+
+from eagle_batch.errors import UserError
+
+from .formats import BAD_ROW_REASONS
+
+DROP_DETAIL = {"too_few_loss_tokens": "fewer masked tokens than data.min_loss_tokens after truncation"}
+# Reasons that mean "this row is not in the shape the config expects": the file's fields are then shown.
+SHAPE_REASONS = ("unknown_format", "not_a_list", "not_an_object")
+# A file whose rows fail to decode this often (and at least this many) is probably in another encoding.
+NOT_UTF8_MIN_ROWS, NOT_UTF8_FRACTION = 3, 0.5
+_CHAT_LIKE = re.compile(r"conv|messag|chat|dialog|turn|history", re.IGNORECASE)
+
+
+class BadRowError(UserError, ValueError):
+    """A bad input row with data.on_bad_row=error."""
+
+
+class NothingToPrepare(UserError):
+    """No sample is left from any input file; the message says, per file, why."""
+
+
+@dataclass
+class FileTally:
+    rows: int = 0
+    kept: int = 0
+    skipped: Counter = field(default_factory=Counter)
+    fields: Counter = field(default_factory=Counter)  # keys of the rows skipped for their shape
+
+
+@dataclass
+class Sample:
+    sample_id: str
+    input_ids: np.ndarray
+    loss_mask: np.ndarray
+    file: str
+    row: int
+
+
+class Tally:
+    """Takes prepare's RowResults in input order; keeps the samples and writes bad_rows.jsonl."""
+
+    def __init__(self, data_cfg, bad_rows: IO[str], files: list[str]):
+        self.d = data_cfg
+        self.bad_rows = bad_rows
+        self.files = {f: FileTally() for f in files}
+        self.skipped: Counter = Counter()
+        self.dropped: Counter = Counter()
+        self.unrendered: Counter = Counter()
+        self.samples: list[Sample] = []
+        self.examples: list[str] = []  # the first few bad rows, for the error when nothing is kept
+        self._seen: dict[str, int] = {}
+        self.rows_read = self.rows_kept = self.truncated = self.split_rows = self.tokens = 0
+        self.empty_turns_masked = 0
+
+    def add(self, res) -> None:
+        self.rows_read += 1
+        ft = self.files.setdefault(res.file, FileTally())
+        ft.rows += 1
+        loc = {"file": res.file, res.line_kind: res.index}
+        if res.bad is not None:
+            self._bad(res, ft, loc)
+            return
+        self.truncated += res.truncated
+        self.split_rows += int(res.split)
+        self.empty_turns_masked += res.empty_turns_masked
+        for name in res.unrendered:
+            self.unrendered[name] += 1
+        for reason in res.dropped:
+            self.dropped[reason] += 1
+            self._write({**loc, "reason": reason, "detail": DROP_DETAIL[reason]})
+        kept = [self._keep(sid, ids, mask, res, loc) for sid, ids, mask in res.samples]
+        if any(kept):
+            self.rows_kept += 1
+            ft.kept += 1
+
+    def _bad(self, res, ft: FileTally, loc: dict) -> None:
+        reason, detail = res.bad
+        where = f"{res.file}:{res.index}" if res.line_kind == "line" else f"{res.file} row {res.index}"
+        if self.d.on_bad_row == "error":
+            raise BadRowError(f"{where}: {reason} ({BAD_ROW_REASONS[reason]}): {detail}. Fix or remove this row, or "
+                              "set data.on_bad_row=skip to count and skip bad rows (they are then listed in "
+                              "RUN/prepared/bad_rows.jsonl).")
+        self.skipped[reason] += 1
+        ft.skipped[reason] += 1
+        if reason in SHAPE_REASONS:
+            ft.fields.update(res.keys)
+        if len(self.examples) < 5:
+            self.examples.append(f"{where}: {reason}: {detail}")
+        self._write({**loc, "reason": reason, "detail": detail})
+
+    def _keep(self, sid: str, ids, mask, res, loc: dict) -> bool:
+        if sid in self._seen:
+            first = self.samples[self._seen[sid]]
+            if self.d.dedupe:
+                self.dropped["duplicate"] += 1
+                self._write({**loc, "reason": "duplicate", "detail": f"same tokens as sample {sid} from "
+                             f"{first.file} {first.row}"})
+                return False
+            k = 1  # without dedupe, sample ids must still be unique: stores resume by id
+            while f"{sid}-{k}" in self._seen:
+                k += 1
+            sid = f"{sid}-{k}"
+        self._seen[sid] = len(self.samples)
+        self.samples.append(Sample(sid, ids, mask, res.file, res.index))
+        self.tokens += len(ids)
+        return True
+
+    def _write(self, obj: dict) -> None:
+        self.bad_rows.write(json.dumps(obj) + "\n")
+
+    # ------------------------------------------------------------------------------------- whole files
+    def file_warnings(self) -> list[str]:
+        """What is wrong with whole input files (empty, nothing usable, probably not UTF-8)."""
+        out = []
+        for name, ft in self.files.items():
+            if ft.rows == 0:
+                out.append(f"{name}: no rows (the file is empty)")
+                continue
+            bad_utf8 = ft.skipped.get("undecodable_bytes", 0)
+            if bad_utf8 >= min(NOT_UTF8_MIN_ROWS, ft.rows) and bad_utf8 >= NOT_UTF8_FRACTION * ft.rows:
+                out.append(f"{name}: {bad_utf8} of {ft.rows} rows are not valid UTF-8: the file is probably in "
+                           "another encoding (Latin-1, Windows-1252, ...); convert it, e.g. `iconv -f latin1 -t "
+                           "utf-8 IN > OUT`, and point data.inputs at the converted file")
+            elif ft.kept == 0:
+                out.append(f"{name}: none of its {ft.rows} rows could be used ({_reasons(ft.skipped)})"
+                           + self._field_hint(ft))
+        return out
+
+    def _field_hint(self, ft: FileTally) -> str:
+        if not ft.fields:
+            return ""
+        names = [k for k, _ in ft.fields.most_common(12)]
+        chat = next((k for k in names if _CHAT_LIKE.search(k)), None)
+        d = self.d
+        return (f". Its rows have the fields {', '.join(names)}; eagle-batch looked for "
+                f"'{d.messages_field}' (data.messages_field), '{d.conversations_field}' (data.conversations_field) "
+                f"or '{d.prompt_field}' + '{d.response_field}' (data.prompt_field, data.response_field)"
+                + (f": if '{chat}' holds the turns, set data.messages_field={chat} ({{role, content}} turns) or "
+                   f"data.conversations_field={chat} ({{from, value}} turns)" if chat else ""))
+
+    def nothing_kept(self, n_files: int) -> NothingToPrepare:
+        lines = [f"nothing to prepare: no sample from {n_files} input file(s) ({self.rows_read} rows read"
+                 + (f"; skipped: {_reasons(self.skipped)}" if self.skipped else "")
+                 + (f"; samples dropped: {_reasons(self.dropped)}" if self.dropped else "") + ")."]
+        lines += [f"  {w}" for w in self.file_warnings()]
+        if self.examples:
+            lines.append("  first bad rows:")
+            lines += [f"    {e}" for e in self.examples]
+        return NothingToPrepare("\n".join(lines))
+
+
+def _reasons(c: Counter) -> str:
+    return ", ".join(f"{k}: {v}" for k, v in sorted(c.items()))

@@ -1,0 +1,104 @@
+"""No Python traceback reaches a user for an input-caused error, whichever command they type.
+
+Every command runs on a set of bad inputs (missing or malformed files, a run directory that is not one, a
+state file edited by hand, ...). Each must exit non-zero with a message on stderr and no traceback; where the
+input is a path, the message names it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def cli(*argv) -> subprocess.CompletedProcess:
+    env = dict(os.environ, PYTHONPATH=str(REPO))
+    return subprocess.run([sys.executable, "-m", "eagle_batch.cli", *map(str, argv)], capture_output=True,
+                          text=True, env=env, timeout=300, cwd=str(REPO))
+
+
+@pytest.fixture(scope="module")
+def bad(tmp_path_factory) -> dict[str, Path]:
+    d = tmp_path_factory.mktemp("bad")
+    paths = {"missing": d / "missing", "a_file": d / "a-file.txt"}
+    paths["a_file"].write_text("not a run")
+    paths["bad_yaml"] = d / "bad.yaml"
+    paths["bad_yaml"].write_text("run_dir: [unclosed\n")
+    paths["unknown_key"] = d / "unknown.yaml"
+    paths["unknown_key"].write_text(json.dumps({"run_dir": str(d / "r1"), "model": {"path": str(d)}, "modle": {}}))
+    paths["no_model"] = d / "no-model.yaml"
+    paths["no_model"].write_text(json.dumps({"run_dir": str(d / "r2"), "model": {"path": str(d / "nowhere")},
+                                             "data": {"inputs": [str(d / "nowhere.jsonl")]}}))
+    # A run directory whose files were edited by hand.
+    run = d / "edited"
+    (run / "prepared").mkdir(parents=True)
+    (run / "state").mkdir()
+    (run / "slurm").mkdir()
+    (run / "prepared" / "plan.json").write_text(json.dumps({"num_tasks": 1, "tasks": [
+        {"task_id": 0, "rows": [], "num_tokens": 0, "num_samples": 0}]}))
+    (run / "state" / "task-00000.json").write_text("{half a state")
+    (run / "config.yaml").write_text(f"run_dir: {run}\nmodel:\n  path: {d}\n")
+    paths["edited_state"] = run
+    run2 = d / "bad-plan"
+    (run2 / "prepared").mkdir(parents=True)
+    (run2 / "prepared" / "plan.json").write_text("[1, 2")
+    (run2 / "config.yaml").write_text(f"run_dir: {run2}\nmodel:\n  path: {d}\n")
+    paths["bad_plan"] = run2
+    run3 = d / "bad-submissions"
+    (run3 / "prepared").mkdir(parents=True)
+    (run3 / "slurm").mkdir()
+    (run3 / "prepared" / "plan.json").write_text(json.dumps({"num_tasks": 1, "tasks": [
+        {"task_id": 0, "rows": [], "num_tokens": 0, "num_samples": 0}]}))
+    (run3 / "slurm" / "submissions.jsonl").write_text('{"job_id": "1", "executor"\n')
+    (run3 / "config.yaml").write_text(f"run_dir: {run3}\nmodel:\n  path: {d}\n")
+    paths["bad_submissions"] = run3
+    return paths
+
+
+# (argv with {names} of the `bad` fixture, a text the message must contain)
+CASES = [
+    (["prepare", "{missing}"], "{missing}"),
+    (["prepare", "{bad_yaml}"], "not valid YAML"),
+    (["prepare", "{unknown_key}"], "modle"),
+    (["prepare", "{no_model}"], "nowhere"),
+    (["prepare", "{no_model}", "extract.num_tasks=many"], "extract.num_tasks"),
+    (["extract", "{missing}"], "{missing}"),
+    (["extract", "{no_model}"], "nowhere"),
+    (["train", "{missing}", "--local"], "{missing}"),
+    (["train", "{no_model}", "--local"], ""),
+    (["status", "{missing}"], "{missing}"),
+    (["status", "{a_file}"], "{a_file}"),
+    (["status", "{edited_state}"], "task-00000.json is not a valid task state file"),
+    (["status", "{bad_plan}"], "plan.json is not a plan prepare wrote"),
+    (["status", "{bad_submissions}"], "submissions.jsonl:1 is not a submission record"),
+    (["resume", "{missing}"], "{missing}"),
+    (["resume", "{edited_state}"], "task-00000.json"),
+    (["resume", "{bad_plan}"], "plan.json"),
+    (["cancel", "{missing}"], "{missing}"),
+    (["aggregate", "{missing}"], "{missing}"),
+    (["aggregate", "{a_file}"], "{a_file}"),
+    (["verify", "{missing}"], "{missing}"),
+    (["verify", "{a_file}"], "{a_file}"),
+    (["validate", "{missing}"], "{missing}"),
+    (["validate", "{edited_state}"], "no config.json there"),
+    (["evaluate", "{missing}"], "{missing}"),
+    (["evaluate", "{edited_state}"], "no exported draft"),
+    (["evaluate", "{edited_state}", "--draft", "{a_file}"], "{a_file}"),
+]
+
+
+@pytest.mark.parametrize("argv,expect", CASES, ids=[" ".join(a) for a, _ in CASES])
+def test_bad_input_gives_a_message_not_a_traceback(bad, argv, expect):
+    fill = {k: str(v) for k, v in bad.items()}
+    r = cli(*(a.format(**fill) for a in argv))
+    assert r.returncode != 0, (argv, r.stdout)
+    assert "Traceback" not in r.stderr + r.stdout, r.stderr[-4000:]
+    assert r.stderr.strip(), "an error must say something"
+    assert expect.format(**fill) in r.stderr, r.stderr
