@@ -136,3 +136,20 @@ def test_train_submits_a_slurm_array_and_it_trains(tmp_path):
         time.sleep(5)
     assert all(p.is_file() for p in outs), list((run_dir / "slurm").rglob("*.err"))
     assert all(json.loads(p.read_text())["status"] == "done" for p in outs)
+
+
+def test_export_is_readable_by_others_under_the_usual_umask(tmp_path, fake_target):
+    import os
+    import stat
+
+    cfg = draft_config_from_target(fake_target, TINY_LAYERS[:3], TINY_LAYERS[3], 100)
+    m = Eagle3Draft(cfg, target_head(fake_target)["embed"])
+    m.set_vocab_map(torch.arange(100))
+    old = os.umask(0o022)
+    try:
+        out = export_draft(m, tmp_path / "export")
+    finally:
+        os.umask(old)
+    assert stat.S_IMODE((out / "model.safetensors").stat().st_mode) == 0o644  # safetensors alone writes 0600
+    assert stat.S_IMODE((out / "config.json").stat().st_mode) == 0o644
+    assert stat.S_IMODE(out.stat().st_mode) == 0o755
