@@ -8,8 +8,9 @@ Steps, each the same code a cluster run uses:
     slurmctld answers, else submitit's local executor) -> aggregate -> verify -> train briefly ->
     serve the draft with vLLM as the EAGLE-3 drafter and measure acceptance -> summary + RUN/report.html
 
-The config is `DEMO_OVERRIDES` on top of the schema defaults (the same as configs/demo.yaml, which
-runs the steps one by one).
+The settings are `configs/demo.yaml` (shipped in the package), nothing else: the command only says where
+things are (run directory, the materialized model, the shipped chats, the executor) and adds the user's
+overrides.
 """
 
 from __future__ import annotations
@@ -27,59 +28,8 @@ from typing import Any
 
 DATA_FILE = Path(__file__).parent / "demo_data" / "chat.jsonl"
 
-DEMO_OVERRIDES = [
-    "model.name=SmolLM2-135M-Instruct",
-    "model.max_model_len=1024",
-    # vLLM on a CPU without AVX512-BF16/AMX runs bf16 5.8x slower than fp32 (SmolLM2 prefill, 2-core VM:
-    # 67 vs 391 tok/s). The states are computed in fp32 and stored as bf16, like any other run.
-    "model.dtype=float32",
-    "data.format=messages",
-    "data.max_length=512",
-    "extract.num_tasks=4",
-    "extract.backend=auto",
-    "extract.max_num_seqs=32",
-    "extract.max_num_batched_tokens=4096",
-    "extract.batch_samples=32",
-    "extract.commit_interval_s=0",
-    # torch.compile on 2 CPU cores costs minutes for a 135M model; eager starts in seconds.
-    "extract.enforce_eager=true",
-    # The local demo node advertises fake GPUs; the tasks run on its CPUs.
-    "slurm.gpus_per_node=0",
-    "slurm.cpus_per_task=2",
-    "slurm.time_min=30",
-    "slurm.signal_delay_s=30",
-    # One task at a time: each runs its own vLLM engine and the demo machine has 2 cores.
-    "slurm.array_parallelism=1",
-    "train.name=demo-draft",
-    # 100 steps of 2048 tokens (~7 epochs of the 28k-token set) take ~4 min on 2 cores.
-    "train.steps=100",
-    # bf16 matmuls are several times slower than fp32 on CPUs without AVX-512 BF16.
-    "train.precision=fp32",
-    # Skip the full-vocabulary target argmax per step (the CPU bottleneck); accuracy is then vs the draft vocab.
-    "train.accuracy_vs=draft",
-    "train.lr=1e-3",
-    "train.warmup_steps=10",
-    "train.batch_tokens=2048",
-    "train.max_length=512",
-    "train.ttt_steps=3",
-    # The demo set uses under 1,000 distinct tokens; an 8192-row draft head cost 3x the step time for nothing.
-    "train.draft_vocab_size=1024",
-    "train.num_workers=0",
-    "train.checkpoint_every=100",
-    "train.log_every=10",
-    "train.tensorboard=false",
-]
+DEMO_CONFIG = "configs/demo.yaml"  # shipped in the package: eagle_batch/configs/demo.yaml
 
-EVAL_PROMPTS = [
-    "Explain what a hash table is and when to use one.",
-    "Write a short poem about autumn leaves.",
-    "How do I reverse a list in Python?",
-    "What are three tips for better sleep?",
-    "Summarize the water cycle in a few sentences.",
-    "What is the difference between a virus and a bacterium?",
-    "Give me a recipe for a simple tomato pasta.",
-    "How does compound interest work?",
-]
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -100,9 +50,8 @@ def _say(msg: str) -> None:
 def demo_config(run_dir: Path, model_path: Path, executor: str, extra: list[str]):
     from eagle_batch.config import load_config
 
-    return load_config(None, [f"run_dir={run_dir}", f"model.path={model_path}",
-                              f"data.inputs=[{DATA_FILE}]", f"slurm.executor={executor}",
-                              *DEMO_OVERRIDES, *extra])
+    return load_config(DEMO_CONFIG, [f"run_dir={run_dir}", f"model.path={model_path}",
+                                     f"data.inputs=[{DATA_FILE}]", f"slurm.executor={executor}", *extra])
 
 
 def _store_bytes(run_dir: Path) -> tuple[int, int]:
@@ -253,20 +202,20 @@ def run(args: argparse.Namespace) -> int:
     _say("verify: checksums, offsets, dtypes, NaN/Inf and metadata are all right")
 
     from eagle_batch.train.cli import run_local
-    from eagle_batch.train.serve_check import measure_acceptance
+    from eagle_batch.train.serve_check import BUILTIN_PROMPTS, measure_acceptance
     from eagle_batch.train.trainer import output_dir
 
     _say(f"train: {cfg.train.steps} steps of EAGLE-3 draft training on the captured states")
     result = run_local(cfg)
     export_dir = Path(result["export_dir"])
     _say(f"exported the draft to {export_dir}; serving it with vLLM as the EAGLE-3 drafter")
-    acc = measure_acceptance(model_path, export_dir, EVAL_PROMPTS, k=3, max_tokens=64)
+    acc = measure_acceptance(model_path, export_dir, BUILTIN_PROMPTS, k=3, max_tokens=64)
     baseline = None
     if args.baseline:
         # The same draft with zero training steps: its initial weights, exported the same way.
         untrained = run_local(demo_config(run_dir, model_path, args.executor,
                                           extra + ["train.steps=0", "train.name=untrained-draft"]))
-        baseline = measure_acceptance(model_path, Path(untrained["export_dir"]), EVAL_PROMPTS, k=3,
+        baseline = measure_acceptance(model_path, Path(untrained["export_dir"]), BUILTIN_PROMPTS, k=3,
                                       max_tokens=64, reference=acc.get("reference"))
 
     status = run_status(run_dir)

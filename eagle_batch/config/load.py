@@ -51,9 +51,7 @@ def load_config(paths: str | os.PathLike | Sequence[str | os.PathLike] | None = 
     paths = [*paths, *more]
     overrides = [o for o in overrides if o not in more]
     for p in paths:
-        p = Path(p)
-        if not p.is_file():
-            raise ConfigError(f"config file {p} does not exist; pass the path of a YAML file (see configs/).")
+        p = resolve_config_path(p)
         try:
             loaded = OmegaConf.load(p)
         except Exception as e:  # yaml errors carry line numbers
@@ -73,6 +71,27 @@ def load_config(paths: str | os.PathLike | Sequence[str | os.PathLike] | None = 
         raise ConfigError(_format_omegaconf_error(e, "overrides" if overrides else "config")) from e
     assert isinstance(cfg, RunConfig)
     return cfg
+
+
+SHIPPED = Path(__file__).resolve().parents[1] / "configs"  # eagle_batch/configs, in the wheel too
+
+
+def shipped_configs() -> list[str]:
+    """The configs that come with eagle-batch, as `configs/...` names (`configs` in a checkout links here)."""
+    return sorted(f"configs/{p.relative_to(SHIPPED)}" for p in SHIPPED.rglob("*.yaml"))
+
+
+def resolve_config_path(path: str | os.PathLike) -> Path:
+    """`path` if it is a file; else a shipped config of that name (`configs/models/kimi-k2.5.yaml`,
+    `models/kimi-k2.5.yaml`), so the README's commands work from any folder with eagle-batch installed."""
+    p = Path(path)
+    if p.is_file():
+        return p
+    rel = Path(*p.parts[1:]) if p.parts[:1] == ("configs",) else p
+    if not p.is_absolute() and (SHIPPED / rel).is_file():
+        return SHIPPED / rel
+    raise ConfigError(f"config file {p} does not exist; pass the path of a YAML file, or one of the shipped "
+                      f"configs: {', '.join(shipped_configs())}.")
 
 
 def to_yaml(cfg: RunConfig) -> str:

@@ -20,16 +20,6 @@ from pathlib import Path
 
 from eagle_batch.errors import UserError
 
-BUILTIN_PROMPTS = [
-    "Explain what a hash table is and when to use one.",
-    "Write a short poem about autumn leaves.",
-    "How do I reverse a list in Python?",
-    "What are three tips for better sleep?",
-    "Summarize the water cycle in a few sentences.",
-    "What is the difference between a virus and a bacterium?",
-    "Give me a recipe for a simple tomato pasta.",
-    "How does compound interest work?",
-]
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -102,7 +92,7 @@ def load_prompts(path: str, skip: int = 0, limit: int = 0) -> list[str | list[di
 def run(args: argparse.Namespace) -> int:
     from eagle_batch.config import load_run_config
 
-    from .serve_check import measure_acceptance
+    from .serve_check import BUILTIN_PROMPTS, measure_acceptance
     from .trainer import output_dir
 
     cfg = load_run_config(args.run_dir)

@@ -26,6 +26,20 @@ from pathlib import Path
 from typing import Any, Sequence
 
 
+# Short, varied prompts for a quick look at a draft (the demo, `eagle-batch evaluate` without --prompts);
+# a real evaluation uses held-out prompts of the user's own data.
+BUILTIN_PROMPTS = [
+    "Explain what a hash table is and when to use one.",
+    "Write a short poem about autumn leaves.",
+    "How do I reverse a list in Python?",
+    "What are three tips for better sleep?",
+    "Summarize the water cycle in a few sentences.",
+    "What is the difference between a virus and a bacterium?",
+    "Give me a recipe for a simple tomato pasta.",
+    "How does compound interest work?",
+]
+
+
 def _engine_env(extra: dict[str, str] | None = None) -> dict[str, str]:
     env = dict(os.environ, **(extra or {}))
     env.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")

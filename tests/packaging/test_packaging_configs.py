@@ -97,10 +97,32 @@ def test_demo_config_and_data(monkeypatch):
     assert cfg.model.path.startswith("/tmp/eb-cache/")
     assert cfg.model.layer_ids is None
     (inp,) = cfg.data.inputs
-    rows = [json.loads(line) for line in Path(inp).read_text().splitlines()]
-    assert len(rows) == 20
-    for r in rows:
-        roles = [m["role"] for m in r["messages"]]
-        assert roles[-1] == "assistant" and "user" in roles
-        assert all(m["content"].strip() for m in r["messages"])
-    assert len({r["id"] for r in rows}) == len(rows)
+    assert Path(inp).resolve() == (REPO / "eagle_batch" / "demo_data" / "chat.jsonl").resolve()
+    for path, n in ((inp, 300), (CONFIGS / "data" / "demo-chat.jsonl", 20)):  # the demo's chats; the test fixture
+        rows = [json.loads(line) for line in Path(path).read_text().splitlines()]
+        assert len(rows) == n
+        for r in rows:
+            roles = [m["role"] for m in r["messages"]]
+            assert roles[-1] == "assistant" and "user" in roles
+            assert all(m["content"].strip() for m in r["messages"])
+        assert len({json.dumps(r["messages"]) for r in rows}) == len(rows)
+
+
+def _flat(d: dict, prefix: str = "") -> dict:
+    out = {}
+    for k, v in d.items():
+        out.update(_flat(v, f"{prefix}{k}.") if isinstance(v, dict) else {f"{prefix}{k}": v})
+    return out
+
+
+def test_the_demo_command_runs_configs_demo_yaml_and_sets_only_locations(tmp_path, monkeypatch):
+    """`eagle-batch demo` has no settings of its own: its config is demo.yaml with the locations filled in."""
+    from eagle_batch import demo
+    from eagle_batch.config import config_dict
+
+    monkeypatch.chdir(REPO)
+    shipped = _flat(config_dict(load_config([CONFIGS / "demo.yaml"])))
+    ran = _flat(config_dict(demo.demo_config(tmp_path / "run", tmp_path / "model", "local", [])))
+    assert shipped.keys() == ran.keys()
+    assert {k for k in shipped if shipped[k] != ran[k]} <= {"run_dir", "model.path", "data.inputs", "slurm.executor"}
+    assert ran["data.inputs"] == [str(demo.DATA_FILE)] and ran["model.path"] == str(tmp_path / "model")

@@ -127,7 +127,9 @@ def test_templates_run_a_small_extraction_on_local_slurm(tmp_path, tiny_model):
             ],
         },
     }))
-    out = render(tmp_path, "configs/demo.yaml", str(site), f"run_dir={run}")
+    # The 20-chat fixture in 2 tasks (the demo itself runs 300 chats in 4).
+    out = render(tmp_path, "configs/demo.yaml", str(site), f"run_dir={run}",
+                 f"data.inputs=[{REPO / 'configs' / 'data' / 'demo-chat.jsonl'}]", "extract.num_tasks=2")
     r = subprocess.run(["bash", str(out / "submit.sh"), "--no-train"], capture_output=True, text=True,
                        timeout=900)
     assert r.returncode == 0, r.stdout + r.stderr + "".join(p.read_text() for p in out.glob("prepare-*.out"))
@@ -207,7 +209,7 @@ def test_extract_template_requeues_on_checkpoint_signal_and_on_failure(tmp_path)
             ],
         },
     }))
-    out = render(tmp_path, "configs/demo.yaml", str(site), f"run_dir={run}")
+    out = render(tmp_path, "configs/demo.yaml", str(site), f"run_dir={run}", "extract.num_tasks=2")
     (run / "prepared").mkdir(parents=True)
     (run / "prepared" / "plan.json").write_text(json.dumps({"num_tasks": 2, "tasks": []}))
     r = subprocess.run(["bash", str(out / "submit.sh"), "--no-prepare", "--no-train"], capture_output=True,
