@@ -31,8 +31,18 @@ COMMANDS: dict[str, tuple[str, str]] = {
 
 # OS errors about a path (permissions, a file where a folder should be, a full or read-only disk) are the
 # user's environment, not a bug: reported as one line naming the path.
-_ENVIRONMENT_ERRNOS = {errno.EACCES, errno.EPERM, errno.ENOTDIR, errno.EISDIR, errno.ENOENT, errno.ENOSPC,
-                       errno.EROFS, errno.EDQUOT, errno.EEXIST, errno.ENAMETOOLONG}
+_ENVIRONMENT_ERRNOS = {
+    errno.EACCES,
+    errno.EPERM,
+    errno.ENOTDIR,
+    errno.EISDIR,
+    errno.ENOENT,
+    errno.ENOSPC,
+    errno.EROFS,
+    errno.EDQUOT,
+    errno.EEXIST,
+    errno.ENAMETOOLONG,
+}
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -28,12 +28,18 @@ DATA_FILE = Path(__file__).parent / "demo_data" / "chat.jsonl"
 DEMO_CONFIG = "configs/demo.yaml"  # shipped in the package: eagle_batch/configs/demo.yaml
 
 
-
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--run-dir", default=os.environ.get("EAGLE_BATCH_DEMO_RUN", "runs/demo"),
-                   help="run directory (default runs/demo; an existing demo run there is replaced)")
-    p.add_argument("--executor", choices=("auto", "slurm", "local"), default="auto",
-                   help="auto: the local Slurm when sbatch is on PATH and slurmctld answers, else submitit's local executor")
+    p.add_argument(
+        "--run-dir",
+        default=os.environ.get("EAGLE_BATCH_DEMO_RUN", "runs/demo"),
+        help="run directory (default runs/demo; an existing demo run there is replaced)",
+    )
+    p.add_argument(
+        "--executor",
+        choices=("auto", "slurm", "local"),
+        default="auto",
+        help="auto: the local Slurm when sbatch is on PATH and slurmctld answers, else submitit's local executor",
+    )
     p.add_argument("--train-steps", type=int, default=None, help="training steps (default 100)")
     p.add_argument("--limit", type=int, default=0, help="use only the first N conversations (0 = all)")
     p.add_argument("--baseline", action="store_true", help="also measure an untrained draft's acceptance")
@@ -47,8 +53,16 @@ def _say(msg: str) -> None:
 def demo_config(run_dir: Path, model_path: Path, executor: str, extra: list[str]):
     from eagle_batch.config import load_config
 
-    return load_config(DEMO_CONFIG, [f"run_dir={run_dir}", f"model.path={model_path}",
-                                     f"data.inputs=[{DATA_FILE}]", f"slurm.executor={executor}", *extra])
+    return load_config(
+        DEMO_CONFIG,
+        [
+            f"run_dir={run_dir}",
+            f"model.path={model_path}",
+            f"data.inputs=[{DATA_FILE}]",
+            f"slurm.executor={executor}",
+            *extra,
+        ],
+    )
 
 
 def run(args: argparse.Namespace) -> int:
@@ -93,8 +107,7 @@ def run(args: argparse.Namespace) -> int:
     if which == "slurm":
         _say("extract: submitting a Slurm array through submitit (sbatch found: the real local Slurm)")
     else:
-        why = ("sbatch is on PATH but no slurmctld answers `scontrol ping`" if have_slurm()
-               else "sbatch not on PATH")
+        why = "sbatch is on PATH but no slurmctld answers `scontrol ping`" if have_slurm() else "sbatch not on PATH"
         _say(f"extract: no Slurm here ({why}): submitit's LOCAL executor runs the tasks on this machine")
     sub = submit_tasks(cfg, run_dir, list(range(cfg.extract.num_tasks)), kind="extract", executor=which)
     _say(f"submitted {sub.job_id}; following it")
@@ -124,10 +137,17 @@ def run(args: argparse.Namespace) -> int:
     baseline = None
     if args.baseline:
         # The same draft with zero training steps: its initial weights, exported the same way.
-        untrained = run_local(demo_config(run_dir, model_path, args.executor,
-                                          extra + ["train.steps=0", "train.name=untrained-draft"]))
-        baseline = measure_acceptance(model_path, Path(untrained["export_dir"]), BUILTIN_PROMPTS, k=3,
-                                      max_tokens=64, reference=acc.get("reference"))
+        untrained = run_local(
+            demo_config(run_dir, model_path, args.executor, extra + ["train.steps=0", "train.name=untrained-draft"])
+        )
+        baseline = measure_acceptance(
+            model_path,
+            Path(untrained["export_dir"]),
+            BUILTIN_PROMPTS,
+            k=3,
+            max_tokens=64,
+            reference=acc.get("reference"),
+        )
 
     status = run_status(run_dir)
     disk, raw = store_bytes(run_dir)
@@ -150,8 +170,9 @@ def run(args: argparse.Namespace) -> int:
     }
     if baseline is not None:
         summary["untrained_acceptance_length"] = round(baseline["mean_acceptance_length"], 3)
-    report = write_report(run_dir, summary, output_dir(cfg), evaluation=acc, baseline=baseline,
-                          title="eagle-batch demo")
+    report = write_report(
+        run_dir, summary, output_dir(cfg), evaluation=acc, baseline=baseline, title="eagle-batch demo"
+    )
     (run_dir / "demo-summary.json").write_text(json.dumps(summary, indent=1))
     print("\n== eagle-batch demo summary ==")
     for k, v in summary.items():

@@ -17,7 +17,7 @@ import io
 import json
 import time
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any
 
 STYLE = """body{font-family:system-ui,sans-serif;max-width:60em;margin:2em auto;padding:0 1em;color:#222;line-height:1.45}
 h1{margin-bottom:.2em}h2{margin-top:1.6em;border-bottom:1px solid #ddd}table{border-collapse:collapse;margin:.6em 0}
@@ -56,7 +56,7 @@ def capture_seconds(run_dir: Path, num_tasks: int) -> float:
     total = 0.0
     for t in range(num_tasks):
         st = read_state(run_dir, t)
-        for a in (st.attempts if st else []):
+        for a in st.attempts if st else []:
             total += max(0.0, (a.ended or a.started) - a.started)
     return total
 
@@ -88,10 +88,15 @@ def _plots(run_dir: Path, num_tasks: int, train_dir: Path) -> list[tuple[str, st
     ax.set_title("capture throughput per task")
     if ax.lines:  # no task committed twice (nothing to plot): no empty legend
         ax.legend(fontsize=7)
-    out.append(("Capture throughput per task",
-                "Tokens committed per second between two commits of each extraction task, from the moment its "
-                "attempt started: the first interval includes the engine's start-up, so it is low; the level "
-                "after it is the task's steady rate. A task that stops and resumes shows a gap.", _png(fig)))
+    out.append(
+        (
+            "Capture throughput per task",
+            "Tokens committed per second between two commits of each extraction task, from the moment its "
+            "attempt started: the first interval includes the engine's start-up, so it is low; the level "
+            "after it is the task's steady rate. A task that stops and resumes shows a gap.",
+            _png(fig),
+        )
+    )
     plt.close(fig)
 
     lengths = open_dataset(run_dir).lengths()
@@ -100,28 +105,42 @@ def _plots(run_dir: Path, num_tasks: int, train_dir: Path) -> list[tuple[str, st
     ax.set_xlabel("tokens per sample")
     ax.set_ylabel("samples")
     ax.set_title("sample lengths")
-    out.append(("Sample lengths", "How long the extracted samples are (prompt and answers, in tokens, after "
-                "data.max_length): what the draft trains on. Samples at the right edge were truncated.",
-                _png(fig)))
+    out.append(
+        (
+            "Sample lengths",
+            "How long the extracted samples are (prompt and answers, in tokens, after "
+            "data.max_length): what the draft trains on. Samples at the right edge were truncated.",
+            _png(fig),
+        )
+    )
     plt.close(fig)
 
-    recs = [json.loads(line) for line in (train_dir / "metrics.jsonl").read_text().splitlines() if line.strip()] \
-        if (train_dir / "metrics.jsonl").is_file() else []
+    recs = (
+        [json.loads(line) for line in (train_dir / "metrics.jsonl").read_text().splitlines() if line.strip()]
+        if (train_dir / "metrics.jsonl").is_file()
+        else []
+    )
     recs = [r for r in recs if "loss" in r]
     fig, ax = plt.subplots(figsize=(6, 3.2))
     ax.plot([r["step"] for r in recs], [r["loss"] for r in recs], label="loss")
     ax.set_xlabel("step")
     ax.set_ylabel("loss")
     ax.set_title("draft training loss")
-    out.append(("Draft training loss", "The draft's training loss per logged step: cross-entropy against the "
-                "target's next-token distribution, summed over the training-time-test steps (each later step "
-                "predicts from the draft's own earlier guesses). It should fall and flatten.", _png(fig)))
+    out.append(
+        (
+            "Draft training loss",
+            "The draft's training loss per logged step: cross-entropy against the "
+            "target's next-token distribution, summed over the training-time-test steps (each later step "
+            "predicts from the draft's own earlier guesses). It should fall and flatten.",
+            _png(fig),
+        )
+    )
     plt.close(fig)
     return out
 
 
 # ------------------------------------------------------------------------------------------------- page
-def _table(rows: list[tuple], head: Optional[tuple] = None) -> str:
+def _table(rows: list[tuple], head: tuple | None = None) -> str:
     def cell(v, tag="td"):
         cls = " class='num'" if isinstance(v, (int, float)) and not isinstance(v, bool) else ""
         return f"<{tag}{cls}>{v if isinstance(v, _Raw) else html.escape(str(v))}</{tag}>"
@@ -142,24 +161,32 @@ def _link(run_dir: Path, path: Path, label: str = "") -> _Raw:
     return _Raw(f"<a href='{html.escape(href)}'>{html.escape(label or href)}</a>")
 
 
-def _acceptance_rows(evaluation: Optional[dict], baseline: Optional[dict]) -> list[tuple]:
+def _acceptance_rows(evaluation: dict | None, baseline: dict | None) -> list[tuple]:
     rows = []
     for name, r in (("trained draft", evaluation), ("untrained draft (same shape, initial weights)", baseline)):
         if not r or not r.get("num_drafts"):
             continue
         per = [a / r["num_drafts"] for a in r.get("accepted_per_position") or []]
-        rows.append((name, round(r["mean_acceptance_length"], 3), *(f"{p:.3f}" for p in per),
-                     "yes" if r.get("identical_outputs") else f"NO ({len(r.get('mismatches', []))} differ)"))
+        rows.append(
+            (
+                name,
+                round(r["mean_acceptance_length"], 3),
+                *(f"{p:.3f}" for p in per),
+                "yes" if r.get("identical_outputs") else f"NO ({len(r.get('mismatches', []))} differ)",
+            )
+        )
     return rows
 
 
 def _outputs(run_dir: Path, train_dir: Path) -> list[tuple]:
-    items = [("the resolved config", run_dir / "config.yaml"),
-             ("prepare's summary (rows read, kept, skipped by reason)", run_dir / "prepared" / "summary.json"),
-             ("skipped rows, each with file and line", run_dir / "prepared" / "bad_rows.jsonl"),
-             ("the index over all task stores (open with eagle_batch.store.open_dataset)", run_dir / "dataset.json"),
-             ("training metrics, one JSON line per logged step", train_dir / "metrics.jsonl"),
-             ("the exported draft (vLLM: speculative_config method eagle3, model=this folder)", train_dir / "export")]
+    items = [
+        ("the resolved config", run_dir / "config.yaml"),
+        ("prepare's summary (rows read, kept, skipped by reason)", run_dir / "prepared" / "summary.json"),
+        ("skipped rows, each with file and line", run_dir / "prepared" / "bad_rows.jsonl"),
+        ("the index over all task stores (open with eagle_batch.store.open_dataset)", run_dir / "dataset.json"),
+        ("training metrics, one JSON line per logged step", train_dir / "metrics.jsonl"),
+        ("the exported draft (vLLM: speculative_config method eagle3, model=this folder)", train_dir / "export"),
+    ]
     rows = [(what, _link(run_dir, p)) for what, p in items if p.exists()]
     for store in sorted((run_dir / "stores").glob("task-*.zarr")):
         rows.append((f"task store {store.stem[5:]} (Zarr: hidden_states, input_ids, loss_mask)", _link(run_dir, store)))
@@ -170,12 +197,21 @@ def _outputs(run_dir: Path, train_dir: Path) -> list[tuple]:
 
 def _prepared_counts(prep: dict) -> str:
     skipped = prep.get("skipped_by_reason") or {}
-    return (f" ({prep.get('rows_read')} rows read, {prep.get('rows_kept')} kept, {prep.get('rows_skipped')} skipped"
-            + (": " + html.escape(", ".join(f"{k} {v}" for k, v in skipped.items())) if skipped else "") + ")")
+    return (
+        f" ({prep.get('rows_read')} rows read, {prep.get('rows_kept')} kept, {prep.get('rows_skipped')} skipped"
+        + (": " + html.escape(", ".join(f"{k} {v}" for k, v in skipped.items())) if skipped else "")
+        + ")"
+    )
 
 
-def write_report(run_dir: Path, summary: dict, train_dir: Path, evaluation: Optional[dict] = None,
-                 baseline: Optional[dict] = None, title: str = "eagle-batch run") -> Path:
+def write_report(
+    run_dir: Path,
+    summary: dict,
+    train_dir: Path,
+    evaluation: dict | None = None,
+    baseline: dict | None = None,
+    title: str = "eagle-batch run",
+) -> Path:
     """Write RUN/report.html for a run whose stores are aggregated; `summary` holds the headline numbers."""
     from eagle_batch.config import load_run_config
 
@@ -186,41 +222,53 @@ def write_report(run_dir: Path, summary: dict, train_dir: Path, evaluation: Opti
     except Exception:  # noqa: BLE001 - a report of a run without config.yaml still shows its numbers
         model = inputs = executor = "?"
     prep = _read_json(run_dir / "prepared" / "summary.json") or {}
-    parts = [f"<h1>{html.escape(title)}</h1><p class='note'>{html.escape(str(run_dir))}, "
-             f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}</p>",
-             "<h2>What ran</h2><p>"
-             f"Target <b>{html.escape(str(model))}</b>" + (f"; data {html.escape(inputs)}" if inputs else "") + ". "
-             "<b>prepare</b> rendered each chat with the target's own chat template into token ids and an "
-             "assistant-only loss mask" + (_prepared_counts(prep) if prep else "") + "; "
-             f"<b>extract</b> ran {summary.get('tasks', '?')} task(s) (executor: {html.escape(str(summary.get('executor', executor)))}), "
-             "each starting vLLM and committing the target's hidden states into a compressed Zarr task store; "
-             "<b>aggregate</b> and <b>verify</b> indexed the stores and re-checked every checksum; <b>train</b> "
-             "fitted an EAGLE-3 draft on the stored states; <b>evaluate</b> served the target with and without "
-             "the draft in vLLM, greedily, and compared.</p>"]
+    parts = [
+        f"<h1>{html.escape(title)}</h1><p class='note'>{html.escape(str(run_dir))}, "
+        f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}</p>",
+        "<h2>What ran</h2><p>"
+        f"Target <b>{html.escape(str(model))}</b>" + (f"; data {html.escape(inputs)}" if inputs else "") + ". "
+        "<b>prepare</b> rendered each chat with the target's own chat template into token ids and an "
+        "assistant-only loss mask" + (_prepared_counts(prep) if prep else "") + "; "
+        f"<b>extract</b> ran {summary.get('tasks', '?')} task(s) (executor: {html.escape(str(summary.get('executor', executor)))}), "
+        "each starting vLLM and committing the target's hidden states into a compressed Zarr task store; "
+        "<b>aggregate</b> and <b>verify</b> indexed the stores and re-checked every checksum; <b>train</b> "
+        "fitted an EAGLE-3 draft on the stored states; <b>evaluate</b> served the target with and without "
+        "the draft in vLLM, greedily, and compared.</p>",
+    ]
     rows = []
-    explain = {"samples": "samples stored", "tokens": "tokens stored (every token of every sample)",
-               "bytes_per_token": "bytes on disk per token for all captured layers (raw bf16: layers x hidden x 2)",
-               "compression_ratio": "raw bf16 bytes / bytes on disk (lossless)",
-               "acceptance_length": "mean acceptance length: tokens the target keeps per forward pass with the "
-                                    "draft (1.0 = the draft never helps; k+1 at best)",
-               "untrained_acceptance_length": "the same for the untrained draft: the floor the training must beat",
-               "identical_outputs": "greedy outputs with the draft equal the target alone's (they must)"}
+    explain = {
+        "samples": "samples stored",
+        "tokens": "tokens stored (every token of every sample)",
+        "bytes_per_token": "bytes on disk per token for all captured layers (raw bf16: layers x hidden x 2)",
+        "compression_ratio": "raw bf16 bytes / bytes on disk (lossless)",
+        "acceptance_length": "mean acceptance length: tokens the target keeps per forward pass with the "
+        "draft (1.0 = the draft never helps; k+1 at best)",
+        "untrained_acceptance_length": "the same for the untrained draft: the floor the training must beat",
+        "identical_outputs": "greedy outputs with the draft equal the target alone's (they must)",
+    }
     for k, v in summary.items():
         rows.append((k, v, explain.get(k, "")))
     parts.append("<h2>Numbers</h2>" + _table(rows, ("", "value", "what it means")))
     acc_rows = _acceptance_rows(evaluation, baseline)
     if acc_rows:
         k = len((evaluation or baseline).get("accepted_per_position") or [])
-        parts.append("<h2>Acceptance per draft position</h2><p>For each of the k draft tokens proposed per step, "
-                     "the fraction of steps in which it was accepted (position 1 first; a position is reached only "
-                     "if all before it were accepted).</p>"
-                     + _table(acc_rows, ("draft", "mean acceptance length", *(f"pos {i + 1}" for i in range(k)),
-                                         "identical outputs")))
+        parts.append(
+            "<h2>Acceptance per draft position</h2><p>For each of the k draft tokens proposed per step, "
+            "the fraction of steps in which it was accepted (position 1 first; a position is reached only "
+            "if all before it were accepted).</p>"
+            + _table(
+                acc_rows, ("draft", "mean acceptance length", *(f"pos {i + 1}" for i in range(k)), "identical outputs")
+            )
+        )
     for name, caption, png in _plots(run_dir, int(summary.get("tasks", 0) or 0), train_dir):
-        parts.append(f"<h2>{html.escape(name)}</h2><figure><img src='data:image/png;base64,{png}' "
-                     f"alt='{html.escape(name)}'/><figcaption>{html.escape(caption)}</figcaption></figure>")
+        parts.append(
+            f"<h2>{html.escape(name)}</h2><figure><img src='data:image/png;base64,{png}' "
+            f"alt='{html.escape(name)}'/><figcaption>{html.escape(caption)}</figcaption></figure>"
+        )
     parts.append("<h2>Outputs</h2>" + _table(_outputs(run_dir, train_dir), ("what", "where")))
     out = run_dir / "report.html"
-    out.write_text(f"<!doctype html><html><head><meta charset='utf-8'><title>{html.escape(title)}</title>"
-                   f"<style>{STYLE}</style></head><body>{''.join(parts)}</body></html>")
+    out.write_text(
+        f"<!doctype html><html><head><meta charset='utf-8'><title>{html.escape(title)}</title>"
+        f"<style>{STYLE}</style></head><body>{''.join(parts)}</body></html>"
+    )
     return out

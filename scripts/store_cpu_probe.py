@@ -13,6 +13,7 @@ record, so a record's queued samples go to the store as one block). Prints one J
 mode: GB/s, process CPU seconds per GB (user, sys). ENTROPY: store.entropy_only per run (default 1; "1,0,1,0"
 alternates eagle-batch's entropy-only frames and c-blosc's zstd, side by side).
 """
+
 import json
 import os
 import subprocess
@@ -35,8 +36,11 @@ pool = np.load(sys.argv[1])["rows"][:, :, :H]
 rng = np.random.default_rng(0)
 records = []  # (record rows as uint16 [sum T, L, H], [(row0, T)])
 for _ in range(4):
-    lens = ([T] * PER_RECORD if SPREAD == 0 else
-            [int(x) for x in rng.integers(round(T * (1 - SPREAD)), round(T * (1 + SPREAD)) + 1, PER_RECORD)])
+    lens = (
+        [T] * PER_RECORD
+        if SPREAD == 0
+        else [int(x) for x in rng.integers(round(T * (1 - SPREAD)), round(T * (1 + SPREAD)) + 1, PER_RECORD)]
+    )
     rows = np.ascontiguousarray(pool[rng.integers(0, len(pool), sum(lens))])
     records.append((rows, [(int(sum(lens[:j])), n) for j, n in enumerate(lens)]))
 per_cycle = sum(r[0].nbytes for r in records)
@@ -51,33 +55,68 @@ def requests(mode):
     for _ in range(cycles):
         for rows, parts in records:
             for row0, n in parts:
-                bits = rows[row0:row0 + n]
+                bits = rows[row0 : row0 + n]
                 states = torch.from_numpy(bits).view(torch.bfloat16)
-                yield f"s{i}", n, CapturedRequest(f"s{i}", f"r{i}", None, states, finite=ok, bits=bits,
-                                                  block=rows if mode == "blocks" else None, row0=row0)
+                yield (
+                    f"s{i}",
+                    n,
+                    CapturedRequest(
+                        f"s{i}",
+                        f"r{i}",
+                        None,
+                        states,
+                        finite=ok,
+                        bits=bits,
+                        block=rows if mode == "blocks" else None,
+                        row0=row0,
+                    ),
+                )
                 i += 1
 
 
-runs = [(codec, mode, entropy == "1") for entropy in os.environ.get("ENTROPY", "1").split(",")
-        for codec in sys.argv[2].split(",") for mode in os.environ.get("MODES", "single").split(",")]
+runs = [
+    (codec, mode, entropy == "1")
+    for entropy in os.environ.get("ENTROPY", "1").split(",")
+    for codec in sys.argv[2].split(",")
+    for mode in os.environ.get("MODES", "single").split(",")
+]
 for codec, mode, entropy in runs:
-        d = tempfile.mkdtemp(dir="/dev/shm")
-        w = TaskStoreWriter.open(os.path.join(d, "s.zarr"), spec,
-                                 StoreConfig(fsync=False, codec=codec, adaptive=False, entropy_only=entropy))
-        wt = WriterThread(w, L, H)
-        todo = list(requests(mode))
-        wt.expect([SimpleNamespace(sample_id=sid, input_ids=np.zeros(n, np.int64), loss_mask=np.ones(n, np.uint8))
-                   for sid, n, _ in todo])
-        c0, t0 = os.times(), time.perf_counter()
-        for _, _, req in todo:
-            wt.put(req)
-        wt.commit(wait=True)
-        dt, c1 = time.perf_counter() - t0, os.times()
-        gb = cycles * per_cycle / 1e9
-        user, sys_s = c1.user - c0.user, c1.system - c0.system
-        print(json.dumps(dict(codec=codec, mode=mode, entropy_only=w.encoder_info()["entropy_only"], spread=SPREAD, gb=round(gb, 2), gb_s=round(gb / dt, 2),
-                              cpu_s_per_gb=round((user + sys_s) / gb, 3), user_s=round(user, 2), sys_s=round(sys_s, 2),
-                              writer_busy_s=round(wt.stats.write_s, 3))), flush=True)
-        wt.close()
-        w.close()
-        subprocess.run(["rm", "-rf", d])
+    d = tempfile.mkdtemp(dir="/dev/shm")
+    w = TaskStoreWriter.open(
+        os.path.join(d, "s.zarr"), spec, StoreConfig(fsync=False, codec=codec, adaptive=False, entropy_only=entropy)
+    )
+    wt = WriterThread(w, L, H)
+    todo = list(requests(mode))
+    wt.expect(
+        [
+            SimpleNamespace(sample_id=sid, input_ids=np.zeros(n, np.int64), loss_mask=np.ones(n, np.uint8))
+            for sid, n, _ in todo
+        ]
+    )
+    c0, t0 = os.times(), time.perf_counter()
+    for _, _, req in todo:
+        wt.put(req)
+    wt.commit(wait=True)
+    dt, c1 = time.perf_counter() - t0, os.times()
+    gb = cycles * per_cycle / 1e9
+    user, sys_s = c1.user - c0.user, c1.system - c0.system
+    print(
+        json.dumps(
+            dict(
+                codec=codec,
+                mode=mode,
+                entropy_only=w.encoder_info()["entropy_only"],
+                spread=SPREAD,
+                gb=round(gb, 2),
+                gb_s=round(gb / dt, 2),
+                cpu_s_per_gb=round((user + sys_s) / gb, 3),
+                user_s=round(user, 2),
+                sys_s=round(sys_s, 2),
+                writer_busy_s=round(wt.stats.write_s, 3),
+            )
+        ),
+        flush=True,
+    )
+    wt.close()
+    w.close()
+    subprocess.run(["rm", "-rf", d])

@@ -38,8 +38,9 @@ JOB_TEMPLATES = ("prepare.sbatch", "extract.sbatch", "train.sbatch")
 
 # The per-task entry point: eagle-batch's own ExtractTask (state files, store lock, resume from the last
 # commit), run directly instead of through submitit's pickles.
-TASK_PY = ("import sys; from eagle_batch.launch.task import ExtractTask; "
-           "print(ExtractTask(sys.argv[1], int(sys.argv[2]))())")
+TASK_PY = (
+    "import sys; from eagle_batch.launch.task import ExtractTask; print(ExtractTask(sys.argv[1], int(sys.argv[2]))())"
+)
 
 
 def _sbatch_extra(lines) -> list[str]:
@@ -48,7 +49,7 @@ def _sbatch_extra(lines) -> list[str]:
     for raw in lines:
         line = raw.strip()
         if line.startswith("#SBATCH"):
-            line = line[len("#SBATCH"):].strip()
+            line = line[len("#SBATCH") :].strip()
         if not line:
             continue
         out.append(line if line.startswith("-") else "--" + line)
@@ -64,11 +65,20 @@ def sbatch_header(cfg, kind: str, out_dir: Path) -> list[str]:
             opts.append(f"--{key}={getattr(sc, key)}")
     if kind == "prepare":
         # Tokenization only: no GPUs, a few cores, not exclusive.
-        opts += ["--nodes=1", "--ntasks=1", f"--cpus-per-task={min(sc.cpus_per_task, 8)}", "--time=60",
-                 f"--output={out_dir}/prepare-%j.out"]
+        opts += [
+            "--nodes=1",
+            "--ntasks=1",
+            f"--cpus-per-task={min(sc.cpus_per_task, 8)}",
+            "--time=60",
+            f"--output={out_dir}/prepare-%j.out",
+        ]
     else:
-        opts += [f"--nodes={sc.nodes}", "--ntasks-per-node=1", f"--cpus-per-task={sc.cpus_per_task}",
-                 f"--time={sc.time_min}"]
+        opts += [
+            f"--nodes={sc.nodes}",
+            "--ntasks-per-node=1",
+            f"--cpus-per-task={sc.cpus_per_task}",
+            f"--time={sc.time_min}",
+        ]
         if sc.gpus_per_node > 0:
             opts.append(f"--gpus-per-node={sc.gpus_per_node}")
         if sc.mem_gb > 0:
@@ -79,8 +89,13 @@ def sbatch_header(cfg, kind: str, out_dir: Path) -> list[str]:
             # submitit's layout, so `eagle-batch status` finds the logs (submit.sh creates the folders).
             log = f"{cfg.run_dir}/slurm/%A_%a/%A_%a_0_log"
             # append: a requeued attempt adds to the log instead of truncating the previous one's.
-            opts += ["--requeue", f"--signal=B:USR2@{sc.signal_delay_s}", f"--output={log}.out",
-                     f"--error={log}.err", "--open-mode=append"]
+            opts += [
+                "--requeue",
+                f"--signal=B:USR2@{sc.signal_delay_s}",
+                f"--output={log}.out",
+                f"--error={log}.err",
+                "--open-mode=append",
+            ]
         else:
             opts.append(f"--output={out_dir}/train-%j.out")
     opts += _sbatch_extra(sc.additional_sbatch)
@@ -113,30 +128,30 @@ def env_sh(cfg, out_dir: Path) -> str:
     q = shlex.quote
     setup = "\n".join(f"    {line}" for line in cfg.slurm.setup) or "    :"
     return f"""# shellcheck shell=bash
-# Written by slurm/render.py from {q(str(out_dir / 'config.yaml'))}; re-render rather than edit.
+# Written by slurm/render.py from {q(str(out_dir / "config.yaml"))}; re-render rather than edit.
 # shellcheck disable=SC2034  # the variables are used by the scripts that source this file
 EB_RUN_DIR={q(str(run_dir))}
 EB_OUT_DIR={q(str(out_dir))}
-EB_CONFIG={q(str(out_dir / 'config.yaml'))}
+EB_CONFIG={q(str(out_dir / "config.yaml"))}
 EB_CONTAINER_RUNTIME={q(cfg.slurm.container.runtime)}
-{_bash_array('EB_PYTHON', python_argv)}
-{_bash_array('EB_SRUN_ARGS', srun_args)}
+{_bash_array("EB_PYTHON", python_argv)}
+{_bash_array("EB_SRUN_ARGS", srun_args)}
 EB_MAX_ATTEMPTS={int(cfg.slurm.max_attempts)}
 EB_MAX_NUM_TIMEOUT={int(cfg.slurm.max_num_timeout)}
 EB_ARRAY_PARALLELISM={int(cfg.slurm.array_parallelism)}
 EB_TASK_PY={q(TASK_PY)}
 # Inside a job already: train here (--local), one DDP rank per GPU of this node.
-{_bash_array('EB_TRAIN_ARGS', [str(out_dir / 'config.yaml'), '--local', '--nproc', max(1, cfg.slurm.gpus_per_node)])}
+{_bash_array("EB_TRAIN_ARGS", [str(out_dir / "config.yaml"), "--local", "--nproc", max(1, cfg.slurm.gpus_per_node)])}
 
 # slurm.setup lines, then the shared caches (EAGLE_BATCH_CACHE may be set by the setup lines).
 eb_setup() {{
 {setup}
     # shellcheck source=/dev/null
-    . {q(str(out_dir / 'cache-env.sh'))}
+    . {q(str(out_dir / "cache-env.sh"))}
 }}
 
 # shellcheck source=/dev/null
-. {q(str(out_dir / 'lib.sh'))}
+. {q(str(out_dir / "lib.sh"))}
 """
 
 
@@ -166,11 +181,14 @@ def render(cfg, out_dir: Path) -> list[Path]:
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("configs", nargs="+", metavar="CONFIG.yaml | key=value",
-                   help="config files (merged in order) and key=value overrides")
+    p.add_argument(
+        "configs",
+        nargs="+",
+        metavar="CONFIG.yaml | key=value",
+        help="config files (merged in order) and key=value overrides",
+    )
     p.add_argument("--out", default="", help="output folder (default RUN/slurm/manual)")
-    p.add_argument("--force", action="store_true",
-                   help="reuse a run_dir whose config.yaml has a different data config")
+    p.add_argument("--force", action="store_true", help="reuse a run_dir whose config.yaml has a different data config")
     args = p.parse_args(argv)
 
     sys.path.insert(0, str(REPO))  # running from a checkout without `pip install -e .`

@@ -55,12 +55,13 @@ def smollm2_path() -> Path:
 @pytest.fixture(scope="session")
 def tiny_model(tmp_path_factory):
     """Factory: tiny_model("llama" | "qwen3" | "qwen3_moe", **shape) -> local random-weight model folder."""
-    from eagle_batch.models.tiny import build_tiny_model
     from eagle_batch.models.smollm2 import cache_root
+    from eagle_batch.models.tiny import build_tiny_model
 
     def make(kind: str = "llama", **overrides) -> Path:
         suffix = "-".join(f"{k}{v}" for k, v in sorted(overrides.items()))
-        return build_tiny_model(kind, cache_root() / "models" / f"tiny-{kind}{'-' + suffix if suffix else ''}",
-                                **overrides)
+        return build_tiny_model(
+            kind, cache_root() / "models" / f"tiny-{kind}{'-' + suffix if suffix else ''}", **overrides
+        )
 
     return make

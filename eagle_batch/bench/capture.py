@@ -41,15 +41,21 @@ PHASES = ("plain", "eagle-batch", "stock")
 def add_arguments(p: argparse.ArgumentParser) -> None:
     src = p.add_mutually_exclusive_group()
     src.add_argument("--model", default="", help="local HF model folder")
-    src.add_argument("--build", default="llama-1b",
-                     help="build a random-weight model: llama-1b, llama-8b, dsv3-moe, tiny-llama, tiny-qwen3-moe "
-                          "(default llama-1b)")
+    src.add_argument(
+        "--build",
+        default="llama-1b",
+        help="build a random-weight model: llama-1b, llama-8b, dsv3-moe, tiny-llama, tiny-qwen3-moe (default llama-1b)",
+    )
     p.add_argument("--layer-ids", default="", help="comma list (default: the built model's, else EAGLE-3 default)")
     p.add_argument("--num-prompts", type=int, default=2048)
     p.add_argument("--prompt-len", type=int, default=512)
-    p.add_argument("--prompt-len-spread", type=float, default=0.0,
-                   help="prompt lengths drawn uniformly from prompt-len x [1 - S, 1 + S] (same for every phase; "
-                        "0: all equal, the default). Chat data has varied lengths: samples then end mid-chunk")
+    p.add_argument(
+        "--prompt-len-spread",
+        type=float,
+        default=0.0,
+        help="prompt lengths drawn uniformly from prompt-len x [1 - S, 1 + S] (same for every phase; "
+        "0: all equal, the default). Chat data has varied lengths: samples then end mid-chunk",
+    )
     p.add_argument("--tp", type=int, default=1)
     p.add_argument("--backend", default="native", choices=["native", "hooks"])
     p.add_argument("--dtype", default="bfloat16")
@@ -58,21 +64,35 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--max-num-batched-tokens", type=int, default=8192)
     p.add_argument("--gpu-memory-utilization", type=float, default=0.85)
     p.add_argument("--enforce-eager", action="store_true", help="no torch.compile / CUDA graphs (hooks forces it)")
-    p.add_argument("--engine-process", default="both", choices=["both", "in-process", "background"],
-                   help="TP=1 on CUDA: where the engine runs for plain and eagle-batch (default both, best reported)")
+    p.add_argument(
+        "--engine-process",
+        default="both",
+        choices=["both", "in-process", "background"],
+        help="TP=1 on CUDA: where the engine runs for plain and eagle-batch (default both, best reported)",
+    )
     p.add_argument("--no-fsync", action="store_true", help="store.fsync=false for the eagle-batch phase")
-    p.add_argument("--codec", default="", choices=["", "blosc-zstd", "zstd", "none"],
-                   help="store.codec for the eagle-batch phase (default: the config's)")
-    p.add_argument("--no-adaptive", action="store_true",
-                   help="store.adaptive=false: compress every chunk even when that makes the engine wait")
-    p.add_argument("--sweep", default="",
-                   help="eagle-batch phase: several timed runs on one engine, ';'-separated NAME[:KEY=VAL,...] with "
-                        "KEY in codec, threads, io_threads, adaptive, entropy, switch_ms; NAME 'drop' captures without a store "
-                        "(e.g. 'drop;default;none:codec=none;default'). The phase reports the first 'default' run.")
+    p.add_argument(
+        "--codec",
+        default="",
+        choices=["", "blosc-zstd", "zstd", "none"],
+        help="store.codec for the eagle-batch phase (default: the config's)",
+    )
+    p.add_argument(
+        "--no-adaptive",
+        action="store_true",
+        help="store.adaptive=false: compress every chunk even when that makes the engine wait",
+    )
+    p.add_argument(
+        "--sweep",
+        default="",
+        help="eagle-batch phase: several timed runs on one engine, ';'-separated NAME[:KEY=VAL,...] with "
+        "KEY in codec, threads, io_threads, adaptive, entropy, switch_ms; NAME 'drop' captures without a store "
+        "(e.g. 'drop;default;none:codec=none;default'). The phase reports the first 'default' run.",
+    )
     p.add_argument("--work-dir", default="", help="models, store and stock files go here (default: a temp folder)")
     p.add_argument("--keep", action="store_true", help="keep the written store / files")
     p.add_argument("--timeout", type=int, default=3600, help="seconds per phase")
-    p.add_argument("--phase", default="", help=argparse.SUPPRESS)   # internal: run one phase
+    p.add_argument("--phase", default="", help=argparse.SUPPRESS)  # internal: run one phase
     p.add_argument("--result", default="", help=argparse.SUPPRESS)
     p.add_argument("--model-path", default="", help=argparse.SUPPRESS)
     p.add_argument("--mp", default="0", help=argparse.SUPPRESS)
@@ -92,16 +112,21 @@ def _layer_ids(args, path: Path) -> list[int]:
 def _cfg(args, path: Path, layer_ids: list[int], run_dir: str):
     from eagle_batch.bench.gpu_validate import make_config
 
-    over = [f"extract.max_num_seqs={args.max_num_seqs}", f"extract.max_num_batched_tokens={args.max_num_batched_tokens}",
-            f"extract.gpu_memory_utilization={args.gpu_memory_utilization}",
-            f"extract.enforce_eager={'true' if args.enforce_eager else 'false'}",
-            f"extract.batch_samples={args.num_prompts}", "extract.commit_interval_s=1e9",
-            f"store.fsync={'false' if args.no_fsync else 'true'}",
-            f"store.adaptive={'false' if args.no_adaptive else 'true'}"]
+    over = [
+        f"extract.max_num_seqs={args.max_num_seqs}",
+        f"extract.max_num_batched_tokens={args.max_num_batched_tokens}",
+        f"extract.gpu_memory_utilization={args.gpu_memory_utilization}",
+        f"extract.enforce_eager={'true' if args.enforce_eager else 'false'}",
+        f"extract.batch_samples={args.num_prompts}",
+        "extract.commit_interval_s=1e9",
+        f"store.fsync={'false' if args.no_fsync else 'true'}",
+        f"store.adaptive={'false' if args.no_adaptive else 'true'}",
+    ]
     if args.codec:
         over.append(f"store.codec={args.codec}")
-    return make_config(path, layer_ids, args.tp, args.dtype, max(prompt_lengths(args)) + 16, args.backend, run_dir,
-                       over)
+    return make_config(
+        path, layer_ids, args.tp, args.dtype, max(prompt_lengths(args)) + 16, args.backend, run_dir, over
+    )
 
 
 def prompt_lengths(args) -> list[int]:
@@ -177,8 +202,11 @@ def parse_sweep(spec: str) -> list[tuple[str, dict[str, str]]]:
         opts = dict(kv.split("=", 1) for kv in kvs.split(",") if kv)
         bad = [k for k in opts if k not in SWEEP_KEYS]
         if bad or not name:
-            raise SystemExit(f"--sweep {part!r}: unknown keys {bad} (choose from {SWEEP_KEYS})" if bad
-                             else f"--sweep {part!r}: every run needs a name")
+            raise SystemExit(
+                f"--sweep {part!r}: unknown keys {bad} (choose from {SWEEP_KEYS})"
+                if bad
+                else f"--sweep {part!r}: every run needs a name"
+            )
         out.append((name, opts))
     return out
 
@@ -208,8 +236,9 @@ def _eagle_run(cfg, samples, backend, work: Path, opts: dict[str, str], keep: bo
                 os.environ[k] = v
         if "switch_ms" in opts:
             sys.setswitchinterval(float(opts["switch_ms"]) / 1000)
-        spec = StoreSpec(layer_ids=backend.layer_ids, hidden_size=backend.hidden_size,
-                         model_name=Path(cfg.model.path).name)
+        spec = StoreSpec(
+            layer_ids=backend.layer_ids, hidden_size=backend.hidden_size, model_name=Path(cfg.model.path).name
+        )
         writer = TaskStoreWriter.open(store, spec, cfg.store)
         try:
             t0 = time.perf_counter()
@@ -226,14 +255,24 @@ def _eagle_run(cfg, samples, backend, work: Path, opts: dict[str, str], keep: bo
                 os.environ.pop(k, None)
             else:
                 os.environ[k] = v
-    out = dict(seconds=dt, samples=stats.samples, commits=stats.commits, store_bytes=_du(store),
-               raw_bytes=stats.tokens * len(backend.layer_ids) * backend.hidden_size * 2,
-               codec=str(cfg.store.codec), fsync=bool(cfg.store.fsync), adaptive=bool(cfg.store.adaptive),
-               entropy_only=entropy_only, chunks=chunk_stats,
-               chunk_tokens=writer.layouts["hidden_states"].chunk_tokens, encode_threads=writer.encode_threads,
-               io_threads=writer.io_threads, writer_busy_s=round(stats.writer_busy_s, 3),
-               backpressure_s=round(stats.backpressure_s, 3),
-               store_stall_s={k: round(v, 3) for k, v in writer.stall_s.items()})
+    out = dict(
+        seconds=dt,
+        samples=stats.samples,
+        commits=stats.commits,
+        store_bytes=_du(store),
+        raw_bytes=stats.tokens * len(backend.layer_ids) * backend.hidden_size * 2,
+        codec=str(cfg.store.codec),
+        fsync=bool(cfg.store.fsync),
+        adaptive=bool(cfg.store.adaptive),
+        entropy_only=entropy_only,
+        chunks=chunk_stats,
+        chunk_tokens=writer.layouts["hidden_states"].chunk_tokens,
+        encode_threads=writer.encode_threads,
+        io_threads=writer.io_threads,
+        writer_busy_s=round(stats.writer_busy_s, 3),
+        backpressure_s=round(stats.backpressure_s, 3),
+        store_stall_s={k: round(v, 3) for k, v in writer.stall_s.items()},
+    )
     out["compression_ratio"] = round(out["raw_bytes"] / max(out["store_bytes"], 1), 3)
     if not keep:
         shutil.rmtree(store, ignore_errors=True)
@@ -283,9 +322,14 @@ def _phase_stock(args, cfg, samples, warm, work: Path) -> dict:
     # Its files are written on engine steps after the request finished: the background engine process
     # keeps stepping, an in-process engine would not (FINDINGS section 1: load_hidden_states deadlocks).
     os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "1"
-    b._start(speculative_config=compat.speculative_config(b.layer_ids),
-             kv_transfer_config={"kv_connector": "ExampleHiddenStatesConnector", "kv_role": "kv_producer",
-                                 "kv_connector_extra_config": {"shared_storage_path": str(files)}})
+    b._start(
+        speculative_config=compat.speculative_config(b.layer_ids),
+        kv_transfer_config={
+            "kv_connector": "ExampleHiddenStatesConnector",
+            "kv_role": "kv_producer",
+            "kv_connector_extra_config": {"shared_storage_path": str(files)},
+        },
+    )
 
     def wait_written(outs):
         paths = []
@@ -341,16 +385,48 @@ def _child(args) -> int:
 def _run_phase(args, name: str, path: Path, work: Path, mp: str) -> dict:
     res = work / f"phase-{name}-mp{mp}.json"
     res.unlink(missing_ok=True)
-    cmd = [sys.executable, "-m", "eagle_batch.bench.capture", "--phase", name, "--result", str(res),
-           "--model-path", str(path), "--work-dir", str(work), "--mp", mp,
-           "--num-prompts", str(args.num_prompts), "--prompt-len", str(args.prompt_len),
-           "--prompt-len-spread", str(args.prompt_len_spread), "--tp", str(args.tp),
-           "--backend", args.backend, "--dtype", args.dtype, "--max-num-seqs", str(args.max_num_seqs),
-           "--max-num-batched-tokens", str(args.max_num_batched_tokens),
-           "--gpu-memory-utilization", str(args.gpu_memory_utilization), "--layer-ids",
-           ",".join(map(str, _layer_ids(args, path)))]
+    cmd = [
+        sys.executable,
+        "-m",
+        "eagle_batch.bench.capture",
+        "--phase",
+        name,
+        "--result",
+        str(res),
+        "--model-path",
+        str(path),
+        "--work-dir",
+        str(work),
+        "--mp",
+        mp,
+        "--num-prompts",
+        str(args.num_prompts),
+        "--prompt-len",
+        str(args.prompt_len),
+        "--prompt-len-spread",
+        str(args.prompt_len_spread),
+        "--tp",
+        str(args.tp),
+        "--backend",
+        args.backend,
+        "--dtype",
+        args.dtype,
+        "--max-num-seqs",
+        str(args.max_num_seqs),
+        "--max-num-batched-tokens",
+        str(args.max_num_batched_tokens),
+        "--gpu-memory-utilization",
+        str(args.gpu_memory_utilization),
+        "--layer-ids",
+        ",".join(map(str, _layer_ids(args, path))),
+    ]
     cmd += ["--model", str(path)] if args.model else ["--build", args.build]
-    cmd += ["--enforce-eager"] * args.enforce_eager + ["--no-fsync"] * args.no_fsync + ["--no-adaptive"] * args.no_adaptive + ["--keep"] * args.keep
+    cmd += (
+        ["--enforce-eager"] * args.enforce_eager
+        + ["--no-fsync"] * args.no_fsync
+        + ["--no-adaptive"] * args.no_adaptive
+        + ["--keep"] * args.keep
+    )
     cmd += ["--codec", args.codec] * bool(args.codec) + ["--sweep", args.sweep] * bool(args.sweep)
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join([str(Path(__file__).resolve().parents[2]), env.get("PYTHONPATH", "")])
@@ -402,17 +478,31 @@ def run(args: argparse.Namespace) -> int:
             best = dict(best, runs=[{k: r.get(k) for k in ("engine_process", "tok_s", "error")} for r in runs])
             results[name] = best
         elif name == "stock" and not cuda:
-            results[name] = dict(phase=name, skipped="vLLM's ExampleHiddenStatesConnector is CUDA-only "
-                                                     "(torch.cuda streams/events); no GPU here")
+            results[name] = dict(
+                phase=name,
+                skipped="vLLM's ExampleHiddenStatesConnector is CUDA-only (torch.cuda streams/events); no GPU here",
+            )
         else:
             results[name] = _run_phase(args, name, path, work, "1")
     tok = lambda n: results.get(n, {}).get("tok_s")  # noqa: E731
-    out = dict(bench="capture", model=str(path), built=None if args.model else args.build, tp=args.tp,
-               backend=args.backend, dtype=args.dtype, num_prompts=args.num_prompts, prompt_len=args.prompt_len,
-               prompt_len_spread=args.prompt_len_spread, tokens=sum(prompt_lengths(args)),
-               layer_ids=_layer_ids(args, path),
-               plain_tok_s=tok("plain"), eagle_batch_tok_s=tok("eagle-batch"), stock_tok_s=tok("stock"),
-               phases=results, versions=versions())
+    out = dict(
+        bench="capture",
+        model=str(path),
+        built=None if args.model else args.build,
+        tp=args.tp,
+        backend=args.backend,
+        dtype=args.dtype,
+        num_prompts=args.num_prompts,
+        prompt_len=args.prompt_len,
+        prompt_len_spread=args.prompt_len_spread,
+        tokens=sum(prompt_lengths(args)),
+        layer_ids=_layer_ids(args, path),
+        plain_tok_s=tok("plain"),
+        eagle_batch_tok_s=tok("eagle-batch"),
+        stock_tok_s=tok("stock"),
+        phases=results,
+        versions=versions(),
+    )
     if tok("plain") and tok("eagle-batch"):
         out["ratio_vs_plain"] = round(tok("eagle-batch") / tok("plain"), 4)
     if tok("stock") and tok("plain"):
@@ -425,7 +515,10 @@ def run(args: argparse.Namespace) -> int:
         print(json.dumps(out, indent=2))
     else:
         for n, r in results.items():
-            print(f"{n:<12} " + (f"{r['tok_s']:>12,.0f} tok/s" if "tok_s" in r else r.get("skipped") or r.get("error", "?")))
+            print(
+                f"{n:<12} "
+                + (f"{r['tok_s']:>12,.0f} tok/s" if "tok_s" in r else r.get("skipped") or r.get("error", "?"))
+            )
         if "ratio_vs_plain" in out:
             print(f"eagle-batch / plain = {out['ratio_vs_plain']:.3f}")
         print(json.dumps(out))
@@ -436,8 +529,11 @@ def run(args: argparse.Namespace) -> int:
 
 
 if __name__ == "__main__":
-    ap = argparse.ArgumentParser(prog="python -m eagle_batch.bench.capture", description=__doc__,
-                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(
+        prog="python -m eagle_batch.bench.capture",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     ap.add_argument("--json", action="store_true", help="print only the JSON result object")
     add_arguments(ap)
     sys.exit(run(ap.parse_args()))

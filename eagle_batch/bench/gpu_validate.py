@@ -36,18 +36,46 @@ from typing import Any
 VOCAB = 32000
 
 MODELS: dict[str, dict[str, Any]] = {
-    "llama-1b": dict(kind="llama", layer_ids=[2, 8, 13, 16],
-                     shape=dict(hidden_size=2048, num_hidden_layers=16, num_attention_heads=32,
-                                num_key_value_heads=8, head_dim=64, intermediate_size=8192)),
+    "llama-1b": dict(
+        kind="llama",
+        layer_ids=[2, 8, 13, 16],
+        shape=dict(
+            hidden_size=2048,
+            num_hidden_layers=16,
+            num_attention_heads=32,
+            num_key_value_heads=8,
+            head_dim=64,
+            intermediate_size=8192,
+        ),
+    ),
     # Llama-3.1-8B's shape (vocab 32000 instead of 128256: the bench feeds random token ids), ~7B parameters.
-    "llama-8b": dict(kind="llama", layer_ids=[2, 16, 29, 32],
-                     shape=dict(hidden_size=4096, num_hidden_layers=32, num_attention_heads=32,
-                                num_key_value_heads=8, head_dim=128, intermediate_size=14336,
-                                rope_theta=500000.0)),
-    "dsv3-moe": dict(kind="deepseek_v3", layer_ids=[1, 3, 4, 6],
-                     shape=dict(hidden_size=1024, num_hidden_layers=6, num_attention_heads=8,
-                                num_key_value_heads=8, intermediate_size=2048, moe_intermediate_size=512,
-                                n_routed_experts=16, num_experts_per_tok=4)),
+    "llama-8b": dict(
+        kind="llama",
+        layer_ids=[2, 16, 29, 32],
+        shape=dict(
+            hidden_size=4096,
+            num_hidden_layers=32,
+            num_attention_heads=32,
+            num_key_value_heads=8,
+            head_dim=128,
+            intermediate_size=14336,
+            rope_theta=500000.0,
+        ),
+    ),
+    "dsv3-moe": dict(
+        kind="deepseek_v3",
+        layer_ids=[1, 3, 4, 6],
+        shape=dict(
+            hidden_size=1024,
+            num_hidden_layers=6,
+            num_attention_heads=8,
+            num_key_value_heads=8,
+            intermediate_size=2048,
+            moe_intermediate_size=512,
+            n_routed_experts=16,
+            num_experts_per_tok=4,
+        ),
+    ),
     "tiny-llama": dict(kind="llama", layer_ids=[2, 3, 6], shape=dict()),
     "tiny-qwen3-moe": dict(kind="qwen3_moe", layer_ids=[2, 3, 6], shape=dict()),
 }
@@ -92,8 +120,11 @@ def build_random_model(name: str, root: str | os.PathLike, dtype: str = "bfloat1
                     p.normal_(0.0, 0.05)
     from eagle_batch.models.folder import write_model_folder
 
-    return write_model_folder(dest, lambda tmp: model.to("cpu").save_pretrained(tmp, safe_serialization=True),
-                              f"random {name} seed={seed} vocab={VOCAB}")
+    return write_model_folder(
+        dest,
+        lambda tmp: model.to("cpu").save_pretrained(tmp, safe_serialization=True),
+        f"random {name} seed={seed} vocab={VOCAB}",
+    )
 
 
 def random_prompts(n: int, lengths: list[int] | int, seed: int, vocab: int = VOCAB):
@@ -113,14 +144,31 @@ def random_prompts(n: int, lengths: list[int] | int, seed: int, vocab: int = VOC
     return [Sample(f"p{i:07d}", rng.integers(3, vocab, size=lens[i % len(lens)]).astype(np.int32)) for i in range(n)]
 
 
-def make_config(model_path: Path, layer_ids: list[int], tp: int, dtype: str, max_model_len: int,
-                backend: str, run_dir: str, overrides: list[str] = ()):  # noqa: B006
+def make_config(
+    model_path: Path,
+    layer_ids: list[int],
+    tp: int,
+    dtype: str,
+    max_model_len: int,
+    backend: str,
+    run_dir: str,
+    overrides: list[str] = (),
+):  # noqa: B006
     from eagle_batch.config import load_config
 
-    return load_config(None, [f"run_dir={run_dir}", f"model.path={model_path}", f"model.dtype={dtype}",
-                              f"model.tensor_parallel_size={tp}", f"model.max_model_len={max_model_len}",
-                              f"model.layer_ids=[{','.join(map(str, layer_ids))}]", f"extract.backend={backend}",
-                              *overrides])
+    return load_config(
+        None,
+        [
+            f"run_dir={run_dir}",
+            f"model.path={model_path}",
+            f"model.dtype={dtype}",
+            f"model.tensor_parallel_size={tp}",
+            f"model.max_model_len={max_model_len}",
+            f"model.layer_ids=[{','.join(map(str, layer_ids))}]",
+            f"extract.backend={backend}",
+            *overrides,
+        ],
+    )
 
 
 def _child(args) -> int:
@@ -135,12 +183,16 @@ def _child(args) -> int:
     path = Path(args.model_path)
     lengths = [int(x) for x in args.lengths.split(",")]
     samples = random_prompts(args.num_prompts, lengths, seed=1)
-    over = [f"extract.max_num_batched_tokens={args.max_num_batched_tokens}", "extract.enforce_eager=true",
-            f"extract.max_num_seqs={min(256, args.max_num_batched_tokens)}"]  # vLLM: seqs <= token budget
+    over = [
+        f"extract.max_num_batched_tokens={args.max_num_batched_tokens}",
+        "extract.enforce_eager=true",
+        f"extract.max_num_seqs={min(256, args.max_num_batched_tokens)}",
+    ]  # vLLM: seqs <= token budget
     if args.gpu_memory_utilization:
         over.append(f"extract.gpu_memory_utilization={args.gpu_memory_utilization}")
-    cfg = make_config(path, spec["layer_ids"], args.tp, args.dtype, max(lengths) + 8, args.backend,
-                      tempfile.mkdtemp(), over)
+    cfg = make_config(
+        path, spec["layer_ids"], args.tp, args.dtype, max(lengths) + 8, args.backend, tempfile.mkdtemp(), over
+    )
 
     class Keep:
         def __init__(self):
@@ -182,9 +234,18 @@ def _child(args) -> int:
         if fp32_reference:
             refs[s.sample_id] = ref
     rep = acc.report(args.min_cosine, args.max_rel_err)
-    out = dict(model=args.models, tp=args.tp, backend=args.backend, dtype=args.dtype, samples=len(samples),
-               tokens=rep.tokens, engine_start_s=round(start_s, 1), token_echo_ok=echo_ok,
-               passed=bool(rep.passed and echo_ok), layers=[vars(l) for l in rep.layers])
+    out = dict(
+        model=args.models,
+        tp=args.tp,
+        backend=args.backend,
+        dtype=args.dtype,
+        samples=len(samples),
+        tokens=rep.tokens,
+        engine_start_s=round(start_s, 1),
+        token_echo_ok=echo_ok,
+        passed=bool(rep.passed and echo_ok),
+        layers=[vars(l) for l in rep.layers],
+    )
     if fp32_reference:
         # How far is each bf16 engine from the fp32 computation of the same weights? If transformers' own
         # bf16 run is as far from it as vLLM's capture, the bf16-vs-bf16 gap is bf16 itself, not capture.
@@ -198,7 +259,8 @@ def _child(args) -> int:
             hf32.add(s.sample_id, refs[s.sample_id].to(torch.float32), ref32)
         out["vs_fp32_reference"] = {
             "capture": [vars(l) for l in cap32.report(args.min_cosine, args.max_rel_err).layers],
-            "transformers_bf16": [vars(l) for l in hf32.report(args.min_cosine, args.max_rel_err).layers]}
+            "transformers_bf16": [vars(l) for l in hf32.report(args.min_cosine, args.max_rel_err).layers],
+        }
     Path(args.result).write_text(json.dumps(out))
     return 0
 
@@ -235,8 +297,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--gpu-memory-utilization", type=float, default=0.0, help="0: config default")
     p.add_argument("--min-cosine", type=float, default=0.999)
     p.add_argument("--max-rel-err", type=float, default=0.05)
-    p.add_argument("--fp32-reference", action="store_true",
-                   help="also compare the capture and transformers' bf16 run with transformers in fp32")
+    p.add_argument(
+        "--fp32-reference",
+        action="store_true",
+        help="also compare the capture and transformers' bf16 run with transformers in fp32",
+    )
     p.add_argument("--out", default="", help="folder for models and results (default: a temp folder)")
     p.add_argument("--timeout", type=int, default=1800, help="seconds per (model, TP) cell")
     # internal: one cell in a child process
@@ -257,37 +322,77 @@ def run(args: argparse.Namespace) -> int:
         path = build_random_model(name, out / "models", args.dtype)
         for tp in [int(t) for t in str(args.tp).split(",") if t]:
             res = out / f"result-{name}-tp{tp}.json"
-            cmd = [sys.executable, "-m", "eagle_batch.bench.gpu_validate", "--models", name, "--tp", str(tp),
-                   "--backend", args.backend, "--dtype", args.dtype, "--num-prompts", str(args.num_prompts),
-                   "--lengths", args.lengths, "--max-num-batched-tokens", str(args.max_num_batched_tokens),
-                   "--gpu-memory-utilization", str(args.gpu_memory_utilization), "--min-cosine",
-                   str(args.min_cosine), "--max-rel-err", str(args.max_rel_err), "--model-path", str(path),
-                   "--result", str(res)] + ["--fp32-reference"] * args.fp32_reference
+            cmd = [
+                sys.executable,
+                "-m",
+                "eagle_batch.bench.gpu_validate",
+                "--models",
+                name,
+                "--tp",
+                str(tp),
+                "--backend",
+                args.backend,
+                "--dtype",
+                args.dtype,
+                "--num-prompts",
+                str(args.num_prompts),
+                "--lengths",
+                args.lengths,
+                "--max-num-batched-tokens",
+                str(args.max_num_batched_tokens),
+                "--gpu-memory-utilization",
+                str(args.gpu_memory_utilization),
+                "--min-cosine",
+                str(args.min_cosine),
+                "--max-rel-err",
+                str(args.max_rel_err),
+                "--model-path",
+                str(path),
+                "--result",
+                str(res),
+            ] + ["--fp32-reference"] * args.fp32_reference
             env = dict(os.environ)
             env["PYTHONPATH"] = os.pathsep.join([str(Path(__file__).resolve().parents[2]), env.get("PYTHONPATH", "")])
             t0 = time.perf_counter()
             proc = subprocess.run(cmd, env=env, timeout=args.timeout, capture_output=True, text=True)
             if proc.returncode != 0 or not res.is_file():
                 tail = (proc.stdout + proc.stderr)[-3000:]
-                results.append(dict(model=name, tp=tp, backend=args.backend, passed=False,
-                                    error=f"exit {proc.returncode}", log_tail=tail))
+                results.append(
+                    dict(
+                        model=name,
+                        tp=tp,
+                        backend=args.backend,
+                        passed=False,
+                        error=f"exit {proc.returncode}",
+                        log_tail=tail,
+                    )
+                )
                 print(f"[{name} TP={tp}] FAILED (exit {proc.returncode}):\n{tail}", file=sys.stderr)
                 continue
             r = json.loads(res.read_text())
             r["wall_s"] = round(time.perf_counter() - t0, 1)
             results.append(r)
-    summary = dict(versions=versions(), criterion=f"cos_mean >= {args.min_cosine} per layer", results=results,
-                   passed=bool(results) and all(r.get("passed") for r in results))
+    summary = dict(
+        versions=versions(),
+        criterion=f"cos_mean >= {args.min_cosine} per layer",
+        results=results,
+        passed=bool(results) and all(r.get("passed") for r in results),
+    )
     if not getattr(args, "json", False):
         print(f"{'model':<16}{'TP':>3} {'layer':>6} {'cos_mean':>10} {'cos_min':>10} {'max_rel':>10}")
         for r in results:
             for l in r.get("layers", []):
-                print(f"{r['model']:<16}{r['tp']:>3} {l['layer_id']:>6} {l['cos_mean']:>10.6f} {l['cos_min']:>10.6f} "
-                      f"{l['max_rel']:>10.2e}{'' if l['passed'] else '  FAIL'}")
+                print(
+                    f"{r['model']:<16}{r['tp']:>3} {l['layer_id']:>6} {l['cos_mean']:>10.6f} {l['cos_min']:>10.6f} "
+                    f"{l['max_rel']:>10.2e}{'' if l['passed'] else '  FAIL'}"
+                )
             for who, rows in r.get("vs_fp32_reference", {}).items():
-                print(f"  vs transformers fp32, {who}: cos_mean " +
-                      " ".join(f"L{l['layer_id']}={l['cos_mean']:.6f}" for l in rows) +
-                      "  cos_min " + " ".join(f"{l['cos_min']:.4f}" for l in rows))
+                print(
+                    f"  vs transformers fp32, {who}: cos_mean "
+                    + " ".join(f"L{l['layer_id']}={l['cos_mean']:.6f}" for l in rows)
+                    + "  cos_min "
+                    + " ".join(f"{l['cos_min']:.4f}" for l in rows)
+                )
             if "error" in r:
                 print(f"{r['model']:<16}{r['tp']:>3}  error: {r['error']}")
         print(f"overall: {'PASS' if summary['passed'] else 'FAIL'}")
@@ -297,8 +402,11 @@ def run(args: argparse.Namespace) -> int:
 
 
 if __name__ == "__main__":
-    ap = argparse.ArgumentParser(prog="python -m eagle_batch.bench.gpu_validate", description=__doc__,
-                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(
+        prog="python -m eagle_batch.bench.gpu_validate",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     ap.add_argument("--json", action="store_true", help="print only the JSON summary")
     add_arguments(ap)
     sys.exit(run(ap.parse_args()))

@@ -73,8 +73,16 @@ def _state_pool(rows: int, layers: int, hidden: int, rng: np.random.Generator) -
     return x.astype(ml_dtypes.bfloat16).view(np.uint16)
 
 
-def build_store(path: Path, samples: int, mean_tokens: int, hidden: int, num_layers: int, codec: str,
-                seed: int = 0, vocab: int = 32000) -> dict:
+def build_store(
+    path: Path,
+    samples: int,
+    mean_tokens: int,
+    hidden: int,
+    num_layers: int,
+    codec: str,
+    seed: int = 0,
+    vocab: int = 32000,
+) -> dict:
     from eagle_batch.config.schema import StoreConfig
     from eagle_batch.store import StoreSpec, TaskStoreWriter
 
@@ -102,8 +110,14 @@ def build_store(path: Path, samples: int, mean_tokens: int, hidden: int, num_lay
     el = time.perf_counter() - t0
     raw = int(lengths.sum()) * len(ids) * hidden * 2
     disk = sum(f.stat().st_size for f in path.rglob("*") if f.is_file())
-    return {"samples": samples, "tokens": int(lengths.sum()), "raw_mb": raw / 1e6, "disk_mb": disk / 1e6,
-            "write_s": el, "layer_ids": ids}
+    return {
+        "samples": samples,
+        "tokens": int(lengths.sum()),
+        "raw_mb": raw / 1e6,
+        "disk_mb": disk / 1e6,
+        "write_s": el,
+        "layer_ids": ids,
+    }
 
 
 def _drop_cache(path: Path) -> None:
@@ -125,8 +139,9 @@ def _samples(store: Path, num_layers: int):
     return TrainSamples(open_dataset(store), ids[:3], ids[3])
 
 
-def measure_loader(store: Path, num_layers: int, workers: int, batch_tokens: int, prefetch: int,
-                   max_batches: int, seed: int) -> dict:
+def measure_loader(
+    store: Path, num_layers: int, workers: int, batch_tokens: int, prefetch: int, max_batches: int, seed: int
+) -> dict:
     from eagle_batch.train.data import BatchPlan, make_loader
 
     ts = _samples(store, num_layers)
@@ -147,8 +162,17 @@ def measure_loader(store: Path, num_layers: int, workers: int, batch_tokens: int
         if max_batches and n_b >= max_batches:
             break
     el = time.perf_counter() - t0
-    return {"workers": workers, "batches": n_b, "samples": n_s, "tokens": n_t, "seconds": el,
-            "samples_s": n_s / el, "tokens_s": n_t / el, "mb_s": raw / 1e6 / el, "first_batch_s": first}
+    return {
+        "workers": workers,
+        "batches": n_b,
+        "samples": n_s,
+        "tokens": n_t,
+        "seconds": el,
+        "samples_s": n_s / el,
+        "tokens_s": n_t / el,
+        "mb_s": raw / 1e6 / el,
+        "first_batch_s": first,
+    }
 
 
 def step_sim(store: Path, args) -> dict:
@@ -158,21 +182,36 @@ def step_sim(store: Path, args) -> dict:
     from eagle_batch.train.model import DraftConfig, Eagle3Draft, TargetHead
     from eagle_batch.train.trainer import ttt_loss
 
-    dev = torch.device("cuda" if (args.device == "auto" and torch.cuda.is_available()) or args.device == "cuda"
-                       else "cpu")
+    dev = torch.device(
+        "cuda" if (args.device == "auto" and torch.cuda.is_available()) or args.device == "cuda" else "cpu"
+    )
     h = args.hidden
     ids = _layer_ids(args.num_layers)
-    cfg = DraftConfig(hidden_size=h, target_hidden_size=h, intermediate_size=int(round(h * 2.6875 / 256)) * 256,
-                      num_attention_heads=max(1, h // 128), num_key_value_heads=min(8, max(1, h // 128)),
-                      head_dim=128, vocab_size=args.target_vocab, draft_vocab_size=args.draft_vocab,
-                      rms_norm_eps=1e-6, max_position_embeddings=8192, aux_layer_ids=ids[:3], last_layer_id=ids[3],
-                      rope={"rope_theta": 10000.0})
+    cfg = DraftConfig(
+        hidden_size=h,
+        target_hidden_size=h,
+        intermediate_size=int(round(h * 2.6875 / 256)) * 256,
+        num_attention_heads=max(1, h // 128),
+        num_key_value_heads=min(8, max(1, h // 128)),
+        head_dim=128,
+        vocab_size=args.target_vocab,
+        draft_vocab_size=args.draft_vocab,
+        rms_norm_eps=1e-6,
+        max_position_embeddings=8192,
+        aux_layer_ids=ids[:3],
+        last_layer_id=ids[3],
+        rope={"rope_theta": 10000.0},
+    )
     torch.manual_seed(0)
     embed = (torch.randn(cfg.vocab_size, h) * 0.02).to(torch.bfloat16)
     model = Eagle3Draft(cfg, embed).to(dev)
     model.set_vocab_map(torch.arange(cfg.draft_vocab_size, device=dev))
-    head = TargetHead(torch.ones(h), (torch.randn(cfg.vocab_size, h) * 0.02).to(torch.bfloat16),
-                      cfg.rms_norm_eps, model.draft_to_target).to(dev)
+    head = TargetHead(
+        torch.ones(h),
+        (torch.randn(cfg.vocab_size, h) * 0.02).to(torch.bfloat16),
+        cfg.rms_norm_eps,
+        model.draft_to_target,
+    ).to(dev)
     opt = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=1e-4)
     ts = _samples(store, args.num_layers)
     plan = BatchPlan(ts.lengths(), args.batch_tokens, args.seed, 1)
@@ -181,10 +220,11 @@ def step_sim(store: Path, args) -> dict:
     waits, steps = [], []
     step = 0
     t_start = None
-    stream = EpochLoader(ts, plan, 0, num_workers=args.sim_workers, prefetch_factor=args.prefetch,
-                         pin_memory=dev.type == "cuda").stream()  # the trainer's loader
+    stream = EpochLoader(
+        ts, plan, 0, num_workers=args.sim_workers, prefetch_factor=args.prefetch, pin_memory=dev.type == "cuda"
+    ).stream()  # the trainer's loader
     t_prev = time.perf_counter()
-    for epoch, _, batch in stream:
+    for epoch, _, batch in stream:  # noqa: B007 - the last epoch is reported below
         t_got = time.perf_counter()
         batch = {k: v.to(dev, non_blocking=True) for k, v in batch.items()}
         loss, _ = ttt_loss(model, head, batch, args.ttt, 0.8, autocast=True)
@@ -206,30 +246,56 @@ def step_sim(store: Path, args) -> dict:
             break
     stream.close()
     wall = time.perf_counter() - t_start
-    return {"device": str(dev), "device_name": torch.cuda.get_device_name(dev) if dev.type == "cuda" else "cpu",
-            "hidden": h, "draft_params_m": sum(p.numel() for p in model.parameters()) / 1e6, "ttt": args.ttt,
-            "batch_tokens": args.batch_tokens, "workers": args.sim_workers, "steps": len(steps),
-            "step_s_mean": float(np.mean(steps)), "wait_s_mean": float(np.mean(waits)),
-            "wait_s_max": float(np.max(waits)), "epochs_started": epoch + 1, "batches_per_epoch": len(plan.rank_batches(0, 0)),
-            "data_wait_frac": float(sum(waits) / wall),
-            "max_memory_gb": torch.cuda.max_memory_allocated(dev) / 2**30 if dev.type == "cuda" else None}
+    return {
+        "device": str(dev),
+        "device_name": torch.cuda.get_device_name(dev) if dev.type == "cuda" else "cpu",
+        "hidden": h,
+        "draft_params_m": sum(p.numel() for p in model.parameters()) / 1e6,
+        "ttt": args.ttt,
+        "batch_tokens": args.batch_tokens,
+        "workers": args.sim_workers,
+        "steps": len(steps),
+        "step_s_mean": float(np.mean(steps)),
+        "wait_s_mean": float(np.mean(waits)),
+        "wait_s_max": float(np.max(waits)),
+        "epochs_started": epoch + 1,
+        "batches_per_epoch": len(plan.rank_batches(0, 0)),
+        "data_wait_frac": float(sum(waits) / wall),
+        "max_memory_gb": torch.cuda.max_memory_allocated(dev) / 2**30 if dev.type == "cuda" else None,
+    }
 
 
 def run(args: argparse.Namespace) -> int:
     base = Path(args.dir) if args.dir else Path(tempfile.mkdtemp(prefix="eb-bench-loader-"))
     store = base / f"synthetic-h{args.hidden}.zarr"
-    result: dict = {"bench": "loader", "hidden": args.hidden, "num_layers": args.num_layers,
-                    "batch_tokens": args.batch_tokens, "cpus": os.cpu_count(),
-                    "loadavg_1m": os.getloadavg()[0]}
+    result: dict = {
+        "bench": "loader",
+        "hidden": args.hidden,
+        "num_layers": args.num_layers,
+        "batch_tokens": args.batch_tokens,
+        "cpus": os.cpu_count(),
+        "loadavg_1m": os.getloadavg()[0],
+    }
     try:
         if not (store / "progress.json").exists():
             shutil.rmtree(store, ignore_errors=True)  # a half-written one from an interrupted run
-            result["store"] = build_store(store, args.samples, args.mean_tokens, args.hidden, args.num_layers,
-                                          args.codec, args.seed, vocab=min(32000, args.target_vocab))
+            result["store"] = build_store(
+                store,
+                args.samples,
+                args.mean_tokens,
+                args.hidden,
+                args.num_layers,
+                args.codec,
+                args.seed,
+                vocab=min(32000, args.target_vocab),
+            )
         else:
             result["store"] = {"reused": str(store)}
-        result["loader"] = [measure_loader(store, args.num_layers, int(w), args.batch_tokens, args.prefetch,
-                                           args.batches, args.seed) for w in args.workers.split(",") if w != ""]
+        result["loader"] = [
+            measure_loader(store, args.num_layers, int(w), args.batch_tokens, args.prefetch, args.batches, args.seed)
+            for w in args.workers.split(",")
+            if w != ""
+        ]
         if args.step_sim:
             result["step_sim"] = step_sim(store, args)
     finally:

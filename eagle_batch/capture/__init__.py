@@ -12,5 +12,4 @@ vLLM is imported only when an engine starts.
 from .engine import BACKENDS, CaptureStats, make_backend, open_backend, run_capture
 from .writer import CaptureError, check_captured
 
-__all__ = ["BACKENDS", "CaptureError", "CaptureStats", "check_captured", "make_backend", "open_backend",
-           "run_capture"]
+__all__ = ["BACKENDS", "CaptureError", "CaptureStats", "check_captured", "make_backend", "open_backend", "run_capture"]

@@ -49,8 +49,9 @@ def validate_run(run_dir: str | Path, k: int, seed: int = 0, device: str | None 
     dss = _datasets(run_dir)
     index = [(d, i) for d, ds in enumerate(dss) for i in range(len(ds))]
     if not index:
-        raise StoreError(f"{run_dir}: the stores hold no committed samples: nothing to validate (see "
-                         f"`eagle-batch status {run_dir}`)")
+        raise StoreError(
+            f"{run_dir}: the stores hold no committed samples: nothing to validate (see `eagle-batch status {run_dir}`)"
+        )
     rng = np.random.default_rng(seed)
     picks = sorted(rng.choice(len(index), size=min(k, len(index)), replace=False).tolist())
     model = load_hf_model(cfg.model.path, dtype or cfg.model.dtype, device, cfg.model.trust_remote_code)

@@ -37,14 +37,15 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
-from vllm.distributed.kv_transfer.kv_connector.v1.base import (KVConnectorBase_V1, KVConnectorMetadata,
-                                                                 KVConnectorRole)
+from vllm.distributed.kv_transfer.kv_connector.v1.base import KVConnectorBase_V1, KVConnectorMetadata
 
 try:  # hybrid memory allocator support (the hidden-state cache is a group of its own)
     from vllm.distributed.kv_transfer.kv_connector.v1.base import SupportsHMA
 except ImportError:  # pragma: no cover - older vLLM
+
     class SupportsHMA:  # type: ignore[no-redef]
         pass
+
 
 from . import sink as sink_registry
 from . import vllm_compat as compat
@@ -102,7 +103,7 @@ class EagleBatchConnector(KVConnectorBase_V1, SupportsHMA):
         self._rank0 = True
         self._sink = None
         self._stream = None
-        self._inflight: dict[str, Any] = {}   # req_id -> cuda event (or None when nothing to wait for)
+        self._inflight: dict[str, Any] = {}  # req_id -> cuda event (or None when nothing to wait for)
         self._finished: set[str] = set()
 
     # ------------------------------------------------------------------ scheduler side
@@ -128,9 +129,11 @@ class EagleBatchConnector(KVConnectorBase_V1, SupportsHMA):
                 n = len(st.prompt_ids)
                 need = -(-n // self._block_size)
                 if len(st.blocks) < need:
-                    raise RuntimeError(f"sample {st.sample_id}: request {s.req_id} has {len(st.blocks)} "
-                                       f"hidden-state blocks for {n} tokens (needs {need}); vLLM "
-                                       f"{compat.vllm_version()} scheduler output not understood")
+                    raise RuntimeError(
+                        f"sample {st.sample_id}: request {s.req_id} has {len(st.blocks)} "
+                        f"hidden-state blocks for {n} tokens (needs {need}); vLLM "
+                        f"{compat.vllm_version()} scheduler output not understood"
+                    )
                 meta.items.append(ExtractItem(s.req_id, st.sample_id, st.blocks[:need], n, st.prompt_ids))
                 st.sent = True
         return meta
@@ -163,8 +166,10 @@ class EagleBatchConnector(KVConnectorBase_V1, SupportsHMA):
         elif kv.shape[1] == self._block_size and kv.shape[2] == L:
             self._layout = "BLH"
         else:
-            raise RuntimeError(f"hidden-state cache shape {tuple(kv.shape)} does not match {L} layers and "
-                               f"block size {self._block_size} (vLLM {compat.vllm_version()})")
+            raise RuntimeError(
+                f"hidden-state cache shape {tuple(kv.shape)} does not match {L} layers and "
+                f"block size {self._block_size} (vLLM {compat.vllm_version()})"
+            )
         self._kv = kv
         if not self._rank0:
             return
@@ -172,8 +177,10 @@ class EagleBatchConnector(KVConnectorBase_V1, SupportsHMA):
             self._sink = sink_registry.lookup(self._sink_key)
         if self._sink is None:
             if not self._shm_spec:
-                raise RuntimeError("EagleBatchConnector: no sink in this process and no shared-memory "
-                                   "transport configured (start it through eagle_batch.capture.engine)")
+                raise RuntimeError(
+                    "EagleBatchConnector: no sink in this process and no shared-memory "
+                    "transport configured (start it through eagle_batch.capture.engine)"
+                )
             from .shm import ShmProducer
 
             self._sink = ShmProducer(self._shm_spec)
@@ -194,8 +201,7 @@ class EagleBatchConnector(KVConnectorBase_V1, SupportsHMA):
         kv = self._kv
         bs = self._block_size
         # Cache slot of every token: block ids[pos // block size], offset pos % block size.
-        blk = np.concatenate([np.asarray(it.block_ids, dtype=np.int64)[np.arange(it.num_tokens) // bs]
-                              for it in items])
+        blk = np.concatenate([np.asarray(it.block_ids, dtype=np.int64)[np.arange(it.num_tokens) // bs] for it in items])
         off = np.concatenate([np.arange(it.num_tokens, dtype=np.int64) % bs for it in items])
         if kv.is_cuda:
             # The indices cross to the device from pinned memory: a copy from pageable memory would
@@ -269,16 +275,25 @@ class EagleBatchConnector(KVConnectorBase_V1, SupportsHMA):
             self._inflight[it.req_id] = done
         wait = None if done is None else done.synchronize
         if shm:
-            self._sink.put_rows([(it.sample_id, it.req_id, it.token_ids, it.num_tokens) for it in items],
-                                host, where, wait, finite)
+            self._sink.put_rows(
+                [(it.sample_id, it.req_id, it.token_ids, it.num_tokens) for it in items], host, where, wait, finite
+            )
             return
         off = 0
         for it in items:
             n = it.num_tokens
-            self._sink.put(sink_registry.CapturedRequest(
-                it.sample_id, it.req_id, np.asarray(it.token_ids, dtype=np.int64), host[off:off + n], wait,
-                None if finite is None else finite[off:off + n],
-                block=host if host.dtype == torch.bfloat16 else None, row0=off))
+            self._sink.put(
+                sink_registry.CapturedRequest(
+                    it.sample_id,
+                    it.req_id,
+                    np.asarray(it.token_ids, dtype=np.int64),
+                    host[off : off + n],
+                    wait,
+                    None if finite is None else finite[off : off + n],
+                    block=host if host.dtype == torch.bfloat16 else None,
+                    row0=off,
+                )
+            )
             off += n
 
     def get_finished(self, finished_req_ids: set[str]):

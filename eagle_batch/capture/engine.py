@@ -21,8 +21,9 @@ import contextlib
 import logging
 import os
 import time
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import asdict, dataclass
-from typing import Any, Callable, Iterator, Optional, Sequence
+from typing import Any
 
 from eagle_batch.config import RunConfig, model_info, resolve_layer_ids
 
@@ -41,9 +42,11 @@ def _check_lengths(cfg: RunConfig, samples: Sequence[Any]) -> None:
         if n == 0:
             raise CaptureError(f"sample {s.sample_id}: empty input_ids; re-run prepare (it drops empty rows).")
         if n >= cfg.model.max_model_len:  # vLLM needs the prompt plus the one token it generates
-            raise CaptureError(f"sample {s.sample_id}: {n} tokens, model.max_model_len={cfg.model.max_model_len} "
-                               f"allows {cfg.model.max_model_len - 1}; raise model.max_model_len or lower "
-                               "data.max_length and re-run prepare.")
+            raise CaptureError(
+                f"sample {s.sample_id}: {n} tokens, model.max_model_len={cfg.model.max_model_len} "
+                f"allows {cfg.model.max_model_len - 1}; raise model.max_model_len or lower "
+                "data.max_length and re-run prepare."
+            )
         if len(s.loss_mask) != n:
             raise CaptureError(f"sample {s.sample_id}: loss_mask has {len(s.loss_mask)} entries for {n} tokens.")
 
@@ -51,7 +54,7 @@ def _check_lengths(cfg: RunConfig, samples: Sequence[Any]) -> None:
 def _chunks(seq: Sequence[Any], n: int) -> Iterator[Sequence[Any]]:
     n = max(1, int(n))
     for i in range(0, len(seq), n):
-        yield seq[i:i + n]
+        yield seq[i : i + n]
 
 
 class _SinkProxy(Sink):
@@ -81,11 +84,18 @@ class VllmBackend:
     def engine_kwargs(self) -> dict[str, Any]:
         m, e = self.cfg.model, self.cfg.extract
         kw: dict[str, Any] = dict(
-            model=m.path, tokenizer=m.tokenizer or m.path, dtype=m.dtype, tensor_parallel_size=m.tensor_parallel_size,
-            max_model_len=m.max_model_len, gpu_memory_utilization=e.gpu_memory_utilization,
-            enable_prefix_caching=False, enable_chunked_prefill=e.enable_chunked_prefill,
-            max_num_seqs=e.max_num_seqs, max_num_batched_tokens=e.max_num_batched_tokens,
-            enforce_eager=e.enforce_eager, trust_remote_code=m.trust_remote_code,
+            model=m.path,
+            tokenizer=m.tokenizer or m.path,
+            dtype=m.dtype,
+            tensor_parallel_size=m.tensor_parallel_size,
+            max_model_len=m.max_model_len,
+            gpu_memory_utilization=e.gpu_memory_utilization,
+            enable_prefix_caching=False,
+            enable_chunked_prefill=e.enable_chunked_prefill,
+            max_num_seqs=e.max_num_seqs,
+            max_num_batched_tokens=e.max_num_batched_tokens,
+            enforce_eager=e.enforce_eager,
+            trust_remote_code=m.trust_remote_code,
             skip_tokenizer_init=True,  # prompts are token ids; lets random-vocab models run without a tokenizer
         )
         if m.revision:
@@ -96,8 +106,12 @@ class VllmBackend:
     def _sampling_params(self, sample_id: str):
         from vllm import SamplingParams
 
-        return SamplingParams(max_tokens=1, temperature=0.0, detokenize=False,
-                              extra_args={"kv_transfer_params": {"eb_sample_id": str(sample_id)}})
+        return SamplingParams(
+            max_tokens=1,
+            temperature=0.0,
+            detokenize=False,
+            extra_args={"kv_transfer_params": {"eb_sample_id": str(sample_id)}},
+        )
 
     def _prompts(self, samples):
         return [compat.tokens_prompt([int(t) for t in s.input_ids]) for s in samples]
@@ -108,8 +122,12 @@ class VllmBackend:
         kw = self.engine_kwargs()
         kw.update(extra)
         self._place_engine()
-        log.info("starting vLLM %s (%s backend): %s", compat.vllm_version(), self.name,
-                 {k: v for k, v in kw.items() if k not in ("speculative_config", "kv_transfer_config")})
+        log.info(
+            "starting vLLM %s (%s backend): %s",
+            compat.vllm_version(),
+            self.name,
+            {k: v for k, v in kw.items() if k not in ("speculative_config", "kv_transfer_config")},
+        )
         self.llm = LLM(**kw)
 
     def _place_engine(self) -> None:
@@ -164,8 +182,10 @@ class NativeBackend(VllmBackend):
         try:
             self._start(
                 speculative_config=compat.speculative_config(self.layer_ids),
-                kv_transfer_config=compat.kv_transfer_config("EagleBatchConnector",
-                                                             "eagle_batch.capture.connector", extra))
+                kv_transfer_config=compat.kv_transfer_config(
+                    "EagleBatchConnector", "eagle_batch.capture.connector", extra
+                ),
+            )
         except BaseException:
             self.close()
             raise
@@ -174,8 +194,9 @@ class NativeBackend(VllmBackend):
         self._proxy.target = sink
         try:
             start = self._shm.received if self._shm is not None else 0
-            self.llm.generate(self._prompts(samples), [self._sampling_params(s.sample_id) for s in samples],
-                              use_tqdm=False)
+            self.llm.generate(
+                self._prompts(samples), [self._sampling_params(s.sample_id) for s in samples], use_tqdm=False
+            )
             if self._shm is not None:  # records from another process may still be in flight
                 self._shm.wait_for(len(samples), start)
         finally:
@@ -232,15 +253,21 @@ class CaptureStats:
     seconds: float = 0.0
     tokens_per_s: float = 0.0
     stopped_early: bool = False
-    writer_busy_s: float = 0.0     # the writer thread's time in append (checks, hand-over to the store)
-    backpressure_s: float = 0.0    # time the engine side waited because the store was behind
+    writer_busy_s: float = 0.0  # the writer thread's time in append (checks, hand-over to the store)
+    backpressure_s: float = 0.0  # time the engine side waited because the store was behind
 
     def as_dict(self) -> dict:
         return asdict(self)
 
 
-def run_capture(cfg: RunConfig, samples: Sequence[Any], writer, should_stop: Optional[Callable[[], bool]] = None,
-                backend=None, max_pending_bytes: int = 4 << 30) -> CaptureStats:
+def run_capture(
+    cfg: RunConfig,
+    samples: Sequence[Any],
+    writer,
+    should_stop: Callable[[], bool] | None = None,
+    backend=None,
+    max_pending_bytes: int = 4 << 30,
+) -> CaptureStats:
     """Capture every sample not yet committed in `writer` and append it; see the module docstring.
 
     Commits at most every `extract.commit_interval_s` (between batches, on the writer thread, so the
@@ -264,8 +291,13 @@ def run_capture(cfg: RunConfig, samples: Sequence[Any], writer, should_stop: Opt
     if own:
         backend = make_backend(cfg)
     stats.backend = backend.name
-    wt = WriterThread(writer, len(backend.layer_ids), backend.hidden_size, cfg.extract.check_finite,
-                      max_pending_bytes=max_pending_bytes)
+    wt = WriterThread(
+        writer,
+        len(backend.layer_ids),
+        backend.hidden_size,
+        cfg.extract.check_finite,
+        max_pending_bytes=max_pending_bytes,
+    )
     try:
         last_commit = time.monotonic()
         for batch in _chunks(todo, cfg.extract.batch_samples):

@@ -7,7 +7,8 @@ on the last decoder layer because transformers' `hidden_states[N]` is after the 
 from __future__ import annotations
 
 import logging
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
 import torch
@@ -21,8 +22,7 @@ log = logging.getLogger(__name__)
 
 
 def _decoder_layers(model):
-    for path in ("model.layers", "model.language_model.layers", "language_model.model.layers",
-                 "model.model.layers"):
+    for path in ("model.layers", "model.language_model.layers", "language_model.model.layers", "model.model.layers"):
         obj = model
         try:
             for part in path.split("."):
@@ -37,8 +37,7 @@ def load_hf_model(path: str, dtype: str = "float32", device: str | None = None, 
     from transformers import AutoModelForCausalLM
 
     device = device or ("cuda" if torch.cuda.is_available() else "cpu")
-    model = AutoModelForCausalLM.from_pretrained(path, dtype=getattr(torch, dtype),
-                                                 trust_remote_code=trust_remote_code)
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=getattr(torch, dtype), trust_remote_code=trust_remote_code)
     return model.to(device).eval()
 
 

@@ -19,7 +19,8 @@ from __future__ import annotations
 
 import logging
 import pickle
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
 import torch
@@ -56,15 +57,19 @@ class HooksWorkerExtension:
 
         self._eb_handles.append(model.register_forward_pre_hook(model_pre, with_kwargs=True))
         if 0 in want:
+
             def first_pre(_mod, args, kwargs):
                 h = kwargs.get("hidden_states", args[1] if len(args) > 1 else None)
                 self._eb_step[0] = h.detach()
+
             self._eb_handles.append(layers[0].register_forward_pre_hook(first_pre, with_kwargs=True))
         for k in sorted(want - {0}):
+
             def post(_mod, _args, out, k=k):
                 self._eb_step[k] = residual_stream(out).detach()
                 if k == max(want):
                     self._eb_finish_step()
+
             self._eb_handles.append(layers[k - 1].register_forward_hook(post))
         if want == {0}:
             raise ValueError("hooks backend: capture at least one layer id >= 1")
@@ -129,17 +134,22 @@ class HooksBackend(VllmBackend):
             raise
 
     def run_batch(self, samples: Sequence[Any], sink: Sink) -> None:
-        outs = self.llm.generate(self._prompts(samples), [self._sampling_params(s.sample_id) for s in samples],
-                                 use_tqdm=False)
+        outs = self.llm.generate(
+            self._prompts(samples), [self._sampling_params(s.sample_id) for s in samples], use_tqdm=False
+        )
         blobs = self.llm.collective_rpc("eb_collect")
         got = pickle.loads(next(b for b in blobs if b is not None))
         for s, o in zip(samples, outs):
             if o.request_id not in got:
-                raise RuntimeError(f"sample {s.sample_id}: hooks captured nothing for request {o.request_id} "
-                                   f"(captured: {sorted(got)[:5]}...)")
+                raise RuntimeError(
+                    f"sample {s.sample_id}: hooks captured nothing for request {o.request_id} "
+                    f"(captured: {sorted(got)[:5]}...)"
+                )
             pos, ids, payload = got.pop(o.request_id)
             n = len(s.input_ids)
             if len(pos) != n or not np.array_equal(pos, np.arange(n)):
-                raise RuntimeError(f"sample {s.sample_id}: hooks saw positions {pos[:3]}..{pos[-3:]} "
-                                   f"({len(pos)} rows) for a {n}-token prompt; prefix caching must be off")
+                raise RuntimeError(
+                    f"sample {s.sample_id}: hooks saw positions {pos[:3]}..{pos[-3:]} "
+                    f"({len(pos)} rows) for a {n}-token prompt; prefix caching must be off"
+                )
             sink.put(CapturedRequest(s.sample_id, o.request_id, ids.astype(np.int64), _decode(payload), None))

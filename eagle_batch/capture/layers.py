@@ -18,7 +18,7 @@ this; the `native` backend gets the sum from vLLM itself.
 
 from __future__ import annotations
 
-from typing import Sequence
+from collections.abc import Sequence
 
 from eagle_batch.config.model_info import check_layer_ids
 

@@ -28,6 +28,7 @@ from __future__ import annotations
 import logging
 import mmap
 import os
+import pickle
 import queue
 import shutil
 import socket
@@ -35,7 +36,6 @@ import struct
 import tempfile
 import threading
 import time
-import pickle
 from collections import deque
 from typing import Any
 
@@ -46,7 +46,7 @@ from .sink import CapturedRequest, Sink
 
 log = logging.getLogger(__name__)
 
-HEADER = 4096          # bytes reserved at the start of the file: [0:8] consumed counter (int64)
+HEADER = 4096  # bytes reserved at the start of the file: [0:8] consumed counter (int64)
 ALIGN = 512
 _LEN = struct.Struct("!Q")
 
@@ -100,8 +100,11 @@ class ShmReceiver:
     def __init__(self, sink: Sink, ring_bytes: int | None = None):
         self.sink = sink
         self.size = int(ring_bytes or default_ring_bytes())
-        base = "/dev/shm" if os.path.isdir("/dev/shm") and shutil.disk_usage("/dev/shm").free > self.size + HEADER \
+        base = (
+            "/dev/shm"
+            if os.path.isdir("/dev/shm") and shutil.disk_usage("/dev/shm").free > self.size + HEADER
             else tempfile.gettempdir()
+        )
         self.dir = tempfile.mkdtemp(prefix="eb-", dir=tempfile.gettempdir())  # short path for the socket
         fd, self.path = tempfile.mkstemp(prefix="eb-ring-", dir=base)
         os.ftruncate(fd, HEADER + self.size)
@@ -163,11 +166,14 @@ class ShmReceiver:
                     self._consumed[0] = self._unreleased.popleft()[0]  # the producer may reuse these bytes
 
         total = sum(r[3] for r in requests)
-        block = self._data[start:start + total * row_nbytes].view(np.uint16).reshape(total, *shape) \
-            if dtype == "bfloat16" else None
+        block = (
+            self._data[start : start + total * row_nbytes].view(np.uint16).reshape(total, *shape)
+            if dtype == "bfloat16"
+            else None
+        )
         off, row0 = start, 0
         for i, (sample_id, req_id, token_ids, T, finite) in enumerate(requests):
-            raw = self._data[off:off + T * row_nbytes]
+            raw = self._data[off : off + T * row_nbytes]
             off += T * row_nbytes
             # Zero-copy view of the ring. Shaped by numpy: one torch call instead of two (each drops and
             # retakes the GIL).
@@ -180,8 +186,9 @@ class ShmReceiver:
             flag = None if finite is None else bool(finite)
             release = _ReleaseOnce(release_one)
             try:
-                self.sink.put(CapturedRequest(sample_id, req_id, token_ids, states, None, flag, release, bits,
-                                              block, row0))
+                self.sink.put(
+                    CapturedRequest(sample_id, req_id, token_ids, states, None, flag, release, bits, block, row0)
+                )
                 row0 += T
             except BaseException:
                 # A sink that refused a request never releases it, nor sees the ones after it: do not wedge
@@ -204,8 +211,10 @@ class ShmReceiver:
                     raise RuntimeError(f"shared-memory transport failed: {self.error}") from self.error
                 left = deadline - time.monotonic()
                 if left <= 0:
-                    raise RuntimeError(f"only {self.received - start} of {n_more} captured samples arrived from the "
-                                       f"vLLM worker within {timeout_s:.0f} s (did TP rank 0 die? see its log)")
+                    raise RuntimeError(
+                        f"only {self.received - start} of {n_more} captured samples arrived from the "
+                        f"vLLM worker within {timeout_s:.0f} s (did TP rank 0 die? see its log)"
+                    )
                 self._cv.wait(min(left, 1.0))
 
     def close(self) -> None:
@@ -248,8 +257,10 @@ class ShmProducer(Sink):
         ptr = self._data_t.data_ptr()
         err = torch.cuda.cudart().cudaHostRegister(ptr, self.size, 0)
         if int(err) != 0:
-            raise RuntimeError(f"cudaHostRegister of the {self.size >> 20} MiB shared ring failed ({err}); "
-                               "lower EAGLE_BATCH_SHM_BYTES, or with TP=1 set extract.engine_process=in-process")
+            raise RuntimeError(
+                f"cudaHostRegister of the {self.size >> 20} MiB shared ring failed ({err}); "
+                "lower EAGLE_BATCH_SHM_BYTES, or with TP=1 set extract.engine_process=in-process"
+            )
         self._registered = True
 
     @property
@@ -266,8 +277,10 @@ class ShmProducer(Sink):
         nbytes = int(np.prod(shape)) * torch.empty((), dtype=dtype).element_size()
         span = -(-nbytes // ALIGN) * ALIGN
         if span > self.size:
-            raise RuntimeError(f"one request needs {nbytes >> 20} MiB, more than the {self.size >> 20} MiB shared "
-                               "ring; raise EAGLE_BATCH_SHM_BYTES")
+            raise RuntimeError(
+                f"one request needs {nbytes >> 20} MiB, more than the {self.size >> 20} MiB shared "
+                "ring; raise EAGLE_BATCH_SHM_BYTES"
+            )
         pos = self._produced % self.size
         if pos + span > self.size:  # do not wrap inside a record: skip to the ring's start
             self._produced += self.size - pos
@@ -280,11 +293,17 @@ class ShmProducer(Sink):
                 log.warning("shared ring full (%d MiB): the writer is behind; the engine waits", self.size >> 20)
             time.sleep(0.001)
         self._produced = end
-        view = self._data_t[pos:pos + nbytes].view(dtype).view(shape)
+        view = self._data_t[pos : pos + nbytes].view(dtype).view(shape)
         return view, (pos, end)
 
-    def put_rows(self, requests: list[tuple[str, str, Any, int]], rows: torch.Tensor, where: tuple[int, int],
-                 ready=None, finite_rows=None) -> None:
+    def put_rows(
+        self,
+        requests: list[tuple[str, str, Any, int]],
+        rows: torch.Tensor,
+        where: tuple[int, int],
+        ready=None,
+        finite_rows=None,
+    ) -> None:
         """Queue one record: `rows` (from `alloc_host`, [sum T, ...]) holds the requests' rows back to back, in
         the order of `requests` = [(sample_id, req_id, token_ids, T)]. `ready()` blocks until the rows (and
         `finite_rows`, a bool tensor with one flag per row, or None) are valid."""
@@ -295,8 +314,9 @@ class ShmProducer(Sink):
         fin = item.finite
         if fin is not None and not isinstance(fin, bool):
             fin = fin.reshape(-1)[:1].expand(len(item.states))
-        self.put_rows([(item.sample_id, item.req_id, item.token_ids, len(item.states))], item.states, where,
-                      item.ready, fin)
+        self.put_rows(
+            [(item.sample_id, item.req_id, item.token_ids, len(item.states))], item.states, where, item.ready, fin
+        )
 
     def _run(self) -> None:
         try:
@@ -312,7 +332,7 @@ class ShmProducer(Sink):
                     flags = np.asarray(finite_rows.numpy() if isinstance(finite_rows, torch.Tensor) else finite_rows)
                 meta, off = [], 0
                 for sample_id, req_id, token_ids, T in requests:
-                    fin = None if flags is None else bool(flags[off:off + T].all())
+                    fin = None if flags is None else bool(flags[off : off + T].all())
                     meta.append((sample_id, req_id, np.asarray(token_ids), int(T), fin))
                     off += T
                 if off != len(rows):

@@ -14,8 +14,9 @@ from __future__ import annotations
 import os
 import threading
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Callable, Optional
+from typing import Any
 
 import numpy as np
 
@@ -26,15 +27,15 @@ class CapturedRequest:
 
     sample_id: str
     req_id: str
-    token_ids: np.ndarray           # the prompt ids vLLM actually processed (echo check)
-    states: Any                     # torch [T, L, H] (pinned CPU on CUDA, plain CPU tensor on CPU)
-    ready: Optional[Callable[[], None]] = None  # blocks until `states` is valid (CUDA event sync)
-    finite: Any = None              # optional: bool, or bool tensor (one flag per row, or [1]) from the device, valid after ready()
-    release: Optional[Callable[[], None]] = None  # called once `states` is no longer needed (shared ring)
+    token_ids: np.ndarray  # the prompt ids vLLM actually processed (echo check)
+    states: Any  # torch [T, L, H] (pinned CPU on CUDA, plain CPU tensor on CPU)
+    ready: Callable[[], None] | None = None  # blocks until `states` is valid (CUDA event sync)
+    finite: Any = None  # optional: bool, or bool tensor (one flag per row, or [1]) from the device, valid after ready()
+    release: Callable[[], None] | None = None  # called once `states` is no longer needed (shared ring)
     # Optional: `states`' bf16 bits as a numpy uint16 array over the same memory (the shared-ring receiver
     # has it for free). The writer thread appends it instead of `states`: every torch call drops and retakes
     # the GIL, which a busy capture process's many threads make wait ~1 ms (docs/benchmarks.md, session 5).
-    bits: Optional[np.ndarray] = None
+    bits: np.ndarray | None = None
     # Optional: the rows of the transport record (one engine step's requests, back to back) that `states` is
     # rows [row0, row0 + T) of, as bf16 (torch) or its uint16 bits (numpy). Consecutive requests of one
     # block go to the store as one lent block: chunks are then compressed in place across sample boundaries.

@@ -9,8 +9,8 @@ A layer passes when cos_mean >= extract.validate_min_cosine and max_rel <= extra
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
-from typing import Sequence
 
 import torch
 
@@ -44,10 +44,14 @@ class ValidationReport:
     def table(self) -> str:
         rows = [f"{'layer':>6} {'cos_mean':>10} {'cos_min':>10} {'max_rel':>10}  result"]
         for l in self.layers:
-            rows.append(f"{l.layer_id:>6} {l.cos_mean:>10.6f} {l.cos_min:>10.6f} {l.max_rel:>10.2e}  "
-                        f"{'ok' if l.passed else 'FAIL'}")
-        rows.append(f"{len(self.samples)} samples, {self.tokens} tokens: {'PASS' if self.passed else 'FAIL'} "
-                    f"(cos_mean >= {self.min_cosine}, max_rel <= {self.max_rel_err})")
+            rows.append(
+                f"{l.layer_id:>6} {l.cos_mean:>10.6f} {l.cos_min:>10.6f} {l.max_rel:>10.2e}  "
+                f"{'ok' if l.passed else 'FAIL'}"
+            )
+        rows.append(
+            f"{len(self.samples)} samples, {self.tokens} tokens: {'PASS' if self.passed else 'FAIL'} "
+            f"(cos_mean >= {self.min_cosine}, max_rel <= {self.max_rel_err})"
+        )
         return "\n".join(rows)
 
 
@@ -77,11 +81,13 @@ class LayerAccumulator:
         self.samples.append(sample_id)
 
     def report(self, min_cosine: float, max_rel_err: float) -> ValidationReport:
-        rep = ValidationReport(samples=list(self.samples), tokens=self.tokens, min_cosine=min_cosine,
-                               max_rel_err=max_rel_err)
+        rep = ValidationReport(
+            samples=list(self.samples), tokens=self.tokens, min_cosine=min_cosine, max_rel_err=max_rel_err
+        )
         for j, lid in enumerate(self.layer_ids):
             cm = float(self.cos_sum[j] / max(self.tokens, 1))
             mr = float(self.err_max[j] / max(float(self.ref_max[j]), 1e-30))
-            rep.layers.append(LayerReport(lid, cm, float(self.cos_min[j]), mr,
-                                          passed=cm >= min_cosine and mr <= max_rel_err))
+            rep.layers.append(
+                LayerReport(lid, cm, float(self.cos_min[j]), mr, passed=cm >= min_cosine and mr <= max_rel_err)
+            )
         return rep

@@ -35,7 +35,8 @@ from __future__ import annotations
 import importlib.metadata
 import os
 import re
-from typing import Any, Iterator, NamedTuple
+from collections.abc import Iterator
+from typing import Any, NamedTuple
 
 import numpy as np
 
@@ -74,8 +75,10 @@ def native_unsupported_reason() -> str | None:
     if not hasattr(KVConnectorModelRunnerMixin, "finalize_kv_connector"):
         # Without deferred finalization wait_for_save runs before the draft model has written this
         # step's states into the cache-only layer; our connector reads them in wait_for_save.
-        return (f"vLLM {vllm_version()} runs wait_for_save before the draft model (no "
-                "finalize_kv_connector, vLLM PR #35158); use extract.backend=hooks")
+        return (
+            f"vLLM {vllm_version()} runs wait_for_save before the draft model (no "
+            "finalize_kv_connector, vLLM PR #35158); use extract.backend=hooks"
+        )
     try:
         import vllm.v1.spec_decode.extract_hidden_states  # noqa: F401
     except ImportError as e:
@@ -92,6 +95,7 @@ def on_cpu_platform() -> bool:
 # ---------------------------------------------------------------------------------------------------
 # Engine arguments
 # ---------------------------------------------------------------------------------------------------
+
 
 def speculative_config(layer_ids: list[int]) -> dict[str, Any]:
     return {
@@ -120,23 +124,31 @@ def tokens_prompt(ids: list[int]):
 # Scheduler side: what the connector reads from a SchedulerOutput
 # ---------------------------------------------------------------------------------------------------
 
+
 class Scheduled(NamedTuple):
     req_id: str
     is_new: bool
-    resumed: bool                       # blocks replace (not extend) the tracked ones
+    resumed: bool  # blocks replace (not extend) the tracked ones
     block_ids: tuple[list[int], ...] | None  # new blocks per KV-cache group (None: none this step)
-    num_computed_tokens: int            # before this step
+    num_computed_tokens: int  # before this step
     num_scheduled_tokens: int
     prompt_token_ids: list[int] | None  # only for new requests
-    sampling_params: Any                # only for new requests
+    sampling_params: Any  # only for new requests
 
 
 def iter_scheduled(scheduler_output) -> Iterator[Scheduled]:
     nst = scheduler_output.num_scheduled_tokens
     for r in scheduler_output.scheduled_new_reqs:
-        yield Scheduled(r.req_id, True, False, tuple(r.block_ids) if r.block_ids is not None else None,
-                        int(r.num_computed_tokens), int(nst.get(r.req_id, 0)), r.prompt_token_ids,
-                        r.sampling_params)
+        yield Scheduled(
+            r.req_id,
+            True,
+            False,
+            tuple(r.block_ids) if r.block_ids is not None else None,
+            int(r.num_computed_tokens),
+            int(nst.get(r.req_id, 0)),
+            r.prompt_token_ids,
+            r.sampling_params,
+        )
     c = scheduler_output.scheduled_cached_reqs
     resumed_set = getattr(c, "resumed_req_ids", None)
     resumed_list = getattr(c, "resumed_from_preemption", None)  # older vLLM
@@ -146,8 +158,16 @@ def iter_scheduled(scheduler_output) -> Iterator[Scheduled]:
         else:
             resumed = bool(resumed_list[i]) if resumed_list is not None else False
         nb = c.new_block_ids[i]
-        yield Scheduled(rid, False, resumed, tuple(nb) if nb is not None else None,
-                        int(c.num_computed_tokens[i]), int(nst.get(rid, 0)), None, None)
+        yield Scheduled(
+            rid,
+            False,
+            resumed,
+            tuple(nb) if nb is not None else None,
+            int(c.num_computed_tokens[i]),
+            int(nst.get(rid, 0)),
+            None,
+            None,
+        )
 
 
 def hidden_state_group_id(kv_cache_config) -> int:
@@ -164,7 +184,8 @@ def hidden_state_group_id(kv_cache_config) -> int:
         return 0
     raise RuntimeError(
         f"cannot find the hidden-state KV-cache group among {len(groups)} groups; vLLM "
-        f"{vllm_version()} must isolate it (it does not for some MLA verifiers): use extract.backend=hooks")
+        f"{vllm_version()} must isolate it (it does not for some MLA verifiers): use extract.backend=hooks"
+    )
 
 
 def group_block_size(vllm_config, kv_cache_config, gid: int) -> int:
@@ -182,6 +203,7 @@ def extra_args_of(sampling_params) -> dict:
 # ---------------------------------------------------------------------------------------------------
 # Worker side
 # ---------------------------------------------------------------------------------------------------
+
 
 def tp_rank() -> int:
     from vllm.distributed.parallel_state import get_tensor_model_parallel_rank
@@ -207,8 +229,13 @@ def strip_request_suffix(req_id: str) -> str:
 def decoder_layers(model) -> list:
     """The decoder layers of a vLLM model (text backbone of VLM wrappers too)."""
     cands = []
-    for path in ("model.layers", "language_model.model.layers", "model.language_model.layers",
-                 "language_model.layers", "layers"):
+    for path in (
+        "model.layers",
+        "language_model.model.layers",
+        "model.language_model.layers",
+        "language_model.layers",
+        "layers",
+    ):
         obj = model
         try:
             for part in path.split("."):
@@ -217,8 +244,10 @@ def decoder_layers(model) -> list:
             continue
         cands.append(obj)
     if not cands:
-        raise RuntimeError(f"cannot find decoder layers in {type(model).__name__}; "
-                           "add its attribute path to eagle_batch/capture/vllm_compat.decoder_layers")
+        raise RuntimeError(
+            f"cannot find decoder layers in {type(model).__name__}; "
+            "add its attribute path to eagle_batch/capture/vllm_compat.decoder_layers"
+        )
     return list(cands[0])
 
 
@@ -245,8 +274,10 @@ def current_batch_layout(worker) -> tuple[list[str], np.ndarray]:
     if arr is None:
         arr = getattr(mr, "query_start_loc_np", None)
     if arr is None:
-        raise RuntimeError(f"vLLM {vllm_version()}: cannot read the model runner's query_start_loc; "
-                           "update eagle_batch/capture/vllm_compat.current_batch_layout")
+        raise RuntimeError(
+            f"vLLM {vllm_version()}: cannot read the model runner's query_start_loc; "
+            "update eagle_batch/capture/vllm_compat.current_batch_layout"
+        )
     return req_ids, np.asarray(arr[: len(req_ids) + 1]).copy()
 
 

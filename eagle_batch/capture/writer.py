@@ -20,8 +20,9 @@ import logging
 import queue
 import threading
 import time
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any, Callable, Optional, Sequence
+from typing import Any
 
 import numpy as np
 import torch
@@ -41,43 +42,56 @@ class WriterStats:
     tokens: int = 0
     bytes_raw: int = 0
     commits: int = 0
-    write_s: float = 0.0      # writer thread busy appending (checks, hand-over to the store)
+    write_s: float = 0.0  # writer thread busy appending (checks, hand-over to the store)
     commit_s: float = 0.0
-    put_wait_s: float = 0.0   # time put() blocked on back-pressure (the engine thread or the shm receiver)
+    put_wait_s: float = 0.0  # time put() blocked on back-pressure (the engine thread or the shm receiver)
 
 
-def check_captured(sample_id: str, expected_ids: np.ndarray, echoed_ids: np.ndarray | None,
-                   states: torch.Tensor, num_layers: int, hidden_size: int, check_finite: bool) -> None:
+def check_captured(
+    sample_id: str,
+    expected_ids: np.ndarray,
+    echoed_ids: np.ndarray | None,
+    states: torch.Tensor,
+    num_layers: int,
+    hidden_size: int,
+    check_finite: bool,
+) -> None:
     """Write-time checks; raise CaptureError naming the sample and the failed field."""
     T = int(len(expected_ids))
     if echoed_ids is not None:
         echoed = np.asarray(echoed_ids).reshape(-1)
         if len(echoed) != T or not np.array_equal(echoed.astype(np.int64), np.asarray(expected_ids, dtype=np.int64)):
-            first = next((i for i in range(min(len(echoed), T)) if int(echoed[i]) != int(expected_ids[i])),
-                         min(len(echoed), T))
+            first = next(
+                (i for i in range(min(len(echoed), T)) if int(echoed[i]) != int(expected_ids[i])), min(len(echoed), T)
+            )
             raise CaptureError(
                 f"sample {sample_id}: token-id echo mismatch (engine saw {len(echoed)} tokens, sample has {T}; "
                 f"first difference at position {first}). The request/sample mapping or the prompt was "
-                "altered (prefix caching must be off, prompts must be passed as token ids).")
+                "altered (prefix caching must be off, prompts must be passed as token ids)."
+            )
     shape = tuple(states.shape)
     if shape != (T, num_layers, hidden_size):
-        raise CaptureError(f"sample {sample_id}: hidden_states shape {shape}, expected ({T}, {num_layers}, "
-                           f"{hidden_size}) = (tokens, layers, hidden). Check model.layer_ids and the backend.")
+        raise CaptureError(
+            f"sample {sample_id}: hidden_states shape {shape}, expected ({T}, {num_layers}, "
+            f"{hidden_size}) = (tokens, layers, hidden). Check model.layer_ids and the backend."
+        )
     if check_finite and not bool(torch.isfinite(states).all()):
         bad = (~torch.isfinite(states)).nonzero()
         t, l = int(bad[0, 0]), int(bad[0, 1])
-        raise CaptureError(f"sample {sample_id}: hidden_states contain NaN/Inf ({len(bad)} values; first at "
-                           f"token {t}, layer index {l}). Check the model dtype (fp16 overflows) or weights; "
-                           "set extract.check_finite=false only to debug.")
+        raise CaptureError(
+            f"sample {sample_id}: hidden_states contain NaN/Inf ({len(bad)} values; first at "
+            f"token {t}, layer index {l}). Check the model dtype (fp16 overflows) or weights; "
+            "set extract.check_finite=false only to debug."
+        )
 
 
 class _Once:
     """Hands a captured request's memory back exactly once: its ring slot (`release`) and its bytes of the
     back-pressure budget."""
 
-    def __init__(self, release: Optional[Callable[[], None]], unbudget: Callable[[int], None], nbytes: int):
+    def __init__(self, release: Callable[[], None] | None, unbudget: Callable[[int], None], nbytes: int):
         self._lock = threading.Lock()
-        self._todo: Optional[tuple] = (release, unbudget, nbytes)
+        self._todo: tuple | None = (release, unbudget, nbytes)
 
     def __call__(self) -> None:
         with self._lock:
@@ -90,8 +104,9 @@ class _Once:
 
 
 class WriterThread(Sink):
-    def __init__(self, writer, num_layers: int, hidden_size: int, check_finite: bool = True,
-                 max_pending_bytes: int = 4 << 30):
+    def __init__(
+        self, writer, num_layers: int, hidden_size: int, check_finite: bool = True, max_pending_bytes: int = 4 << 30
+    ):
         self.writer = writer
         self.num_layers = num_layers
         self.hidden_size = hidden_size
@@ -101,7 +116,7 @@ class WriterThread(Sink):
         self._q: queue.Queue = queue.Queue()
         self._cv = threading.Condition()
         self._pending_bytes = 0
-        self._expected: dict[str, Any] = {}   # sample_id -> Sample, not yet received
+        self._expected: dict[str, Any] = {}  # sample_id -> Sample, not yet received
         self._received: set[str] = set()
         self._error: BaseException | None = None
         self._thread = threading.Thread(target=self._run, name="eagle-batch-writer", daemon=True)
@@ -116,8 +131,11 @@ class WriterThread(Sink):
         nbytes = int(item.states.numel() * item.states.element_size())
         with self._cv:
             t0 = None
-            while self._pending_bytes > 0 and self._pending_bytes + nbytes > self.max_pending_bytes \
-                    and self._error is None:
+            while (
+                self._pending_bytes > 0
+                and self._pending_bytes + nbytes > self.max_pending_bytes
+                and self._error is None
+            ):
                 t0 = t0 or time.perf_counter()
                 self._cv.wait(0.5)
             if t0 is not None:
@@ -198,8 +216,10 @@ class WriterThread(Sink):
                 elif op == "commit":
                     missing = self.missing()
                     if missing:
-                        raise CaptureError(f"{len(missing)} samples handed to the engine never came back "
-                                           f"(first: {missing[:5]}); the engine dropped or aborted them.")
+                        raise CaptureError(
+                            f"{len(missing)} samples handed to the engine never came back "
+                            f"(first: {missing[:5]}); the engine dropped or aborted them."
+                        )
                     t0 = time.perf_counter()
                     self.writer.commit()
                     self.stats.commit_s += time.perf_counter() - t0
@@ -227,8 +247,7 @@ class WriterThread(Sink):
             sample = self._expected.pop(item.sample_id, None)
         if sample is None:
             what = "twice" if item.sample_id in self._received else "but was never submitted"
-            raise CaptureError(f"sample {item.sample_id}: the engine returned it {what} "
-                               f"(request {item.req_id}).")
+            raise CaptureError(f"sample {item.sample_id}: the engine returned it {what} (request {item.req_id}).")
         self._received.add(item.sample_id)
         if item.ready is not None:
             item.ready()  # CUDA: the async device-to-host copy has landed
@@ -258,8 +277,12 @@ class WriterThread(Sink):
         while i < len(checked):
             item, _, _, hs = checked[i]
             j, end = i + 1, item.row0 + len(hs)
-            while (item.block is not None and j < len(checked) and checked[j][0].block is item.block
-                   and checked[j][0].row0 == end):
+            while (
+                item.block is not None
+                and j < len(checked)
+                and checked[j][0].block is item.block
+                and checked[j][0].row0 == end
+            ):
                 end += len(checked[j][3])
                 j += 1
             run = checked[i:j]
@@ -270,8 +293,13 @@ class WriterThread(Sink):
                 self.writer.append(samples[0].sample_id, ids[0], masks[0], hs, on_release=run[0][1])
             else:
                 dones = [c[1] for c in run]
-                self.writer.append_block([s.sample_id for s in samples], ids, masks, item.block[item.row0:end],
-                                         on_release=lambda dones=dones: [d() for d in dones])
+                self.writer.append_block(
+                    [s.sample_id for s in samples],
+                    ids,
+                    masks,
+                    item.block[item.row0 : end],
+                    on_release=lambda dones=dones: [d() for d in dones],
+                )
             for s, (_, _, _, h) in zip(samples, run):
                 self.stats.samples += 1
                 self.stats.tokens += int(len(s.input_ids))

@@ -8,17 +8,17 @@ raises on unknown keys and wrong types and we re-raise with the dotted key path 
 
 from __future__ import annotations
 
-from eagle_batch.errors import UserError
-
 import hashlib
 import json
 import os
+from collections.abc import Iterable, Sequence
 from dataclasses import asdict
 from pathlib import Path
-from typing import Iterable, Sequence
 
 from omegaconf import OmegaConf
 from omegaconf.errors import OmegaConfBaseException
+
+from eagle_batch.errors import UserError
 
 from .schema import RunConfig
 
@@ -37,8 +37,9 @@ def _format_omegaconf_error(err: OmegaConfBaseException, source: str) -> str:
     return f"{source}: key '{key}': {msg}. Check the key's spelling and type against eagle_batch/config/schema.py."
 
 
-def load_config(paths: str | os.PathLike | Sequence[str | os.PathLike] | None = None,
-                overrides: Iterable[str] = ()) -> RunConfig:
+def load_config(
+    paths: str | os.PathLike | Sequence[str | os.PathLike] | None = None, overrides: Iterable[str] = ()
+) -> RunConfig:
     """Merge YAML file(s) and `key=value` overrides onto the schema; return a typed RunConfig."""
     base = OmegaConf.structured(RunConfig)
     if paths is None:
@@ -90,8 +91,10 @@ def resolve_config_path(path: str | os.PathLike) -> Path:
     rel = Path(*p.parts[1:]) if p.parts[:1] == ("configs",) else p
     if not p.is_absolute() and (SHIPPED / rel).is_file():
         return SHIPPED / rel
-    raise ConfigError(f"config file {p} does not exist; pass the path of a YAML file, or one of the shipped "
-                      f"configs: {', '.join(shipped_configs())}.")
+    raise ConfigError(
+        f"config file {p} does not exist; pass the path of a YAML file, or one of the shipped "
+        f"configs: {', '.join(shipped_configs())}."
+    )
 
 
 def to_yaml(cfg: RunConfig) -> str:
@@ -124,6 +127,8 @@ def load_run_config(run_dir: str | os.PathLike, overrides: Iterable[str] = ()) -
     """The resolved config a run was created with (RUN/config.yaml), plus overrides."""
     p = Path(run_dir) / RESOLVED_NAME
     if not p.is_file():
-        raise ConfigError(f"{run_dir} is not an eagle-batch run directory (no {RESOLVED_NAME}); "
-                          "run `eagle-batch prepare CONFIG run_dir=...` first.")
+        raise ConfigError(
+            f"{run_dir} is not an eagle-batch run directory (no {RESOLVED_NAME}); "
+            "run `eagle-batch prepare CONFIG run_dir=...` first."
+        )
     return load_config(p, overrides)

@@ -41,8 +41,10 @@ def _text_config(cfg: dict) -> dict:
 def model_info(model_path: str | Path) -> ModelInfo:
     p = Path(model_path) / "config.json"
     if not p.is_file():
-        raise ConfigError(f"model.path={model_path}: no config.json there; point model.path at a local "
-                          "Hugging Face model folder (config.json, weights, tokenizer).")
+        raise ConfigError(
+            f"model.path={model_path}: no config.json there; point model.path at a local "
+            "Hugging Face model folder (config.json, weights, tokenizer)."
+        )
     try:
         raw = json.loads(p.read_text())
     except json.JSONDecodeError as e:
@@ -80,12 +82,16 @@ def default_layer_ids(num_hidden_layers: int) -> list[int]:
 def check_layer_ids(ids: list[int], n: int, key: str = "layer_ids") -> list[int]:
     """The one check of a layer-id list against a model with `n` decoder layers; errors name `key`."""
     if not ids:
-        raise ConfigError(f"{key} is empty; give at least one layer id (the EAGLE-3 default for this model "
-                          f"is {default_layer_ids(n)}).")
+        raise ConfigError(
+            f"{key} is empty; give at least one layer id (the EAGLE-3 default for this model "
+            f"is {default_layer_ids(n)})."
+        )
     bad = [i for i in ids if i < 0 or i > n]
     if bad:
-        raise ConfigError(f"{key}={ids}: ids {bad} are outside 0..{n} (the model has {n} "
-                          f"decoder layers; id {n} is the last layer's output before the final norm).")
+        raise ConfigError(
+            f"{key}={ids}: ids {bad} are outside 0..{n} (the model has {n} "
+            f"decoder layers; id {n} is the last layer's output before the final norm)."
+        )
     if len(set(ids)) != len(ids):
         raise ConfigError(f"{key}={ids} repeats ids; list each layer once.")
     return ids

@@ -8,7 +8,7 @@ and wrong types fail at load time with the key's dotted path.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Optional
+from typing import Any
 
 from omegaconf import MISSING
 
@@ -28,7 +28,7 @@ class ModelConfig:
     tensor_parallel_size: int = 1
     # Hidden-state layer ids to capture; id k = residual stream after k decoder layers, id N = last
     # layer's output before the final norm. None -> EAGLE-3 default [2, N//2, N-3, N].
-    layer_ids: Optional[list[int]] = None
+    layer_ids: list[int] | None = None
     trust_remote_code: bool = False
     max_model_len: int = 4096
 

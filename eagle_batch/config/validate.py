@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from .load import ConfigError, config_hash, load_config, RESOLVED_NAME
+from .load import RESOLVED_NAME, ConfigError, config_hash, load_config
 from .model_info import ModelInfo, model_info, resolve_layer_ids
 from .schema import RunConfig
 
@@ -40,27 +40,40 @@ def check_values(cfg: RunConfig) -> None:
         value = _get(cfg, key)
         if value not in allowed:
             raise ConfigError(f"{key}={value!r} is not one of {', '.join(allowed)}.")
-    positive = ("model.tensor_parallel_size", "model.max_model_len", "extract.num_tasks",
-                "extract.max_num_seqs", "extract.max_num_batched_tokens",
-                "store.shard_tokens", "slurm.max_attempts", "data.max_length")
+    positive = (
+        "model.tensor_parallel_size",
+        "model.max_model_len",
+        "extract.num_tasks",
+        "extract.max_num_seqs",
+        "extract.max_num_batched_tokens",
+        "store.shard_tokens",
+        "slurm.max_attempts",
+        "data.max_length",
+    )
     for key in positive:
         if _get(cfg, key) <= 0:
             raise ConfigError(f"{key}={_get(cfg, key)} must be > 0.")
     if cfg.store.chunk_tokens < 0:
         raise ConfigError(f"store.chunk_tokens={cfg.store.chunk_tokens} must be > 0, or 0 for about 4 MiB chunks.")
     if cfg.store.chunk_tokens and cfg.store.shard_tokens % cfg.store.chunk_tokens:
-        raise ConfigError(f"store.shard_tokens={cfg.store.shard_tokens} must be a multiple of "
-                          f"store.chunk_tokens={cfg.store.chunk_tokens}.")
+        raise ConfigError(
+            f"store.shard_tokens={cfg.store.shard_tokens} must be a multiple of "
+            f"store.chunk_tokens={cfg.store.chunk_tokens}."
+        )
     if cfg.data.max_length >= cfg.model.max_model_len:
-        raise ConfigError(f"data.max_length={cfg.data.max_length} must be below model.max_model_len="
-                          f"{cfg.model.max_model_len}: vLLM needs room for the prompt plus the one token it "
-                          f"generates, so samples can be at most max_model_len - 1 tokens. Set data.max_length="
-                          f"{cfg.model.max_model_len - 1} or model.max_model_len={cfg.data.max_length + 1}.")
+        raise ConfigError(
+            f"data.max_length={cfg.data.max_length} must be below model.max_model_len="
+            f"{cfg.model.max_model_len}: vLLM needs room for the prompt plus the one token it "
+            f"generates, so samples can be at most max_model_len - 1 tokens. Set data.max_length="
+            f"{cfg.model.max_model_len - 1} or model.max_model_len={cfg.data.max_length + 1}."
+        )
     tp, gpus = cfg.model.tensor_parallel_size, cfg.slurm.gpus_per_node * cfg.slurm.nodes
     if cfg.slurm.gpus_per_node > 0 and tp > gpus:
-        raise ConfigError(f"model.tensor_parallel_size={tp} needs {tp} GPUs per task but slurm.gpus_per_node="
-                          f"{cfg.slurm.gpus_per_node} x slurm.nodes={cfg.slurm.nodes} gives {gpus}; raise "
-                          "slurm.gpus_per_node or lower model.tensor_parallel_size.")
+        raise ConfigError(
+            f"model.tensor_parallel_size={tp} needs {tp} GPUs per task but slurm.gpus_per_node="
+            f"{cfg.slurm.gpus_per_node} x slurm.nodes={cfg.slurm.nodes} gives {gpus}; raise "
+            "slurm.gpus_per_node or lower model.tensor_parallel_size."
+        )
     if not 0.0 < cfg.extract.gpu_memory_utilization <= 1.0:
         raise ConfigError(f"extract.gpu_memory_utilization={cfg.extract.gpu_memory_utilization} must be in (0, 1].")
 
@@ -68,25 +81,34 @@ def check_values(cfg: RunConfig) -> None:
 def check_model_files(cfg: RunConfig) -> ModelInfo:
     path = Path(cfg.model.path)
     if not path.is_dir():
-        raise ConfigError(f"model.path={path} is not a folder; download the model once (outside the job) "
-                          "and point model.path at the local copy.")
+        raise ConfigError(
+            f"model.path={path} is not a folder; download the model once (outside the job) "
+            "and point model.path at the local copy."
+        )
     info = model_info(path)
     if not any(next(path.glob(p), None) for p in WEIGHT_PATTERNS):
-        raise ConfigError(f"model.path={path}: no weight files ({', '.join(WEIGHT_PATTERNS)}); "
-                          "the download may be incomplete.")
+        raise ConfigError(
+            f"model.path={path}: no weight files ({', '.join(WEIGHT_PATTERNS)}); the download may be incomplete."
+        )
     tok = Path(cfg.model.tokenizer or cfg.model.path)
     if not any((tok / f).is_file() for f in TOKENIZER_FILES):
         key = "model.tokenizer" if cfg.model.tokenizer else "model.path"
-        raise ConfigError(f"{key}={tok}: no tokenizer files ({', '.join(TOKENIZER_FILES)}); set "
-                          "model.tokenizer to the folder that has them.")
+        raise ConfigError(
+            f"{key}={tok}: no tokenizer files ({', '.join(TOKENIZER_FILES)}); set "
+            "model.tokenizer to the folder that has them."
+        )
     tp = cfg.model.tensor_parallel_size
     heads, kv = info.num_attention_heads, info.num_key_value_heads
     if heads and heads % tp:
-        raise ConfigError(f"model.tensor_parallel_size={tp} does not divide the model's "
-                          f"num_attention_heads={heads}; use a divisor of {heads}.")
+        raise ConfigError(
+            f"model.tensor_parallel_size={tp} does not divide the model's "
+            f"num_attention_heads={heads}; use a divisor of {heads}."
+        )
     if kv and kv % tp and tp % kv:
-        raise ConfigError(f"model.tensor_parallel_size={tp} and num_key_value_heads={kv}: one must divide "
-                          "the other for vLLM to shard or replicate KV heads.")
+        raise ConfigError(
+            f"model.tensor_parallel_size={tp} and num_key_value_heads={kv}: one must divide "
+            "the other for vLLM to shard or replicate KV heads."
+        )
     check_fits_model(cfg, info)
     return info
 
@@ -96,21 +118,27 @@ def check_fits_model(cfg: RunConfig, info: ModelInfo) -> None:
     beyond the model's positions at engine start, inside every task)."""
     resolve_layer_ids(cfg.model, info)
     if info.max_positions and cfg.model.max_model_len > info.max_positions:
-        raise ConfigError(f"model.max_model_len={cfg.model.max_model_len} is more than the model's "
-                          f"max_position_embeddings={info.max_positions} ({cfg.model.path}/config.json); vLLM "
-                          f"refuses it. Set model.max_model_len={info.max_positions} and data.max_length="
-                          f"{info.max_positions - 1} or less.")
+        raise ConfigError(
+            f"model.max_model_len={cfg.model.max_model_len} is more than the model's "
+            f"max_position_embeddings={info.max_positions} ({cfg.model.path}/config.json); vLLM "
+            f"refuses it. Set model.max_model_len={info.max_positions} and data.max_length="
+            f"{info.max_positions - 1} or less."
+        )
 
 
 def check_tokenizer(cfg: RunConfig, tokenizer, info: ModelInfo) -> None:
     """The tokenizer must fit the model's embedding table and have a chat template."""
     n = len(tokenizer)
     if info.vocab_size and n > info.vocab_size:
-        raise ConfigError(f"tokenizer at {cfg.model.tokenizer or cfg.model.path} has {n} tokens but the model's "
-                          f"vocab_size is {info.vocab_size}: it belongs to another model; fix model.tokenizer.")
+        raise ConfigError(
+            f"tokenizer at {cfg.model.tokenizer or cfg.model.path} has {n} tokens but the model's "
+            f"vocab_size is {info.vocab_size}: it belongs to another model; fix model.tokenizer."
+        )
     if not cfg.model.chat_template and not getattr(tokenizer, "chat_template", None):
-        raise ConfigError(f"tokenizer at {cfg.model.tokenizer or cfg.model.path} has no chat template; set "
-                          "model.chat_template to a Jinja file with the model's template.")
+        raise ConfigError(
+            f"tokenizer at {cfg.model.tokenizer or cfg.model.path} has no chat template; set "
+            "model.chat_template to a Jinja file with the model's template."
+        )
     if cfg.model.chat_template and not Path(cfg.model.chat_template).is_file():
         raise ConfigError(f"model.chat_template={cfg.model.chat_template} does not exist.")
 
@@ -126,17 +154,21 @@ def claim_run_dir(cfg: RunConfig, force: bool = False) -> None:
         theirs = "unreadable"
     ours = config_hash(cfg)
     if theirs != ours:
-        raise ConfigError(f"run_dir={cfg.run_dir} already holds another run (its {RESOLVED_NAME} has data-config "
-                          f"hash {theirs}, this config {ours}); choose a new run_dir, or pass --force to reuse it.")
+        raise ConfigError(
+            f"run_dir={cfg.run_dir} already holds another run (its {RESOLVED_NAME} has data-config "
+            f"hash {theirs}, this config {ours}); choose a new run_dir, or pass --force to reuse it."
+        )
 
 
 def check_prepared_fits(cfg: RunConfig, prepared_max_tokens: int, where: str) -> None:
     """The longest prepared sample must fit the engine (checked before submit: the config may have changed)."""
     if prepared_max_tokens >= cfg.model.max_model_len:
-        raise ConfigError(f"{where} holds samples of up to {prepared_max_tokens} tokens, but model.max_model_len="
-                          f"{cfg.model.max_model_len} allows at most {cfg.model.max_model_len - 1} (the prompt plus "
-                          f"the one token vLLM generates); set model.max_model_len={prepared_max_tokens + 1}, or "
-                          f"re-run prepare with data.max_length={cfg.model.max_model_len - 1}.")
+        raise ConfigError(
+            f"{where} holds samples of up to {prepared_max_tokens} tokens, but model.max_model_len="
+            f"{cfg.model.max_model_len} allows at most {cfg.model.max_model_len - 1} (the prompt plus "
+            f"the one token vLLM generates); set model.max_model_len={prepared_max_tokens + 1}, or "
+            f"re-run prepare with data.max_length={cfg.model.max_model_len - 1}."
+        )
 
 
 def check_config(cfg: RunConfig, need_model: bool = True) -> ModelInfo | None:

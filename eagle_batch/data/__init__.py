@@ -11,8 +11,14 @@ Heavy imports (transformers, pyarrow) happen inside functions, so importing this
 from .dataset import PreparedDataset, Sample
 from .formats import BAD_ROW_REASONS, DROP_REASONS, BadRow, row_to_conversation
 from .plan import plan_lpt
-from .template import (TemplateError, TemplateNotPrefixStable, render_samples, template_info,
-                       tokenize_conversation, tokenize_conversation_samples)
+from .template import (
+    TemplateError,
+    TemplateNotPrefixStable,
+    render_samples,
+    template_info,
+    tokenize_conversation,
+    tokenize_conversation_samples,
+)
 
 
 def prepare(cfg, workers: int = 1, progress: bool = True, force: bool = False, tokenizer=None) -> dict:
@@ -22,7 +28,18 @@ def prepare(cfg, workers: int = 1, progress: bool = True, force: bool = False, t
 
 
 __all__ = [
-    "BAD_ROW_REASONS", "DROP_REASONS", "BadRow", "PreparedDataset", "Sample", "TemplateError",
-    "TemplateNotPrefixStable", "plan_lpt", "prepare", "render_samples", "row_to_conversation",
-    "template_info", "tokenize_conversation", "tokenize_conversation_samples",
+    "BAD_ROW_REASONS",
+    "DROP_REASONS",
+    "BadRow",
+    "PreparedDataset",
+    "Sample",
+    "TemplateError",
+    "TemplateNotPrefixStable",
+    "plan_lpt",
+    "prepare",
+    "render_samples",
+    "row_to_conversation",
+    "template_info",
+    "tokenize_conversation",
+    "tokenize_conversation_samples",
 ]

@@ -9,7 +9,6 @@ import sys
 
 from eagle_batch.cli_common import add_config_arguments, config_from_args
 
-
 EPILOG = """bad input rows: with data.on_bad_row=skip (the default) every row that cannot be used is counted by
 reason in the summary and listed with its file and line in RUN/prepared/bad_rows.jsonl; data.on_bad_row=error
 stops at the first one instead. A whole file that yields nothing (empty, other field names, not UTF-8) is named
@@ -20,12 +19,14 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.epilog = EPILOG
     p.formatter_class = argparse.RawDescriptionHelpFormatter
     add_config_arguments(p)
-    p.add_argument("--workers", type=int, default=0,
-                   help="tokenizer processes (default: min(CPU count, 8); 1 = in-process)")
+    p.add_argument(
+        "--workers", type=int, default=0, help="tokenizer processes (default: min(CPU count, 8); 1 = in-process)"
+    )
     p.add_argument("--no-progress", action="store_true", help="do not print the progress line")
     p.add_argument("--json", action="store_true", help="print the summary as JSON on stdout")
-    p.add_argument("--force", action="store_true",
-                   help="replace the prepared data even if the run already has extracted stores")
+    p.add_argument(
+        "--force", action="store_true", help="replace the prepared data even if the run already has extracted stores"
+    )
 
 
 def _print_summary(s: dict, out_dir: str) -> None:
@@ -35,33 +36,57 @@ def _print_summary(s: dict, out_dir: str) -> None:
         f"  rows: {s['rows_read']} read, {s['rows_kept']} kept, {s['rows_skipped']} skipped"
         + (f" ({', '.join(f'{k}: {v}' for k, v in s['skipped_by_reason'].items())})" if s["skipped_by_reason"] else ""),
         f"  samples: {s['samples']}"
-        + (f", dropped {', '.join(f'{k}: {v}' for k, v in s['samples_dropped_by_reason'].items())}"
-           if s["samples_dropped_by_reason"] else "")
+        + (
+            f", dropped {', '.join(f'{k}: {v}' for k, v in s['samples_dropped_by_reason'].items())}"
+            if s["samples_dropped_by_reason"]
+            else ""
+        )
         + (f", {s['samples_truncated']} truncated to data.max_length" if s["samples_truncated"] else "")
         + (f", {s['rows_split_per_turn']} rows split per turn" if s["rows_split_per_turn"] else ""),
-        *([f"  note: {s['empty_assistant_turns_masked']} assistant turn(s) render to nothing but end-of-turn markers "
-            "(a tool call the template does not write?) and are left out of the loss (data.empty_assistant_turns)"]
-          if s.get("empty_assistant_turns_masked") else []),
-        *([f"  note: the chat template does not render "
-            + ", ".join(f"{k} ({v} rows)" for k, v in s["rows_with_unrendered_fields"].items())
-            + "; those parts are not in the samples"] if s.get("rows_with_unrendered_fields") else []),
+        *(
+            [
+                f"  note: {s['empty_assistant_turns_masked']} assistant turn(s) render to nothing but end-of-turn markers "
+                "(a tool call the template does not write?) and are left out of the loss (data.empty_assistant_turns)"
+            ]
+            if s.get("empty_assistant_turns_masked")
+            else []
+        ),
+        *(
+            [
+                "  note: the chat template does not render "
+                + ", ".join(f"{k} ({v} rows)" for k, v in s["rows_with_unrendered_fields"].items())
+                + "; those parts are not in the samples"
+            ]
+            if s.get("rows_with_unrendered_fields")
+            else []
+        ),
         f"  tokens: {s['tokens']:,} ({s['loss_tokens']:,} masked, {s['masked_fraction']:.1%})",
     ]
     if pct:
-        lines.append(f"  length: min {pct['min']}, p50 {pct['p50']:.0f}, p90 {pct['p90']:.0f}, "
-                     f"p99 {pct['p99']:.0f}, max {pct['max']}")
+        lines.append(
+            f"  length: min {pct['min']}, p50 {pct['p50']:.0f}, p90 {pct['p90']:.0f}, "
+            f"p99 {pct['p99']:.0f}, max {pct['max']}"
+        )
     t = s["tasks"]
-    lines.append(f"  plan: {t['num_tasks']} tasks, {t['min_tokens']:,}..{t['max_tokens']:,} tokens each"
-                 + (f", {t['empty_tasks']} empty (fewer samples than tasks)" if t["empty_tasks"] else ""))
+    lines.append(
+        f"  plan: {t['num_tasks']} tasks, {t['min_tokens']:,}..{t['max_tokens']:,} tokens each"
+        + (f", {t['empty_tasks']} empty (fewer samples than tasks)" if t["empty_tasks"] else "")
+    )
     if s["skipped_by_reason"].get("truncated_file"):
-        lines.append(f"  warning: {s['skipped_by_reason']['truncated_file']} input file(s) end in the middle of a "
-                     "record (cut off); their complete records were read")
+        lines.append(
+            f"  warning: {s['skipped_by_reason']['truncated_file']} input file(s) end in the middle of a "
+            "record (cut off); their complete records were read"
+        )
     lines += [f"  warning: {w}" for w in s.get("file_warnings", [])]
     if s["rows_skipped"] or s["samples_dropped_by_reason"]:
-        lines.append(f"  skipped rows are listed in {os.path.join(out_dir, 'bad_rows.jsonl')} (data.on_bad_row=skip; "
-                     "set data.on_bad_row=error to stop at the first bad row instead)")
-    lines.append(f"  {s['elapsed_s']:.1f} s in all; processing {s['process_s']:.1f} s: {s['rows_per_s']:,.0f} rows/s, "
-                 f"{s['tokens_per_s']:,.0f} tokens/s")
+        lines.append(
+            f"  skipped rows are listed in {os.path.join(out_dir, 'bad_rows.jsonl')} (data.on_bad_row=skip; "
+            "set data.on_bad_row=error to stop at the first bad row instead)"
+        )
+    lines.append(
+        f"  {s['elapsed_s']:.1f} s in all; processing {s['process_s']:.1f} s: {s['rows_per_s']:,.0f} rows/s, "
+        f"{s['tokens_per_s']:,.0f} tokens/s"
+    )
     print("\n".join(lines), file=sys.stderr)
 
 

@@ -33,7 +33,7 @@ def _list_column(chunked, dtype) -> list[np.ndarray]:
         offsets = chunk.offsets.to_numpy()
         values = chunk.values.to_numpy(zero_copy_only=False).astype(dtype, copy=False)
         # Copies: callers may keep or mutate samples; views would pin the whole row group.
-        out.extend(values[offsets[i]:offsets[i + 1]].copy() for i in range(len(chunk)))
+        out.extend(values[offsets[i] : offsets[i + 1]].copy() for i in range(len(chunk)))
     return out
 
 
@@ -45,8 +45,10 @@ class PreparedDataset:
         self.dir = self.run_dir / PREPARED
         plan_path = self.dir / PLAN
         if not plan_path.is_file() or not (self.dir / SAMPLES).is_file():
-            raise FileNotFoundError(f"{self.dir} has no prepared dataset ({PLAN}, {SAMPLES}); run "
-                                    f"`eagle-batch prepare CONFIG run_dir={self.run_dir}` first.")
+            raise FileNotFoundError(
+                f"{self.dir} has no prepared dataset ({PLAN}, {SAMPLES}); run "
+                f"`eagle-batch prepare CONFIG run_dir={self.run_dir}` first."
+            )
         self.plan = json.loads(plan_path.read_text())
         self.num_tasks = int(self.plan["num_tasks"])
         self._row_group_starts: np.ndarray | None = None
@@ -68,7 +70,9 @@ class PreparedDataset:
 
     def task_rows(self, task_id: int) -> list[int]:
         if not 0 <= task_id < self.num_tasks:
-            raise IndexError(f"task_id {task_id} out of range: the plan has {self.num_tasks} tasks (0..{self.num_tasks - 1})")
+            raise IndexError(
+                f"task_id {task_id} out of range: the plan has {self.num_tasks} tasks (0..{self.num_tasks - 1})"
+            )
         return list(self.plan["tasks"][task_id]["rows"])
 
     def task_num_tokens(self, task_id: int) -> int:

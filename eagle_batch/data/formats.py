@@ -32,7 +32,7 @@ BAD_ROW_REASONS = {
     "template_error": "the chat template failed or rendered the conversation inconsistently",
     "not_prefix_stable": "the template rewrites earlier turns (data.non_prefix_stable=error)",
     "empty_assistant_turn": "an assistant turn renders to nothing but end-of-turn markers, e.g. a tool call the "
-                            "chat template does not write (data.empty_assistant_turns=skip)",
+    "chat template does not write (data.empty_assistant_turns=skip)",
 }
 
 # Reasons a sample (not a row) is dropped after tokenization; not input errors.
@@ -41,14 +41,33 @@ DROP_REASONS = {
     "duplicate": "the same token ids and mask as an earlier sample (data.dedupe=true)",
 }
 
-_OPENAI_ROLES = {"system": "system", "developer": "system", "user": "user", "assistant": "assistant",
-                 "tool": "tool", "function": "tool", "ipython": "tool"}
+_OPENAI_ROLES = {
+    "system": "system",
+    "developer": "system",
+    "user": "user",
+    "assistant": "assistant",
+    "tool": "tool",
+    "function": "tool",
+    "ipython": "tool",
+}
 # ShareGPT variants seen in the wild (Vicuna, glaive function calling, ...). A `function_call` turn is
 # the assistant writing the call as text; `observation` is the tool's answer.
-_SHAREGPT_ROLES = {"human": "user", "user": "user", "gpt": "assistant", "assistant": "assistant",
-                   "chatgpt": "assistant", "bard": "assistant", "bing": "assistant", "model": "assistant",
-                   "system": "system", "tool": "tool", "observation": "tool", "function_response": "tool",
-                   "ipython": "tool", "function_call": "assistant"}
+_SHAREGPT_ROLES = {
+    "human": "user",
+    "user": "user",
+    "gpt": "assistant",
+    "assistant": "assistant",
+    "chatgpt": "assistant",
+    "bard": "assistant",
+    "bing": "assistant",
+    "model": "assistant",
+    "system": "system",
+    "tool": "tool",
+    "observation": "tool",
+    "function_response": "tool",
+    "ipython": "tool",
+    "function_call": "assistant",
+}
 
 
 class BadRow(ValueError):
@@ -66,9 +85,12 @@ def detect_format(row: dict, data_cfg) -> str:
         return "sharegpt"
     if row.get(data_cfg.prompt_field) is not None and row.get(data_cfg.response_field) is not None:
         return "prompt_response"
-    raise BadRow("unknown_format", f"row has keys {sorted(row)[:12]}; expected '{data_cfg.messages_field}', "
-                 f"'{data_cfg.conversations_field}' or '{data_cfg.prompt_field}'+'{data_cfg.response_field}' "
-                 "(set data.*_field to your column names)")
+    raise BadRow(
+        "unknown_format",
+        f"row has keys {sorted(row)[:12]}; expected '{data_cfg.messages_field}', "
+        f"'{data_cfg.conversations_field}' or '{data_cfg.prompt_field}'+'{data_cfg.response_field}' "
+        "(set data.*_field to your column names)",
+    )
 
 
 def _content_text(value: Any, turn: int, role: str, allow_none: bool) -> str:
@@ -107,8 +129,11 @@ def _tool_calls(value: Any, turn: int) -> list[dict] | None:
             raise BadRow("bad_tool_calls", f"turn {turn}: each tool call needs function.name")
         args = fn.get("arguments")
         if not isinstance(args, (str, dict)):
-            raise BadRow("bad_tool_calls", f"turn {turn}: function.arguments of {fn['name']!r} must be a JSON "
-                         f"string or an object, not {type(args).__name__}")
+            raise BadRow(
+                "bad_tool_calls",
+                f"turn {turn}: function.arguments of {fn['name']!r} must be a JSON "
+                f"string or an object, not {type(args).__name__}",
+            )
         call = {k: v for k, v in c.items() if v is not None}
         call["type"] = c.get("type") or "function"
         call["function"] = {"name": fn["name"], "arguments": args}
@@ -123,8 +148,11 @@ def _turns(value: Any, field: str) -> list:
         except json.JSONDecodeError:
             raise BadRow("not_a_list", f"'{field}' is a string that is not JSON") from None
     if not isinstance(value, list) or not value:
-        raise BadRow("not_a_list", f"'{field}' is {type(value).__name__ if not isinstance(value, list) else 'empty'}"
-                     ", expected a non-empty list of turns")
+        raise BadRow(
+            "not_a_list",
+            f"'{field}' is {type(value).__name__ if not isinstance(value, list) else 'empty'}"
+            ", expected a non-empty list of turns",
+        )
     return value
 
 
@@ -189,8 +217,10 @@ def row_to_conversation(row: Any, data_cfg) -> tuple[list[dict], list | None]:
         for field, role in ((data_cfg.prompt_field, "user"), (data_cfg.response_field, "assistant")):
             value = row.get(field)
             if not isinstance(value, str):
-                raise BadRow("non_string_content" if value is not None else "unknown_format",
-                             f"'{field}' is {type(value).__name__}, expected a string")
+                raise BadRow(
+                    "non_string_content" if value is not None else "unknown_format",
+                    f"'{field}' is {type(value).__name__}, expected a string",
+                )
             if not value.strip():
                 raise BadRow("empty_content", f"'{field}' is empty")
             messages.append({"role": role, "content": value})

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import heapq
-from typing import Sequence
+from collections.abc import Sequence
 
 
 def plan_lpt(num_tokens: Sequence[int], num_tasks: int) -> list[list[int]]:

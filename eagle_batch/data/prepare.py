@@ -15,8 +15,6 @@ to disk before planning (not implemented).
 
 from __future__ import annotations
 
-from eagle_batch.errors import UserError
-
 import contextlib
 import hashlib
 import json
@@ -25,31 +23,37 @@ import os
 import shutil
 import sys
 import time
-from collections import Counter
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterable, Iterator
+from typing import Any
 
 import numpy as np
 
 from eagle_batch.config import ConfigError, RunConfig, check_fits_model, check_values, model_info, save_config
 
 from .dataset import BAD_ROWS, PLAN, PREPARED, SAMPLES, SUMMARY
-from .formats import BAD_ROW_REASONS, BadRow, row_to_conversation
+from .formats import BadRow, row_to_conversation
 from .plan import plan_lpt
-from .readers import (JSONL_SUFFIXES, RawRecord, ReadProblem, count_rows, iter_records, json_error_detail,
-                      resolve_inputs)
+from .readers import JSONL_SUFFIXES, RawRecord, ReadProblem, count_rows, iter_records, json_error_detail, resolve_inputs
 from .tally import BadRowError, NothingToPrepare, Sample, Tally  # noqa: F401 - the errors prepare raises
-from .template import (EmptyAssistantTurn, TemplateError, TemplateNotPrefixStable, render_samples, template_info,
-                       tokenize_rendered)
+from .template import (
+    EmptyAssistantTurn,
+    TemplateError,
+    TemplateNotPrefixStable,
+    render_samples,
+    template_info,
+    tokenize_rendered,
+)
 
 CHUNK_ROWS = 256
 
 
 def load_tokenizer(cfg: RunConfig):
     """The run's tokenizer (model.tokenizer or model.path) with model.chat_template applied if set."""
-    return load_tokenizer_from(cfg.model.tokenizer or cfg.model.path, cfg.model.chat_template,
-                               cfg.model.trust_remote_code)
+    return load_tokenizer_from(
+        cfg.model.tokenizer or cfg.model.path, cfg.model.chat_template, cfg.model.trust_remote_code
+    )
 
 
 def load_tokenizer_from(src: str, chat_template: str = "", trust_remote_code: bool = False):
@@ -58,8 +62,10 @@ def load_tokenizer_from(src: str, chat_template: str = "", trust_remote_code: bo
     from transformers import AutoTokenizer
 
     if not src or not Path(src).is_dir():
-        raise ConfigError(f"model.path / model.tokenizer = {src!r} is not a local folder; point it at a "
-                          "Hugging Face model or tokenizer folder (nothing is downloaded).")
+        raise ConfigError(
+            f"model.path / model.tokenizer = {src!r} is not a local folder; point it at a "
+            "Hugging Face model or tokenizer folder (nothing is downloaded)."
+        )
     tok = AutoTokenizer.from_pretrained(src, trust_remote_code=trust_remote_code)
     if chat_template:
         p = Path(chat_template)
@@ -98,8 +104,13 @@ _W: dict[str, Any] = {}
 
 
 def _init_worker(model: dict, data: dict, tokenizer=None) -> None:
-    _W["tok"] = tokenizer if tokenizer is not None else load_tokenizer_from(
-        model["tokenizer"] or model["path"], model["chat_template"], model["trust_remote_code"])
+    _W["tok"] = (
+        tokenizer
+        if tokenizer is not None
+        else load_tokenizer_from(
+            model["tokenizer"] or model["path"], model["chat_template"], model["trust_remote_code"]
+        )
+    )
     _W["data"] = _DataView(data)
 
 
@@ -138,8 +149,9 @@ def process_chunk(records: list[RawRecord]) -> list[RowResult]:
             row = _decode_record(rec)
             messages, tools = row_to_conversation(row, data)
             kw = dict(kwargs, tools=tools) if tools else kwargs
-            rendered = render_samples(tok, messages, non_prefix_stable=data.non_prefix_stable,
-                                      empty_turns=data.empty_assistant_turns, **kw)
+            rendered = render_samples(
+                tok, messages, non_prefix_stable=data.non_prefix_stable, empty_turns=data.empty_assistant_turns, **kw
+            )
         except BadRow as e:
             res.bad = (e.reason, e.detail)
             if isinstance(row, dict):
@@ -160,8 +172,9 @@ def process_chunk(records: list[RawRecord]) -> list[RowResult]:
         res.split = len(rendered) > 1
         res.unrendered = _unrendered_fields(messages, rendered)
         trained = {t for r in rendered for t in r.turns}
-        res.empty_turns_masked = sum(1 for i, m in enumerate(messages)
-                                     if m["role"] == "assistant" and i > 0 and i not in trained)
+        res.empty_turns_masked = sum(
+            1 for i, m in enumerate(messages) if m["role"] == "assistant" and i > 0 and i not in trained
+        )
         rendered_all.extend((len(results) - 1, r) for r in rendered)
     if rendered_all:
         info = template_info(tok, **kwargs)
@@ -211,8 +224,9 @@ def _chunks(records: Iterable[RawRecord], n: int) -> Iterator[list[RawRecord]]:
 class Progress:
     """A plain-stderr progress line: redrawn in place on a terminal, one line every 10 s in logs."""
 
-    def __init__(self, total: int | None, enabled: bool = True, stream=None, total_bytes: int | None = None,
-                 bytes_done=None):
+    def __init__(
+        self, total: int | None, enabled: bool = True, stream=None, total_bytes: int | None = None, bytes_done=None
+    ):
         self.stream = stream or sys.stderr
         self.enabled = enabled
         self.total = total
@@ -240,8 +254,10 @@ class Progress:
             head = f"[{'#' * int(frac * 24):<24}] {frac:6.1%} of input read, {rows} rows"
         else:
             head = f"{rows} rows"
-        line = (f"prepare: {head}, {samples} samples, {tokens / 1e6:.2f}M tokens, {bad} skipped, "
-                f"{rows / el:,.0f} rows/s, {tokens / el:,.0f} tok/s")
+        line = (
+            f"prepare: {head}, {samples} samples, {tokens / 1e6:.2f}M tokens, {bad} skipped, "
+            f"{rows / el:,.0f} rows/s, {tokens / el:,.0f} tok/s"
+        )
         if self.tty:
             self.stream.write("\r" + line + "\x1b[K" + ("\n" if force else ""))
         else:
@@ -253,22 +269,29 @@ def _percentiles(lengths: np.ndarray) -> dict:
     if lengths.size == 0:
         return {}
     q = np.percentile(lengths, [0, 50, 90, 99, 100])
-    return {"min": int(q[0]), "p50": float(q[1]), "p90": float(q[2]), "p99": float(q[3]), "max": int(q[4]),
-            "mean": float(lengths.mean())}
+    return {
+        "min": int(q[0]),
+        "p50": float(q[1]),
+        "p90": float(q[2]),
+        "p99": float(q[3]),
+        "max": int(q[4]),
+        "mean": float(lengths.mean()),
+    }
 
 
 def _check_run_dir(cfg: RunConfig, force: bool) -> Path:
     run_dir = Path(cfg.run_dir)
     stores = run_dir / "stores"
     if stores.is_dir() and any(stores.iterdir()) and not force:
-        raise ConfigError(f"{run_dir} already has extracted stores; re-preparing would change which samples "
-                          "each task holds. Use a new run_dir, or pass --force if you really want to replace "
-                          "the prepared data (then delete the stores).")
+        raise ConfigError(
+            f"{run_dir} already has extracted stores; re-preparing would change which samples "
+            "each task holds. Use a new run_dir, or pass --force if you really want to replace "
+            "the prepared data (then delete the stores)."
+        )
     return run_dir
 
 
-def prepare(cfg: RunConfig, workers: int = 1, progress: bool = True, force: bool = False,
-            tokenizer=None) -> dict:
+def prepare(cfg: RunConfig, workers: int = 1, progress: bool = True, force: bool = False, tokenizer=None) -> dict:
     """Run the prepare stage for `cfg`; returns the summary (also written to RUN/prepared/summary.json)."""
     from dataclasses import asdict
 
@@ -295,8 +318,10 @@ def prepare(cfg: RunConfig, workers: int = 1, progress: bool = True, force: bool
         shutil.rmtree(tmp_dir, ignore_errors=True)
         tmp_dir.mkdir()
     except OSError as e:
-        raise ConfigError(f"run_dir={run_dir}: cannot create {e.filename or run_dir} ({e.strerror}); choose a "
-                          "folder you can write to.") from None
+        raise ConfigError(
+            f"run_dir={run_dir}: cannot create {e.filename or run_dir} ({e.strerror}); choose a "
+            "folder you can write to."
+        ) from None
     t_start = time.monotonic()
     try:
         summary = _prepare_into(cfg, cfg_dict, tok, files, total, tmp_dir, workers, progress)
@@ -320,15 +345,28 @@ def prepare(cfg: RunConfig, workers: int = 1, progress: bool = True, force: bool
     return summary
 
 
-def _prepare_into(cfg: RunConfig, cfg_dict: dict, tok, files: list[Path], total: int | None, out: Path,
-                  workers: int, show_progress: bool) -> dict:
+def _prepare_into(
+    cfg: RunConfig,
+    cfg_dict: dict,
+    tok,
+    files: list[Path],
+    total: int | None,
+    out: Path,
+    workers: int,
+    show_progress: bool,
+) -> dict:
     d = cfg.data
     consumed = [0]  # bytes of JSON Lines handed to the workers (progress for text inputs)
-    text_bytes = sum(f.stat().st_size for f in files) if total is None and not d.limit and all(
-        f.name.endswith(JSONL_SUFFIXES) for f in files) else None
+    text_bytes = (
+        sum(f.stat().st_size for f in files)
+        if total is None and not d.limit and all(f.name.endswith(JSONL_SUFFIXES) for f in files)
+        else None
+    )
     prog = Progress(total, enabled=show_progress, total_bytes=text_bytes, bytes_done=lambda: consumed[0])
-    with open(out / BAD_ROWS, "w") as bad_f, _row_results(cfg_dict, tok, _records(files, d.limit, consumed),
-                                                           workers) as results:
+    with (
+        open(out / BAD_ROWS, "w") as bad_f,
+        _row_results(cfg_dict, tok, _records(files, d.limit, consumed), workers) as results,
+    ):
         tally = Tally(_DataView(cfg_dict["data"]), bad_f, [str(f) for f in files])
         for chunk in results:
             for res in chunk:
@@ -366,8 +404,9 @@ def _row_results(cfg_dict: dict, tok, records: Iterator[RawRecord], workers: int
         # library notices the fork and disables it in the children.
         pool = mp.get_context("fork").Pool(workers)
     else:
-        pool = mp.get_context("spawn").Pool(workers, initializer=_init_worker,
-                                            initargs=(cfg_dict["model"], cfg_dict["data"]))
+        pool = mp.get_context("spawn").Pool(
+            workers, initializer=_init_worker, initargs=(cfg_dict["model"], cfg_dict["data"])
+        )
     try:
         yield pool.imap(process_chunk, _chunks(records, CHUNK_ROWS), chunksize=1)
     finally:
@@ -389,8 +428,9 @@ def _write_plan(cfg: RunConfig, files: list[Path], tally: Tally, out: Path) -> d
     for t, rows in enumerate(tasks):
         ntok = int(lengths[rows].sum()) if rows else 0
         task_tokens.append(ntok)
-        plan["tasks"].append({"task_id": t, "rows": list(range(pos, pos + len(rows))), "num_tokens": ntok,
-                              "num_samples": len(rows)})
+        plan["tasks"].append(
+            {"task_id": t, "rows": list(range(pos, pos + len(rows))), "num_tokens": ntok, "num_samples": len(rows)}
+        )
         pos += len(rows)
     assert pos == len(samples)
     (out / PLAN).write_text(json.dumps(plan) + "\n")
@@ -411,15 +451,21 @@ def _write_plan(cfg: RunConfig, files: list[Path], tally: Tally, out: Path) -> d
         # Assistant turns that render to nothing but end-of-turn markers (data.empty_assistant_turns=mask).
         "empty_assistant_turns_masked": tally.empty_turns_masked,
         "file_warnings": tally.file_warnings(),
-        "files": {name: {"rows": ft.rows, "kept": ft.kept, "skipped": dict(sorted(ft.skipped.items()))}
-                  for name, ft in tally.files.items()},
+        "files": {
+            name: {"rows": ft.rows, "kept": ft.kept, "skipped": dict(sorted(ft.skipped.items()))}
+            for name, ft in tally.files.items()
+        },
         "tokens": int(lengths.sum()),
         "loss_tokens": int(loss.sum()),
         "masked_fraction": round(float(loss.sum() / max(lengths.sum(), 1)), 6),
         "length_percentiles": _percentiles(lengths),
-        "tasks": {"num_tasks": num_tasks, "min_tokens": min(task_tokens), "max_tokens": max(task_tokens),
-                  "max_over_mean": round(max(task_tokens) / mean_task, 4) if mean_task else None,
-                  "empty_tasks": sum(1 for r in tasks if not r)},
+        "tasks": {
+            "num_tasks": num_tasks,
+            "min_tokens": min(task_tokens),
+            "max_tokens": max(task_tokens),
+            "max_over_mean": round(max(task_tokens) / mean_task, 4) if mean_task else None,
+            "empty_tasks": sum(1 for r in tasks if not r),
+        },
     }
 
 
@@ -428,10 +474,17 @@ def _write_samples(path: Path, tasks, samples: list[Sample], lengths, loss) -> N
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    schema = pa.schema([("sample_id", pa.string()), ("input_ids", pa.list_(pa.int32())),
-                        ("loss_mask", pa.list_(pa.uint8())), ("num_tokens", pa.int32()),
-                        ("num_loss_tokens", pa.int32()), ("source_file", pa.string()),
-                        ("source_row", pa.int64())])
+    schema = pa.schema(
+        [
+            ("sample_id", pa.string()),
+            ("input_ids", pa.list_(pa.int32())),
+            ("loss_mask", pa.list_(pa.uint8())),
+            ("num_tokens", pa.int32()),
+            ("num_loss_tokens", pa.int32()),
+            ("source_file", pa.string()),
+            ("source_row", pa.int64()),
+        ]
+    )
 
     def list_array(arrays, dtype, pa_type):
         offsets = np.zeros(len(arrays) + 1, dtype=np.int32 if lengths.sum() < 2**31 else np.int64)
@@ -448,13 +501,16 @@ def _write_samples(path: Path, tasks, samples: list[Sample], lengths, loss) -> N
         for rows in tasks:
             if not rows:
                 continue
-            table = pa.Table.from_arrays([
-                pa.array([samples[i].sample_id for i in rows], pa.string()),
-                list_array([samples[i].input_ids for i in rows], np.int32, pa.int32()),
-                list_array([samples[i].loss_mask for i in rows], np.uint8, pa.uint8()),
-                pa.array(lengths[rows].astype(np.int32)),
-                pa.array(loss[rows].astype(np.int32)),
-                pa.array([samples[i].file for i in rows], pa.string()),
-                pa.array(np.asarray([samples[i].row for i in rows], dtype=np.int64)),
-            ], schema=schema)
+            table = pa.Table.from_arrays(
+                [
+                    pa.array([samples[i].sample_id for i in rows], pa.string()),
+                    list_array([samples[i].input_ids for i in rows], np.int32, pa.int32()),
+                    list_array([samples[i].loss_mask for i in rows], np.uint8, pa.uint8()),
+                    pa.array(lengths[rows].astype(np.int32)),
+                    pa.array(loss[rows].astype(np.int32)),
+                    pa.array([samples[i].file for i in rows], pa.string()),
+                    pa.array(np.asarray([samples[i].row for i in rows], dtype=np.int64)),
+                ],
+                schema=schema,
+            )
             w.write_table(table, row_group_size=8192)

@@ -14,9 +14,10 @@ from __future__ import annotations
 import glob
 import json
 import os
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 from eagle_batch.config import ConfigError
 
@@ -55,15 +56,21 @@ def _datasets_folder_files(p: Path) -> list[Path]:
 def resolve_inputs(inputs: list[str]) -> list[Path]:
     """Expand files / folders / globs into an ordered list of data files; ConfigError if none."""
     if not inputs:
-        raise ConfigError("data.inputs is empty; give JSONL/Parquet/Arrow files, folders or globs, "
-                          "e.g. data.inputs=[data/chat.jsonl]")
+        raise ConfigError(
+            "data.inputs is empty; give JSONL/Parquet/Arrow files, folders or globs, e.g. data.inputs=[data/chat.jsonl]"
+        )
     files: list[Path] = []
     for spec in inputs:
-        matches = sorted(glob.glob(os.path.expanduser(spec), recursive=True)) if glob.has_magic(spec) \
+        matches = (
+            sorted(glob.glob(os.path.expanduser(spec), recursive=True))
+            if glob.has_magic(spec)
             else [os.path.expanduser(spec)]
+        )
         if not matches or not all(os.path.exists(m) for m in matches):
-            raise ConfigError(f"data.inputs entry {spec!r} matches no file; check the path (relative paths "
-                              f"are resolved from {os.getcwd()}).")
+            raise ConfigError(
+                f"data.inputs entry {spec!r} matches no file; check the path (relative paths "
+                f"are resolved from {os.getcwd()})."
+            )
         for m in matches:
             p = Path(m)
             if p.is_dir():
@@ -72,8 +79,9 @@ def resolve_inputs(inputs: list[str]) -> list[Path]:
                 else:
                     found = sorted(f for f in p.iterdir() if f.is_file() and f.name.endswith(SUPPORTED))
                     if not found:
-                        raise ConfigError(f"folder {p} has no {', '.join(SUPPORTED)} files and is not a "
-                                          "datasets.save_to_disk folder.")
+                        raise ConfigError(
+                            f"folder {p} has no {', '.join(SUPPORTED)} files and is not a datasets.save_to_disk folder."
+                        )
                     files.extend(found)
             elif p.name.endswith(SUPPORTED):
                 files.append(p)
@@ -150,7 +158,7 @@ def _iter_json(path: Path) -> Iterator[RawRecord]:
         yield RawRecord(name, line, "line", row=ReadProblem("undecodable_bytes", f"invalid UTF-8 at byte {e.start}"))
         return
     start = len(text) - len(text.lstrip())
-    if text[start:start + 1] == "[":
+    if text[start : start + 1] == "[":
         yield from _iter_json_array(name, text, start + 1)
         return
     try:
@@ -185,19 +193,33 @@ def _iter_json_array(name: str, text: str, pos: int) -> Iterator[RawRecord]:
         if pos < n and text[pos] == "]":
             return
         if pos >= n:
-            yield RawRecord(name, i, "row", row=ReadProblem(
-                "truncated_file", f"the file ends after {i} complete record(s) without the closing ']' "
-                f"(at byte {len(text[:pos].encode())}); the {i} records were read"))
+            yield RawRecord(
+                name,
+                i,
+                "row",
+                row=ReadProblem(
+                    "truncated_file",
+                    f"the file ends after {i} complete record(s) without the closing ']' "
+                    f"(at byte {len(text[:pos].encode())}); the {i} records were read",
+                ),
+            )
             return
         try:
             obj, end = dec.raw_decode(text, pos)
         except json.JSONDecodeError as e:
-            rest = text[e.pos:].strip()
+            rest = text[e.pos :].strip()
             if e.msg.startswith("Unterminated string") or not rest or e.pos >= n - 1:
                 offset = len(text[:pos].encode())
-                yield RawRecord(name, i, "row", row=ReadProblem(
-                    "truncated_file", f"the file ends in the middle of record {i} (it starts at byte {offset}, "
-                    f"line {e.doc.count(chr(10), 0, pos) + 1}); the {i} complete records before it were read"))
+                yield RawRecord(
+                    name,
+                    i,
+                    "row",
+                    row=ReadProblem(
+                        "truncated_file",
+                        f"the file ends in the middle of record {i} (it starts at byte {offset}, "
+                        f"line {e.doc.count(chr(10), 0, pos) + 1}); the {i} complete records before it were read",
+                    ),
+                )
             else:
                 yield RawRecord(name, i, "row", row=ReadProblem("invalid_json", json_error_detail(e)))
             return
@@ -210,13 +232,19 @@ def _iter_json_array(name: str, text: str, pos: int) -> Iterator[RawRecord]:
             pos += 1
         elif pos < n and text[pos] != "]":
             line = text.count("\n", 0, pos) + 1
-            yield RawRecord(name, i, "row", row=ReadProblem(
-                "invalid_json", f"expected ',' or ']' after record {i - 1} (line {line}); reading stopped there"))
+            yield RawRecord(
+                name,
+                i,
+                "row",
+                row=ReadProblem(
+                    "invalid_json", f"expected ',' or ']' after record {i - 1} (line {line}); reading stopped there"
+                ),
+            )
             return
 
 
 def json_error_detail(e: json.JSONDecodeError, line: bool = True) -> str:
-    """"Expecting ',' delimiter (line 3, column 18)": json's message and where (`line=False` for one JSON
+    """ "Expecting ',' delimiter (line 3, column 18)": json's message and where (`line=False` for one JSON
     Lines record, whose line the record's location already names)."""
     return f"{e.msg} (line {e.lineno}, column {e.colno})" if line else f"{e.msg} (column {e.colno})"
 

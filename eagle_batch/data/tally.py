@@ -95,9 +95,11 @@ class Tally:
         reason, detail = res.bad
         where = f"{res.file}:{res.index}" if res.line_kind == "line" else f"{res.file} row {res.index}"
         if self.d.on_bad_row == "error":
-            raise BadRowError(f"{where}: {reason} ({BAD_ROW_REASONS[reason]}): {detail}. Fix or remove this row, or "
-                              "set data.on_bad_row=skip to count and skip bad rows (they are then listed in "
-                              "RUN/prepared/bad_rows.jsonl).")
+            raise BadRowError(
+                f"{where}: {reason} ({BAD_ROW_REASONS[reason]}): {detail}. Fix or remove this row, or "
+                "set data.on_bad_row=skip to count and skip bad rows (they are then listed in "
+                "RUN/prepared/bad_rows.jsonl)."
+            )
         self.skipped[reason] += 1
         ft.skipped[reason] += 1
         if reason in SHAPE_REASONS:
@@ -111,8 +113,13 @@ class Tally:
             first = self.samples[self._seen[sid]]
             if self.d.dedupe:
                 self.dropped["duplicate"] += 1
-                self._write({**loc, "reason": "duplicate", "detail": f"same tokens as sample {sid} from "
-                             f"{first.file} {first.row}"})
+                self._write(
+                    {
+                        **loc,
+                        "reason": "duplicate",
+                        "detail": f"same tokens as sample {sid} from {first.file} {first.row}",
+                    }
+                )
                 return False
             k = 1  # without dedupe, sample ids must still be unique: stores resume by id
             while f"{sid}-{k}" in self._seen:
@@ -136,12 +143,15 @@ class Tally:
                 continue
             bad_utf8 = ft.skipped.get("undecodable_bytes", 0)
             if bad_utf8 >= min(NOT_UTF8_MIN_ROWS, ft.rows) and bad_utf8 >= NOT_UTF8_FRACTION * ft.rows:
-                out.append(f"{name}: {bad_utf8} of {ft.rows} rows are not valid UTF-8: the file is probably in "
-                           "another encoding (Latin-1, Windows-1252, ...); convert it, e.g. `iconv -f latin1 -t "
-                           "utf-8 IN > OUT`, and point data.inputs at the converted file")
+                out.append(
+                    f"{name}: {bad_utf8} of {ft.rows} rows are not valid UTF-8: the file is probably in "
+                    "another encoding (Latin-1, Windows-1252, ...); convert it, e.g. `iconv -f latin1 -t "
+                    "utf-8 IN > OUT`, and point data.inputs at the converted file"
+                )
             elif ft.kept == 0:
-                out.append(f"{name}: none of its {ft.rows} rows could be used ({_reasons(ft.skipped)})"
-                           + self._field_hint(ft))
+                out.append(
+                    f"{name}: none of its {ft.rows} rows could be used ({_reasons(ft.skipped)})" + self._field_hint(ft)
+                )
         return out
 
     def _field_hint(self, ft: FileTally) -> str:
@@ -150,16 +160,25 @@ class Tally:
         names = [k for k, _ in ft.fields.most_common(12)]
         chat = next((k for k in names if _CHAT_LIKE.search(k)), None)
         d = self.d
-        return (f". Its rows have the fields {', '.join(names)}; eagle-batch looked for "
-                f"'{d.messages_field}' (data.messages_field), '{d.conversations_field}' (data.conversations_field) "
-                f"or '{d.prompt_field}' + '{d.response_field}' (data.prompt_field, data.response_field)"
-                + (f": if '{chat}' holds the turns, set data.messages_field={chat} ({{role, content}} turns) or "
-                   f"data.conversations_field={chat} ({{from, value}} turns)" if chat else ""))
+        return (
+            f". Its rows have the fields {', '.join(names)}; eagle-batch looked for "
+            f"'{d.messages_field}' (data.messages_field), '{d.conversations_field}' (data.conversations_field) "
+            f"or '{d.prompt_field}' + '{d.response_field}' (data.prompt_field, data.response_field)"
+            + (
+                f": if '{chat}' holds the turns, set data.messages_field={chat} ({{role, content}} turns) or "
+                f"data.conversations_field={chat} ({{from, value}} turns)"
+                if chat
+                else ""
+            )
+        )
 
     def nothing_kept(self, n_files: int) -> NothingToPrepare:
-        lines = [f"nothing to prepare: no sample from {n_files} input file(s) ({self.rows_read} rows read"
-                 + (f"; skipped: {_reasons(self.skipped)}" if self.skipped else "")
-                 + (f"; samples dropped: {_reasons(self.dropped)}" if self.dropped else "") + ")."]
+        lines = [
+            f"nothing to prepare: no sample from {n_files} input file(s) ({self.rows_read} rows read"
+            + (f"; skipped: {_reasons(self.skipped)}" if self.skipped else "")
+            + (f"; samples dropped: {_reasons(self.dropped)}" if self.dropped else "")
+            + ")."
+        ]
         lines += [f"  {w}" for w in self.file_warnings()]
         if self.examples:
             lines.append("  first bad rows:")

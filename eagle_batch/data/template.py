@@ -24,9 +24,10 @@ How the mask is found (no per-model string formats anywhere):
 from __future__ import annotations
 
 import threading
-from itertools import chain
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, Sequence
+from itertools import chain
+from typing import Any
 
 import numpy as np
 
@@ -67,8 +68,9 @@ def _special_strings(tokenizer) -> list[str]:
 
 def _render(tokenizer, conversations: list[list[dict]], add_generation_prompt: bool, template_kwargs) -> list[str]:
     try:
-        out = tokenizer.apply_chat_template(conversations, tokenize=False,
-                                            add_generation_prompt=add_generation_prompt, **template_kwargs)
+        out = tokenizer.apply_chat_template(
+            conversations, tokenize=False, add_generation_prompt=add_generation_prompt, **template_kwargs
+        )
     except Exception as e:  # jinja raise_exception(), TypeError from str + None, ...
         raise TemplateError(f"chat template failed: {type(e).__name__}: {e}") from e
     return list(out)
@@ -80,9 +82,13 @@ def _decode(tokenizer, ids) -> str:
 
 def template_info(tokenizer, **template_kwargs) -> TemplateInfo:
     """Probe the template once per (tokenizer, template, kwargs) for its end-of-turn tail."""
-    key = (id(tokenizer), getattr(tokenizer, "chat_template", None) if isinstance(
-        getattr(tokenizer, "chat_template", None), str) else repr(getattr(tokenizer, "chat_template", None)),
-        repr(sorted((k, repr(v)) for k, v in template_kwargs.items() if k != "tools")))
+    key = (
+        id(tokenizer),
+        getattr(tokenizer, "chat_template", None)
+        if isinstance(getattr(tokenizer, "chat_template", None), str)
+        else repr(getattr(tokenizer, "chat_template", None)),
+        repr(sorted((k, repr(v)) for k, v in template_kwargs.items() if k != "tools")),
+    )
     with _info_lock:
         hit = _info_cache.get(key)
         if hit is not None and hit[0] is tokenizer:
@@ -92,19 +98,20 @@ def template_info(tokenizer, **template_kwargs) -> TemplateInfo:
         probe = [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": _SENTINEL}]
         probe_kwargs = {k: v for k, v in template_kwargs.items() if k != "tools"}
         text = _render(tokenizer, [probe], False, probe_kwargs)[0]
-        after = text[text.rindex(_SENTINEL) + len(_SENTINEL):]
+        after = text[text.rindex(_SENTINEL) + len(_SENTINEL) :]
         ends = [after.find(s) + len(s) for s in _special_strings(tokenizer) if s in after]
         # No special token after the content: the template has no end-of-turn marker, so we mask the
         # content only (tail = everything the template adds after it).
-        tail = after[min(ends):] if ends else after
+        tail = after[min(ends) :] if ends else after
     except (TemplateError, ValueError):
         tail = ""  # the template cannot render the probe; mask through the end of each turn
     probes = ["Hello", " world", "\n\nfoo bar", "x", " 12.5%", "é中"]
     enc = _encode_pieces(tokenizer, probes)
     # Each piece must round-trip alone AND concatenated (a SentencePiece dummy prefix survives the first
     # check, since decode strips one leading space, but not the second).
-    segment_safe = (all(_decode(tokenizer, ids) == s for ids, s in zip(enc, probes))
-                    and _decode(tokenizer, [t for ids in enc for t in ids]) == "".join(probes))
+    segment_safe = all(_decode(tokenizer, ids) == s for ids, s in zip(enc, probes)) and _decode(
+        tokenizer, [t for ids in enc for t in ids]
+    ) == "".join(probes)
     info = TemplateInfo(eot_tail=tail, segment_safe=segment_safe)
     with _info_lock:
         _info_cache[key] = (tokenizer, info)
@@ -127,8 +134,9 @@ class RenderedSample:
     turns: list[int]  # indices (into messages) of the assistant turns this sample trains on
 
 
-def render_samples(tokenizer, messages: list[dict], non_prefix_stable: str = "error", empty_turns: str = "keep",
-                   **template_kwargs) -> list[RenderedSample]:
+def render_samples(
+    tokenizer, messages: list[dict], non_prefix_stable: str = "error", empty_turns: str = "keep", **template_kwargs
+) -> list[RenderedSample]:
     """Render a conversation into the fewest samples that train on every assistant turn.
 
     An assistant turn whose generated text is nothing but special tokens (typically a tool call that the
@@ -158,8 +166,9 @@ def render_samples(tokenizer, messages: list[dict], non_prefix_stable: str = "er
         if not t.startswith(p):
             raise TemplateError(
                 f"the generation prompt for assistant turn {i} is not a prefix of that turn as rendered "
-                f"(prompt ends {p[-40:]!r}, turn starts {t[max(0, len(p) - 40):len(p)]!r}); the template "
-                "renders this message sequence inconsistently")
+                f"(prompt ends {p[-40:]!r}, turn starts {t[max(0, len(p) - 40) : len(p)]!r}); the template "
+                "renders this message sequence inconsistently"
+            )
         end = len(t)
         tail = info.eot_tail
         if tail and t.endswith(tail) and end - len(tail) > len(p):
@@ -168,9 +177,11 @@ def render_samples(tokenizer, messages: list[dict], non_prefix_stable: str = "er
     if empty_turns != "keep":
         empty = _empty_turns(tokenizer, throughs, spans)
         if empty and empty_turns == "skip":
-            raise EmptyAssistantTurn(f"assistant turn {turns[empty[0]]} renders to nothing but end-of-turn "
-                                     f"markers ({throughs[empty[0]][spans[empty[0]][0]:spans[empty[0]][1]]!r}: "
-                                     "a tool call the chat template does not write?)")
+            raise EmptyAssistantTurn(
+                f"assistant turn {turns[empty[0]]} renders to nothing but end-of-turn "
+                f"markers ({throughs[empty[0]][spans[empty[0]][0] : spans[empty[0]][1]]!r}: "
+                "a tool call the chat template does not write?)"
+            )
         if empty:
             keep = [j for j in range(len(turns)) if j not in empty]
             if not keep:
@@ -182,14 +193,14 @@ def render_samples(tokenizer, messages: list[dict], non_prefix_stable: str = "er
         k = remaining[-1]
         base = throughs[k]
         covered = [j for j in remaining if base.startswith(throughs[j])]
-        samples.append(RenderedSample(text=base, spans=[spans[j] for j in covered],
-                                      turns=[turns[j] for j in covered]))
+        samples.append(RenderedSample(text=base, spans=[spans[j] for j in covered], turns=[turns[j] for j in covered]))
         remaining = [j for j in remaining if j not in covered]
     if len(samples) > 1 and non_prefix_stable == "error":
         raise TemplateNotPrefixStable(
             f"the chat template rewrites earlier turns when later ones are added (e.g. drops their "
             f"reasoning): {len(turns)} assistant turns need {len(samples)} separate sequences; set "
-            "data.non_prefix_stable=per_turn to emit them as separate samples")
+            "data.non_prefix_stable=per_turn to emit them as separate samples"
+        )
     samples.reverse()  # earliest turn first: deterministic and reads naturally
     return samples
 
@@ -207,8 +218,9 @@ def _empty_turns(tokenizer, throughs: list[str], spans: list[tuple[int, int]]) -
     return out
 
 
-def tokenize_rendered(tokenizer, samples: Sequence[RenderedSample],
-                      info: TemplateInfo | None = None) -> list[tuple[np.ndarray, np.ndarray]]:
+def tokenize_rendered(
+    tokenizer, samples: Sequence[RenderedSample], info: TemplateInfo | None = None
+) -> list[tuple[np.ndarray, np.ndarray]]:
     """Token ids (int32) and loss mask (uint8) for rendered samples, one encode call for all of them."""
     info = info or template_info(tokenizer)
     if not info.segment_safe:
@@ -234,8 +246,7 @@ def tokenize_rendered(tokenizer, samples: Sequence[RenderedSample],
     out = []
     for start, stop in bounds:
         ids = np.array(list(chain.from_iterable(enc[start:stop])), dtype=np.int32)
-        mask = np.repeat(np.asarray(flags[start:stop], dtype=np.uint8),
-                         [len(piece) for piece in enc[start:stop]])
+        mask = np.repeat(np.asarray(flags[start:stop], dtype=np.uint8), [len(piece) for piece in enc[start:stop]])
         out.append((ids, mask))
     return out
 
@@ -251,9 +262,13 @@ def _tokenize_joint(tokenizer, s: RenderedSample) -> tuple[np.ndarray, np.ndarra
     return ids, mask
 
 
-def tokenize_conversation_samples(tokenizer, messages: list[dict], max_length: int | None = None,
-                                  non_prefix_stable: str = "per_turn",
-                                  **template_kwargs) -> list[tuple[np.ndarray, np.ndarray]]:
+def tokenize_conversation_samples(
+    tokenizer,
+    messages: list[dict],
+    max_length: int | None = None,
+    non_prefix_stable: str = "per_turn",
+    **template_kwargs,
+) -> list[tuple[np.ndarray, np.ndarray]]:
     """Like `tokenize_conversation`, but returns several samples when the template is not prefix-stable."""
     rendered = render_samples(tokenizer, messages, non_prefix_stable=non_prefix_stable, **template_kwargs)
     out = tokenize_rendered(tokenizer, rendered, template_info(tokenizer, **template_kwargs))
@@ -262,8 +277,9 @@ def tokenize_conversation_samples(tokenizer, messages: list[dict], max_length: i
     return out
 
 
-def tokenize_conversation(tokenizer, messages: list[dict], max_length: int | None = None,
-                          **template_kwargs) -> tuple[list[int], list[int]]:
+def tokenize_conversation(
+    tokenizer, messages: list[dict], max_length: int | None = None, **template_kwargs
+) -> tuple[list[int], list[int]]:
     """(input_ids, loss_mask) of a conversation rendered with the tokenizer's own chat template.
 
     loss_mask is 1 exactly on the tokens the model generates in each assistant turn (content, reasoning
@@ -272,6 +288,7 @@ def tokenize_conversation(tokenizer, messages: list[dict], max_length: int | Non
     TemplateNotPrefixStable for conversations that need several sequences (use
     `tokenize_conversation_samples`), TemplateError when the template fails.
     """
-    (ids, mask), = tokenize_conversation_samples(tokenizer, messages, max_length=max_length,
-                                                 non_prefix_stable="error", **template_kwargs)
+    ((ids, mask),) = tokenize_conversation_samples(
+        tokenizer, messages, max_length=max_length, non_prefix_stable="error", **template_kwargs
+    )
     return ids.tolist(), mask.tolist()

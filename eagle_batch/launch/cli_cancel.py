@@ -9,8 +9,13 @@ import sys
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("run_dir", metavar="RUN", help="run directory")
-    p.add_argument("--task", type=int, action="append", default=[],
-                   help="cancel only this task (repeatable); default: every job of the run, training included")
+    p.add_argument(
+        "--task",
+        type=int,
+        action="append",
+        default=[],
+        help="cancel only this task (repeatable); default: every job of the run, training included",
+    )
 
 
 def run(args: argparse.Namespace) -> int:
@@ -20,21 +25,28 @@ def run(args: argparse.Namespace) -> int:
 
     subs = read_submissions(args.run_dir)
     if not subs:
-        print(f"eagle-batch cancel: {args.run_dir} has no submissions (RUN/slurm/submissions.jsonl); nothing to cancel.",
-              file=sys.stderr)
+        print(
+            f"eagle-batch cancel: {args.run_dir} has no submissions (RUN/slurm/submissions.jsonl); nothing to cancel.",
+            file=sys.stderr,
+        )
         return 1
     states = job_states(s.job_id for s in subs if s.executor == "slurm")
     targets: list[str] = []
     for s in subs:
         if s.executor == "local":
             if args.task:
-                print(f"eagle-batch cancel: --task applies to Slurm arrays; local job {s.job_id} runs its tasks "
-                      "one after another and is cancelled as a whole.", file=sys.stderr)
+                print(
+                    f"eagle-batch cancel: --task applies to Slurm arrays; local job {s.job_id} runs its tasks "
+                    "one after another and is cancelled as a whole.",
+                    file=sys.stderr,
+                )
             elif cancel_local(s):
                 print(f"sent SIGTERM to local job {s.job_id}")
             continue
         if args.task:
-            targets += [s.task_job_id(t) for t in s.tasks if t in args.task and is_live(states.get(s.task_job_id(t), ""))]
+            targets += [
+                s.task_job_id(t) for t in s.tasks if t in args.task and is_live(states.get(s.task_job_id(t), ""))
+            ]
         elif any(is_live(v) for k, v in states.items() if k == s.job_id or k.startswith(s.job_id + "_")):
             targets.append(s.job_id)
     if not targets:

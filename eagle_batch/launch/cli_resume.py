@@ -8,14 +8,21 @@ import sys
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("run_dir", metavar="RUN", help="run directory")
-    p.add_argument("overrides", nargs="*", metavar="key=value",
-                   help="slurm.* overrides for the resubmission (e.g. slurm.time_min=600)")
+    p.add_argument(
+        "overrides",
+        nargs="*",
+        metavar="key=value",
+        help="slurm.* overrides for the resubmission (e.g. slurm.time_min=600)",
+    )
     p.add_argument("--wait", action="store_true", help="follow the new array to the end")
     p.add_argument("--interval", type=float, default=5.0)
     p.add_argument("--dry-run", action="store_true", help="only print which tasks would be resubmitted")
-    p.add_argument("--repair", action="store_true",
-                   help="first verify every task store that is not queued or running; damaged ones are "
-                        "truncated to the last sample before the first damaged shard and recomputed from there")
+    p.add_argument(
+        "--repair",
+        action="store_true",
+        help="first verify every task store that is not queued or running; damaged ones are "
+        "truncated to the last sample before the first damaged shard and recomputed from there",
+    )
 
 
 def run(args: argparse.Namespace) -> int:
@@ -26,8 +33,10 @@ def run(args: argparse.Namespace) -> int:
 
     bad = [o for o in args.overrides if not o.startswith("slurm.")]
     if bad:
-        raise ConfigError(f"resume only takes slurm.* overrides (got {', '.join(bad)}); data, model and extract "
-                          "settings are fixed by the run's config.yaml.")
+        raise ConfigError(
+            f"resume only takes slurm.* overrides (got {', '.join(bad)}); data, model and extract "
+            "settings are fixed by the run's config.yaml."
+        )
     cfg = load_run_config(args.run_dir, args.overrides)
     try:
         if args.repair:
@@ -39,8 +48,10 @@ def run(args: argparse.Namespace) -> int:
         if not todo:
             print(f"nothing to resume in {args.run_dir}: {st['totals']['done']} done, {len(active)} queued or running.")
             return 0
-        print(f"resubmitting {len(todo)} task(s): {', '.join(map(str, todo))}"
-              + (f" ({len(active)} still queued or running are left alone)" if active else ""))
+        print(
+            f"resubmitting {len(todo)} task(s): {', '.join(map(str, todo))}"
+            + (f" ({len(active)} still queued or running are left alone)" if active else "")
+        )
         if args.dry_run:
             return 0
         if args.overrides:
@@ -77,8 +88,10 @@ def _request_repairs(run_dir: str, dry_run: bool) -> list[int]:
         if not problems:
             continue
         damaged.append(t)
-        print(f"task {t}: {len(problems)} problem(s) in {path}: {problems[0]}"
-              + (f" (+{len(problems) - 1} more)" if len(problems) > 1 else ""))
+        print(
+            f"task {t}: {len(problems)} problem(s) in {path}: {problems[0]}"
+            + (f" (+{len(problems) - 1} more)" if len(problems) > 1 else "")
+        )
         if not dry_run:
             p = repair_path(run_dir, t)
             p.parent.mkdir(parents=True, exist_ok=True)

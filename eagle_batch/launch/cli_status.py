@@ -32,13 +32,17 @@ def run(args: argparse.Namespace) -> int:
         print(json.dumps(st, indent=1))
         return 0
     jw = max([12] + [len(r["job_id"]) for r in st["tasks"]])
-    hdr = (f"{'task':>5} {'state':<13} {'job':<{jw}} {'samples':>13} {'progress':>8} {'tok/s':>9} {'eta':>8} {'att':>3}"
-           "  log / last error")
+    hdr = (
+        f"{'task':>5} {'state':<13} {'job':<{jw}} {'samples':>13} {'progress':>8} {'tok/s':>9} {'eta':>8} {'att':>3}"
+        "  log / last error"
+    )
     print(hdr)
     for r in st["tasks"]:
         samples = f"{r['samples_committed']}/{r['samples_total']}"
-        line = (f"{r['task_id']:>5} {r['state']:<13} {r['job_id']:<{jw}} {samples:>13} {r['progress'] * 100:7.1f}% "
-                f"{r['tok_s']:>9.0f} {_fmt_eta(r['eta_s']):>8} {r['attempts']:>3}  {r['log']}")
+        line = (
+            f"{r['task_id']:>5} {r['state']:<13} {r['job_id']:<{jw}} {samples:>13} {r['progress'] * 100:7.1f}% "
+            f"{r['tok_s']:>9.0f} {_fmt_eta(r['eta_s']):>8} {r['attempts']:>3}  {r['log']}"
+        )
         print(line)
         if r["last_error"] and r["state"] != "done":
             print(f"{'':>5} error: {r['last_error']}")

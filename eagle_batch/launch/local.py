@@ -47,9 +47,9 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterator, Optional, Sequence
 
 from . import proc
 from . import state as S
@@ -65,7 +65,7 @@ class LocalResourceError(ValueError):
     """The config asks for more than this machine has; the message names the key and the fix."""
 
 
-def visible_gpus(environ: Optional[dict] = None) -> list[str]:
+def visible_gpus(environ: dict | None = None) -> list[str]:
     """The GPUs this process may hand out: CUDA_VISIBLE_DEVICES's entries, else `nvidia-smi -L`'s (else
     the /dev/nvidiaN device files)."""
     env = os.environ if environ is None else environ
@@ -98,24 +98,33 @@ class SlotPlan:
     note: str  # what the user should know about the choice ("" when the config got what it asked)
 
 
-def plan_slots(devices: Sequence[str], gpus_per_task: int, max_parallel: int, num_tasks: int,
-               tensor_parallel: int = 1) -> SlotPlan:
+def plan_slots(
+    devices: Sequence[str], gpus_per_task: int, max_parallel: int, num_tasks: int, tensor_parallel: int = 1
+) -> SlotPlan:
     """Split `devices` into slots of `gpus_per_task` GPUs; raise LocalResourceError if one slot cannot fit."""
     devices = list(devices)
     if gpus_per_task <= 0:
         return SlotPlan([[]], "slurm.gpus_per_node=0: the tasks run on the CPU, one at a time")
     if not devices:
-        return SlotPlan([[]], f"no GPU is visible here (CUDA_VISIBLE_DEVICES unset and nvidia-smi lists none), "
-                              f"so slurm.gpus_per_node={gpus_per_task} is ignored: the tasks run on the CPU, "
-                              "one at a time")
+        return SlotPlan(
+            [[]],
+            f"no GPU is visible here (CUDA_VISIBLE_DEVICES unset and nvidia-smi lists none), "
+            f"so slurm.gpus_per_node={gpus_per_task} is ignored: the tasks run on the CPU, "
+            "one at a time",
+        )
     if gpus_per_task > len(devices):
         raise LocalResourceError(
             f"slurm.gpus_per_node={gpus_per_task} asks for {gpus_per_task} GPUs per task but this machine has "
             f"{len(devices)} ({', '.join(devices)}); set slurm.gpus_per_node={len(devices)} or fewer"
-            + (f" (model.tensor_parallel_size={tensor_parallel} needs at least {tensor_parallel})"
-               if tensor_parallel > 1 else "") + ".")
+            + (
+                f" (model.tensor_parallel_size={tensor_parallel} needs at least {tensor_parallel})"
+                if tensor_parallel > 1
+                else ""
+            )
+            + "."
+        )
     n = max(1, min(len(devices) // gpus_per_task, max(1, max_parallel), max(1, num_tasks)))
-    groups = [devices[i * gpus_per_task:(i + 1) * gpus_per_task] for i in range(n)]
+    groups = [devices[i * gpus_per_task : (i + 1) * gpus_per_task] for i in range(n)]
     spare = len(devices) - n * gpus_per_task
     note = f"{spare} GPU(s) left idle" if spare and n < max_parallel and n < num_tasks else ""
     return SlotPlan(groups, note)
@@ -162,7 +171,7 @@ def submission_alive(sub_dir: Path) -> bool:
     return any(proc.alive(int(p.get("pid", 0)), int(p.get("ticks", 0))) for p in procs)
 
 
-def task_exit(sub_dir: Path, task_id: int) -> Optional[dict]:
+def task_exit(sub_dir: Path, task_id: int) -> dict | None:
     """{rc, signal, ended} of the task's last process in this submission, if one ended."""
     return _read_json(_exit_path(sub_dir, task_id))
 
@@ -198,15 +207,27 @@ def _detached_executor(folder: Path, timeout_min: float):
 
     class DetachedLocalExecutor(submitit.LocalExecutor):
         def _submit_command(self, command: str):
-            env = dict(os.environ, SUBMITIT_LOCAL_NTASKS="1", SUBMITIT_LOCAL_COMMAND=command,
-                       SUBMITIT_LOCAL_TIMEOUT_S=str(int(60 * self.parameters.get("timeout_min", timeout_min))),
-                       SUBMITIT_LOCAL_SIGNAL_DELAY_S=str(int(self.parameters.get("signal_delay_s", 30))),
-                       SUBMITIT_LOCAL_NODEID="0", SUBMITIT_LOCAL_JOB_NUM_NODES="1", SUBMITIT_STDERR_TO_STDOUT="",
-                       SUBMITIT_EXECUTOR="local", SUBMITIT_LOCAL_WITH_SHELL="")
+            env = dict(
+                os.environ,
+                SUBMITIT_LOCAL_NTASKS="1",
+                SUBMITIT_LOCAL_COMMAND=command,
+                SUBMITIT_LOCAL_TIMEOUT_S=str(int(60 * self.parameters.get("timeout_min", timeout_min))),
+                SUBMITIT_LOCAL_SIGNAL_DELAY_S=str(int(self.parameters.get("signal_delay_s", 30))),
+                SUBMITIT_LOCAL_NODEID="0",
+                SUBMITIT_LOCAL_JOB_NUM_NODES="1",
+                SUBMITIT_STDERR_TO_STDOUT="",
+                SUBMITIT_EXECUTOR="local",
+                SUBMITIT_LOCAL_WITH_SHELL="",
+            )
             env.pop("CUDA_VISIBLE_DEVICES", None)  # the slot hands each task its devices (run_slot)
-            process = subprocess.Popen([sys.executable, "-m", "submitit.local._local", str(self.folder)], env=env,
-                                       stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-                                       stderr=subprocess.DEVNULL, start_new_session=True)
+            process = subprocess.Popen(
+                [sys.executable, "-m", "submitit.local._local", str(self.folder)],
+                env=env,
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.DEVNULL,
+                start_new_session=True,
+            )
             return LocalJob(folder=self.folder, job_id=str(process.pid), process=process, tasks=[0])
 
     ex = DetachedLocalExecutor(folder=folder)
@@ -218,8 +239,9 @@ def submit_local(cfg, run_dir: Path, task_ids: Sequence[int], kind: str) -> S.Su
     """Start one slot job per GPU group; each claims and runs `task_ids` in order (LocalResourceError when
     a task would need more GPUs than the machine has)."""
     sc = cfg.slurm
-    plan = plan_slots(visible_gpus(), sc.gpus_per_node, sc.array_parallelism, len(task_ids),
-                      cfg.model.tensor_parallel_size)
+    plan = plan_slots(
+        visible_gpus(), sc.gpus_per_node, sc.array_parallelism, len(task_ids), cfg.model.tensor_parallel_size
+    )
     t0 = time.time()
     job_id = f"local-{int(t0)}-{os.getpid()}"
     sub_dir = submission_dir(run_dir, job_id)
@@ -227,22 +249,34 @@ def submit_local(cfg, run_dir: Path, task_ids: Sequence[int], kind: str) -> S.Su
     slots = []
     for k, devices in enumerate(plan.devices):
         ex = _detached_executor(sub_dir, SLOT_JOB_TIMEOUT_MIN)  # slot logs: PID_0_log.{out,err}
-        job = ex.submit(run_slot, str(run_dir), str(sub_dir), job_id, list(task_ids), devices,
-                        _SlotLimits.from_config(sc))
+        job = ex.submit(
+            run_slot, str(run_dir), str(sub_dir), job_id, list(task_ids), devices, _SlotLimits.from_config(sc)
+        )
         pid = int(job.job_id)
-        slots.append({"slot": k, "pid": pid, "ticks": proc.start_ticks(pid), "devices": devices,
-                      "log": str(job.paths.stderr)})
+        slots.append(
+            {"slot": k, "pid": pid, "ticks": proc.start_ticks(pid), "devices": devices, "log": str(job.paths.stderr)}
+        )
     _write_json(sub_dir / SLOTS, slots)
-    return S.Submission(job_id=job_id, executor="local", tasks=sorted(task_ids), time=t0, kind=kind,
-                        folder=str(sub_dir), array=False, note=plan.note,
-                        devices=[",".join(d) for d in plan.devices])
+    return S.Submission(
+        job_id=job_id,
+        executor="local",
+        tasks=sorted(task_ids),
+        time=t0,
+        kind=kind,
+        folder=str(sub_dir),
+        array=False,
+        note=plan.note,
+        devices=[",".join(d) for d in plan.devices],
+    )
 
 
 def local_summary(sub: S.Submission) -> str:
     """One line for the CLI: where the tasks of a local submission run."""
     where = "; ".join(f"slot {k}: GPUs {d}" if d else f"slot {k}: CPU" for k, d in enumerate(sub.devices))
-    return (f"executor: local (submitit LocalExecutor on this machine), job {sub.job_id}: {len(sub.tasks)} "
-            f"task(s), one after another per slot ({where})" + (f"; {sub.note}" if sub.note else ""))
+    return (
+        f"executor: local (submitit LocalExecutor on this machine), job {sub.job_id}: {len(sub.tasks)} "
+        f"task(s), one after another per slot ({where})" + (f"; {sub.note}" if sub.note else "")
+    )
 
 
 def cancel_local(sub: S.Submission) -> bool:
@@ -272,8 +306,12 @@ class _SlotLimits:
 
     @classmethod
     def from_config(cls, sc) -> "_SlotLimits":
-        return cls(time_s=60.0 * sc.time_min, signal_delay_s=float(sc.signal_delay_s),
-                   max_num_timeout=int(sc.max_num_timeout), max_attempts=int(sc.max_attempts))
+        return cls(
+            time_s=60.0 * sc.time_min,
+            signal_delay_s=float(sc.signal_delay_s),
+            max_num_timeout=int(sc.max_num_timeout),
+            max_attempts=int(sc.max_attempts),
+        )
 
 
 def _task_env(devices: list[str]) -> dict:
@@ -282,8 +320,9 @@ def _task_env(devices: list[str]) -> dict:
     return env
 
 
-def run_slot(run_dir: str, sub_dir: str, job_id: str, task_ids: list[int], devices: list[str],
-             limits: _SlotLimits) -> dict:
+def run_slot(
+    run_dir: str, sub_dir: str, job_id: str, task_ids: list[int], devices: list[str], limits: _SlotLimits
+) -> dict:
     """The slot job (runs inside submitit's local job): claim tasks, run each in a child process."""
     sub = Path(sub_dir)
     me = {"pid": os.getpid(), "ticks": proc.start_ticks(os.getpid()), "devices": devices}
@@ -311,8 +350,9 @@ def run_slot(run_dir: str, sub_dir: str, job_id: str, task_ids: list[int], devic
     return {"job_id": job_id, "tasks": results}
 
 
-def _run_task(run_dir: str, sub: Path, job_id: str, t: int, devices: list[str], limits: _SlotLimits,
-              child: dict, stopping: dict) -> str:
+def _run_task(
+    run_dir: str, sub: Path, job_id: str, t: int, devices: list[str], limits: _SlotLimits, child: dict, stopping: dict
+) -> str:
     """Attempts of task `t` until it is done, gives up, is killed or the slot is stopped; its last status."""
     timeouts = 0
     while True:
@@ -355,8 +395,16 @@ def _hold_devices(devices: list[str], stopping: dict) -> Iterator[bool]:
             os.close(fd)
 
 
-def _run_attempt(run_dir: str, sub: Path, job_id: str, task_id: int, devices: list[str], limits: _SlotLimits,
-                 child: dict, stopping: dict) -> int:
+def _run_attempt(
+    run_dir: str,
+    sub: Path,
+    job_id: str,
+    task_id: int,
+    devices: list[str],
+    limits: _SlotLimits,
+    child: dict,
+    stopping: dict,
+) -> int:
     """One attempt in a child process, held to the task's time limit; returns its exit status (-N: signal N)."""
     log = task_log(sub, task_id)
     cmd = [sys.executable, "-u", "-m", "eagle_batch.launch.run_task", run_dir, str(task_id), job_id, str(log)]
@@ -367,7 +415,7 @@ def _run_attempt(run_dir: str, sub: Path, job_id: str, task_id: int, devices: li
         child["p"] = p
         started = time.monotonic()
         warned = False
-        end_by: Optional[float] = None  # SIGTERM sent (limit or cancel): SIGKILL after the grace period
+        end_by: float | None = None  # SIGTERM sent (limit or cancel): SIGKILL after the grace period
         try:
             while True:
                 try:
@@ -377,8 +425,10 @@ def _run_attempt(run_dir: str, sub: Path, job_id: str, task_id: int, devices: li
                 now = time.monotonic()
                 if not warned and now - started >= limits.time_s - limits.signal_delay_s:
                     warned = True
-                    f.write(f"[eagle-batch] task {task_id}: the {limits.time_s / 60:g} min limit is "
-                            f"{limits.signal_delay_s:g} s away: SIGUSR2 (commit and stop)\n".encode())
+                    f.write(
+                        f"[eagle-batch] task {task_id}: the {limits.time_s / 60:g} min limit is "
+                        f"{limits.signal_delay_s:g} s away: SIGUSR2 (commit and stop)\n".encode()
+                    )
                     f.flush()
                     p.send_signal(signal.SIGUSR2)
                 if end_by is None and (now - started >= limits.time_s or stopping["signal"]):

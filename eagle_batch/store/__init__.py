@@ -7,19 +7,30 @@
 Format: docs/format.md; constants and the shard encoding: format.py.
 """
 
-from .format import LAYER_SEMANTICS
-from .reader import StoreDataset, TaskStore, open_dataset, read_record
-from .spec import (StoreCorruptError, StoreError, StoreLockedError, StoreMismatchError, StoreSpec)
-from .writer import TaskStoreWriter, committed_samples_of_shard, hidden_states_to_uint16
-
 # Imported eagerly, not through lazy wrappers: a wrapper named like its submodule is replaced by the module
 # object as soon as anything imports `eagle_batch.store.verify` (e.g. the writer's repair path), after which
 # `from eagle_batch.store import verify; verify(path)` raised "'module' object is not callable".
 from .aggregate import aggregate  # noqa: E402
+from .format import LAYER_SEMANTICS
+from .reader import StoreDataset, TaskStore, open_dataset, read_record
+from .spec import StoreCorruptError, StoreError, StoreLockedError, StoreMismatchError, StoreSpec
 from .verify import verify  # noqa: E402
+from .writer import TaskStoreWriter, committed_samples_of_shard, hidden_states_to_uint16
 
 __all__ = [
-    "LAYER_SEMANTICS", "StoreCorruptError", "StoreDataset", "StoreError", "StoreLockedError",
-    "StoreMismatchError", "StoreSpec", "TaskStore", "TaskStoreWriter", "aggregate", "committed_samples_of_shard",
-    "hidden_states_to_uint16", "open_dataset", "read_record", "verify",
+    "LAYER_SEMANTICS",
+    "StoreCorruptError",
+    "StoreDataset",
+    "StoreError",
+    "StoreLockedError",
+    "StoreMismatchError",
+    "StoreSpec",
+    "TaskStore",
+    "TaskStoreWriter",
+    "aggregate",
+    "committed_samples_of_shard",
+    "hidden_states_to_uint16",
+    "open_dataset",
+    "read_record",
+    "verify",
 ]

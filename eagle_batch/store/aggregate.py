@@ -27,8 +27,10 @@ def aggregate(run_dir, *, fsync: bool = True) -> dict:
     run = Path(run_dir)
     root = run / "stores"
     if not root.is_dir():
-        raise StoreError(f"{root} does not exist: {run} is not a run directory with extracted stores "
-                         "(run `eagle-batch extract` first).")
+        raise StoreError(
+            f"{root} does not exist: {run} is not a run directory with extracted stores "
+            "(run `eagle-batch extract` first)."
+        )
     entries, incomplete = [], []
     common: dict | None = None
     common_layout: dict | None = None
@@ -48,27 +50,39 @@ def aggregate(run_dir, *, fsync: bool = True) -> dict:
         else:
             bad = StoreSpec.from_attributes(attrs).mismatches(StoreSpec.from_attributes(common))
             if bad:
-                raise StoreMismatchError(f"{store} and {first} were extracted differently: " + "; ".join(bad) +
-                                         ". A run's stores must come from one model and config; re-extract the odd ones.")
+                raise StoreMismatchError(
+                    f"{store} and {first} were extracted differently: "
+                    + "; ".join(bad)
+                    + ". A run's stores must come from one model and config; re-extract the odd ones."
+                )
         # finalize() consolidated the array metadata into the root zarr.json: 2 small reads per store.
         consolidated = (root_meta.get("consolidated_metadata") or {}).get("metadata") or {}
         arrays = {n: consolidated.get(n) or json.loads((store / n / "zarr.json").read_bytes()) for n in TOKEN_ARRAYS}
         layout = {n: {k: v for k, v in m.items() if k != "shape"} for n, m in arrays.items()}
         if common_layout is None:
             common_layout = layout
-        entry = {"path": rel, "num_samples": int(done["num_samples"]), "num_tokens": int(done["num_tokens"]),
-                 "sample_start": samples, "token_start": tokens}
+        entry = {
+            "path": rel,
+            "num_samples": int(done["num_samples"]),
+            "num_tokens": int(done["num_tokens"]),
+            "sample_start": samples,
+            "token_start": tokens,
+        }
         if layout != common_layout:  # e.g. a store written with another codec: keep its own metadata
             entry["arrays"] = layout
         entries.append(entry)
         samples += int(done["num_samples"])
         tokens += int(done["num_tokens"])
-    index = {"format": INDEX_FORMAT, "format_version": 1,
-             "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-             "num_samples": samples, "num_tokens": tokens, "attributes": common or {},
-             "arrays": common_layout or {},  # array metadata (less shape) shared by the stores without their own
-             "stores": entries, "incomplete": incomplete}
+    index = {
+        "format": INDEX_FORMAT,
+        "format_version": 1,
+        "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        "num_samples": samples,
+        "num_tokens": tokens,
+        "attributes": common or {},
+        "arrays": common_layout or {},  # array metadata (less shape) shared by the stores without their own
+        "stores": entries,
+        "incomplete": incomplete,
+    }
     write_json_atomic(run / DATASET_NAME, index, fsync)
     return index
-
-

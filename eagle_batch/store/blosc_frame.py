@@ -71,8 +71,7 @@ class _Zstd:
         self.set.argtypes = [ctypes.c_void_p, ctypes.c_int, ctypes.c_int]
         self.set.restype = ctypes.c_size_t
         self.compress2 = lib.ZSTD_compress2  # ctypes drops the GIL for the call
-        self.compress2.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_size_t, ctypes.c_void_p,
-                                   ctypes.c_size_t]
+        self.compress2.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_size_t, ctypes.c_void_p, ctypes.c_size_t]
         self.compress2.restype = ctypes.c_size_t
 
 
@@ -113,8 +112,7 @@ class BloscFrameWriter:
     `encode(chunk, out)` writes one frame into `out` (at least `len(chunk bytes) + 16` bytes) and returns
     its length; safe to call from many threads at once (each gets its own zstd context)."""
 
-    def __init__(self, blocksize: int | None, typesize: int, params: dict[int, int] | None = None, *,
-                 level: int = 1):
+    def __init__(self, blocksize: int | None, typesize: int, params: dict[int, int] | None = None, *, level: int = 1):
         from numcodecs import blosc
 
         self.typesize = typesize
@@ -147,8 +145,9 @@ class BloscFrameWriter:
         if flags & FLAG_MEMCPYED:  # c-blosc does not compress chunks this small (< 128 bytes): neither do we
             prefix = None
         elif flags & FLAG_BITSHUFFLE or not flags & FLAG_SHUFFLE or (flags >> 5) != ZSTD_FORMAT:
-            raise ValueError(f"c-blosc's reference frame for {nbytes} bytes is not a byte-shuffled zstd frame "
-                             f"(flags {flags:#x})")
+            raise ValueError(
+                f"c-blosc's reference frame for {nbytes} bytes is not a byte-shuffled zstd frame (flags {flags:#x})"
+            )
         else:
             prefix = bytes([version, versionlz, (flags | FLAG_DONT_SPLIT) & ~FLAG_MEMCPYED, typesize])
         info = (prefix, raw_header, blocksize)
@@ -170,7 +169,7 @@ class BloscFrameWriter:
         blocks = self._shuffle_blocks(src, bs, ctx)
         zstd, dst = self._zstd, out.ctypes.data
         for b in range(nblocks):
-            shuffled = blocks[b * bs:min(n, (b + 1) * bs)]
+            shuffled = blocks[b * bs : min(n, (b + 1) * bs)]
             size = shuffled.nbytes
             bstarts[b] = pos
             room = min(size - 1, end - pos - 4)  # a stream as long as its block means "stored"
@@ -178,13 +177,13 @@ class BloscFrameWriter:
             if got is None or zstd_is_error(got):  # zstd could not make it smaller (dstSize_tooSmall): store it
                 if pos + 4 + size > end:
                     return self._memcpyed(src, memcpyed_header, out)
-                out[pos + 4:pos + 4 + size] = shuffled
+                out[pos + 4 : pos + 4 + size] = shuffled
                 got = size
             struct.pack_into("<i", out, pos, got)
             pos += 4 + got
         out[:4] = np.frombuffer(prefix, np.uint8)
         struct.pack_into("<iii", out, 4, n, bs, pos)
-        out[OVERHEAD:OVERHEAD + 4 * nblocks] = bstarts.view(np.uint8)
+        out[OVERHEAD : OVERHEAD + 4 * nblocks] = bstarts.view(np.uint8)
         return pos
 
     def _shuffle_blocks(self, src: np.ndarray, bs: int, ctx: _Context) -> np.ndarray:
@@ -197,9 +196,9 @@ class BloscFrameWriter:
         out = ctx.shuffled[:n]
         k = n // bs
         if k:
-            self._shuffle_rows(src[:k * bs].reshape(k, bs), out[:k * bs].reshape(k, bs))
+            self._shuffle_rows(src[: k * bs].reshape(k, bs), out[: k * bs].reshape(k, bs))
         if n > k * bs:
-            self._shuffle_rows(src[k * bs:].reshape(1, -1), out[k * bs:].reshape(1, -1))
+            self._shuffle_rows(src[k * bs :].reshape(1, -1), out[k * bs :].reshape(1, -1))
         return out
 
     def _shuffle_rows(self, rows: np.ndarray, out: np.ndarray) -> None:
@@ -210,18 +209,18 @@ class BloscFrameWriter:
             np.copyto(out, rows)
             return
         if t == 2:  # a cast and a shift run at memory speed; a strided byte copy is ~3x slower
-            words = rows[:, :2 * m].view("<u2")
+            words = rows[:, : 2 * m].view("<u2")
             np.copyto(out[:, :m], words, casting="unsafe")  # low bytes
-            np.right_shift(words, 8, out=out[:, m:2 * m], casting="unsafe")  # high bytes
+            np.right_shift(words, 8, out=out[:, m : 2 * m], casting="unsafe")  # high bytes
         else:
-            np.copyto(out[:, :m * t].reshape(-1, t, m), rows[:, :m * t].reshape(-1, m, t).transpose(0, 2, 1))
+            np.copyto(out[:, : m * t].reshape(-1, t, m), rows[:, : m * t].reshape(-1, m, t).transpose(0, 2, 1))
         if size > m * t:
-            np.copyto(out[:, m * t:], rows[:, m * t:])
+            np.copyto(out[:, m * t :], rows[:, m * t :])
 
     @staticmethod
     def _memcpyed(src: np.ndarray, header: bytes, out: np.ndarray) -> int:
         out[:OVERHEAD] = np.frombuffer(header, np.uint8)
-        out[OVERHEAD:OVERHEAD + src.nbytes] = src
+        out[OVERHEAD : OVERHEAD + src.nbytes] = src
         return OVERHEAD + src.nbytes
 
 

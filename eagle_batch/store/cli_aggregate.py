@@ -10,8 +10,9 @@ import time
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("run_dir", help="run directory (holds stores/)")
-    p.add_argument("--require-all", action="store_true",
-                   help="exit 1 if any task store is incomplete (the index is still written)")
+    p.add_argument(
+        "--require-all", action="store_true", help="exit 1 if any task store is incomplete (the index is still written)"
+    )
     p.add_argument("--json", action="store_true", help="print a JSON summary instead of text")
 
 
@@ -28,20 +29,37 @@ def run(args: argparse.Namespace) -> int:
     seconds = time.perf_counter() - t0
     n_ok, inc = len(index["stores"]), index["incomplete"]
     if args.json:
-        print(json.dumps({"run_dir": args.run_dir, "complete_stores": n_ok, "num_samples": index["num_samples"],
-                          "num_tokens": index["num_tokens"], "incomplete": inc, "seconds": round(seconds, 4)}))
+        print(
+            json.dumps(
+                {
+                    "run_dir": args.run_dir,
+                    "complete_stores": n_ok,
+                    "num_samples": index["num_samples"],
+                    "num_tokens": index["num_tokens"],
+                    "incomplete": inc,
+                    "seconds": round(seconds, 4),
+                }
+            )
+        )
     else:
-        print(f"{args.run_dir}/dataset.json: {n_ok} complete store(s), {index['num_samples']} samples, "
-              f"{index['num_tokens']} tokens ({seconds:.2f} s)")
+        print(
+            f"{args.run_dir}/dataset.json: {n_ok} complete store(s), {index['num_samples']} samples, "
+            f"{index['num_tokens']} tokens ({seconds:.2f} s)"
+        )
         for e in inc:
-            print(f"incomplete: {e['path']} ({e['committed_samples']} samples committed); "
-                  "run `eagle-batch resume RUN` to finish it, then aggregate again", file=sys.stderr)
+            print(
+                f"incomplete: {e['path']} ({e['committed_samples']} samples committed); "
+                "run `eagle-batch resume RUN` to finish it, then aggregate again",
+                file=sys.stderr,
+            )
     if n_ok == 0:
         print(f"eagle-batch aggregate: no complete task store under {args.run_dir}/stores", file=sys.stderr)
         return 1
     if index["num_samples"] == 0:
-        print(f"eagle-batch aggregate: the {n_ok} complete task store(s) under {args.run_dir}/stores hold no "
-              "samples: nothing was extracted (was the prepared data empty? see RUN/prepared/summary.json)",
-              file=sys.stderr)
+        print(
+            f"eagle-batch aggregate: the {n_ok} complete task store(s) under {args.run_dir}/stores hold no "
+            "samples: nothing was extracted (was the prepared data empty? see RUN/prepared/summary.json)",
+            file=sys.stderr,
+        )
         return 1
     return 1 if (inc and args.require_all) else 0

@@ -10,14 +10,17 @@ from pathlib import Path
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("path", help="a task store (RUN/stores/task-00000.zarr) or a run directory")
-    p.add_argument("--no-values", action="store_true",
-                   help="check files and checksums only; skip decoding (faster; no NaN/Inf or raw-crc checks)")
+    p.add_argument(
+        "--no-values",
+        action="store_true",
+        help="check files and checksums only; skip decoding (faster; no NaN/Inf or raw-crc checks)",
+    )
     p.add_argument("--json", action="store_true", help="print the problems as one JSON object")
 
 
 def run(args: argparse.Namespace) -> int:
-    from .spec import StoreError
     from .format import committed_samples
+    from .spec import StoreError
     from .verify import store_paths, verify
 
     try:
@@ -28,21 +31,35 @@ def run(args: argparse.Namespace) -> int:
         return 2
     samples = sum(committed_samples(s) for s in stores)
     if args.json:
-        print(json.dumps({"path": args.path, "stores": len(stores), "ok": not problems,
-                          "problems": [p.to_dict() for p in problems]}))
+        print(
+            json.dumps(
+                {
+                    "path": args.path,
+                    "stores": len(stores),
+                    "ok": not problems,
+                    "problems": [p.to_dict() for p in problems],
+                }
+            )
+        )
     else:
         for p in problems:
             print(p)
         if problems:
             damaged = sorted({p.store for p in problems})
-            print(f"{len(problems)} problem(s) in {len(damaged)} of {len(stores)} store(s). Stray files go away when "
-                  "the store is reopened for writing (`eagle-batch resume`); damaged shards need "
-                  "`eagle-batch resume --repair` (recomputes the samples listed) or deleting the store.",
-                  file=sys.stderr)
+            print(
+                f"{len(problems)} problem(s) in {len(damaged)} of {len(stores)} store(s). Stray files go away when "
+                "the store is reopened for writing (`eagle-batch resume`); damaged shards need "
+                "`eagle-batch resume --repair` (recomputes the samples listed) or deleting the store.",
+                file=sys.stderr,
+            )
         elif samples == 0:
-            print(f"eagle-batch verify: {args.path}: " + (f"the {len(stores)} store(s) hold no committed samples"
-                  if stores else "no task store") + ": nothing to verify (nothing was extracted; see "
-                  "`eagle-batch status RUN`)", file=sys.stderr)
+            print(
+                f"eagle-batch verify: {args.path}: "
+                + (f"the {len(stores)} store(s) hold no committed samples" if stores else "no task store")
+                + ": nothing to verify (nothing was extracted; see "
+                "`eagle-batch status RUN`)",
+                file=sys.stderr,
+            )
         else:
             print(f"OK: {len(stores)} store(s), {samples} samples verified")
     return 1 if problems or samples == 0 else 0

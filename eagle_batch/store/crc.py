@@ -10,7 +10,7 @@ from __future__ import annotations
 from functools import lru_cache
 
 _POLY = 0x82F63B78  # crc32c, bit-reflected
-_X0 = 1 << 31       # the polynomial "1" in reflected order
+_X0 = 1 << 31  # the polynomial "1" in reflected order
 
 
 def _multmodp(a: int, b: int) -> int:

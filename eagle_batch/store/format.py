@@ -14,9 +14,10 @@ import errno
 import json
 import os
 import uuid
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import ClassVar, Sequence
+from typing import ClassVar
 
 import crc32c
 import ml_dtypes
@@ -46,10 +47,12 @@ LAYER_SEMANTICS = (
 
 # --- bfloat16 as a Zarr v3 data type (zarr-extensions name "bfloat16", also read by TensorStore) -----
 
+
 def _register_bfloat16() -> None:
+    from dataclasses import dataclass as _dc
+
     from zarr.core.dtype import data_type_registry
     from zarr.core.dtype.npy.float import BaseFloat
-    from dataclasses import dataclass as _dc
 
     if "bfloat16" in data_type_registry.contents:
         return
@@ -111,9 +114,18 @@ class Codec:
     def zarr_codecs(self, itemsize: int) -> list[dict]:
         out: list[dict] = [{"name": "bytes", "configuration": {"endian": "little"}}]
         if self.name == "blosc-zstd":
-            out.append({"name": "blosc", "configuration": {
-                "typesize": itemsize, "cname": "zstd", "clevel": self.level, "shuffle": "shuffle",
-                "blocksize": self.blocksize}})
+            out.append(
+                {
+                    "name": "blosc",
+                    "configuration": {
+                        "typesize": itemsize,
+                        "cname": "zstd",
+                        "clevel": self.level,
+                        "shuffle": "shuffle",
+                        "blocksize": self.blocksize,
+                    },
+                }
+            )
         elif self.name == "zstd":
             out.append({"name": "zstd", "configuration": {"level": self.level, "checksum": False}})
         return out
@@ -140,6 +152,7 @@ def make_decoder(codec: Codec):
 
 
 # --- shard layout -------------------------------------------------------------------------------
+
 
 @dataclass(frozen=True)
 class ArrayLayout:
@@ -180,11 +193,17 @@ class ArrayLayout:
             "chunk_grid": {"name": "regular", "configuration": {"chunk_shape": [self.shard_tokens, *self.row_shape]}},
             "chunk_key_encoding": {"name": "default", "configuration": {"separator": "/"}},
             "fill_value": 0.0 if dtype == "bfloat16" else 0,
-            "codecs": [{"name": "sharding_indexed", "configuration": {
-                "chunk_shape": [self.chunk_tokens, *self.row_shape],
-                "codecs": self.codec.zarr_codecs(self.np_dtype.itemsize),
-                "index_codecs": [{"name": "bytes", "configuration": {"endian": "little"}}, {"name": "crc32c"}],
-                "index_location": "end"}}],
+            "codecs": [
+                {
+                    "name": "sharding_indexed",
+                    "configuration": {
+                        "chunk_shape": [self.chunk_tokens, *self.row_shape],
+                        "codecs": self.codec.zarr_codecs(self.np_dtype.itemsize),
+                        "index_codecs": [{"name": "bytes", "configuration": {"endian": "little"}}, {"name": "crc32c"}],
+                        "index_location": "end",
+                    },
+                }
+            ],
             "attributes": {},
             "zarr_format": 3,
             "node_type": "array",
@@ -198,8 +217,13 @@ class ArrayLayout:
         if sharding["name"] != "sharding_indexed":
             raise ValueError(f"{name}/zarr.json: expected a sharding_indexed codec, found {sharding['name']}")
         cfg = sharding["configuration"]
-        return cls(name, tuple(int(x) for x in shard_shape[1:]), int(cfg["chunk_shape"][0]), int(shard_shape[0]),
-                   Codec.from_zarr_codecs(cfg["codecs"]))
+        return cls(
+            name,
+            tuple(int(x) for x in shard_shape[1:]),
+            int(cfg["chunk_shape"][0]),
+            int(shard_shape[0]),
+            Codec.from_zarr_codecs(cfg["codecs"]),
+        )
 
 
 def encode_index(offsets_nbytes: np.ndarray) -> bytes:
@@ -220,6 +244,7 @@ class ShardError(ValueError):
 
 
 # --- durable file operations --------------------------------------------------------------------
+
 
 def committed_samples(store: Path) -> int:
     """Samples in a task store's committed record (0 when it has none yet or cannot be read)."""
@@ -250,7 +275,7 @@ def _write_all(fd: int, views: list[memoryview]) -> None:
     GIL once, not once per piece, which matters with many busy threads in one process."""
     i = 0
     while i < len(views):
-        n = os.writev(fd, views[i:i + _IOV_MAX])
+        n = os.writev(fd, views[i : i + _IOV_MAX])
         while n:
             if n >= len(views[i]):
                 n -= len(views[i])
@@ -260,8 +285,7 @@ def _write_all(fd: int, views: list[memoryview]) -> None:
                 n = 0
 
 
-def write_atomic(path: Path, pieces: Sequence[bytes | memoryview], fsync: bool = True,
-                 sync_dir: bool = True) -> None:
+def write_atomic(path: Path, pieces: Sequence[bytes | memoryview], fsync: bool = True, sync_dir: bool = True) -> None:
     """Write `pieces` to `path` via a `.partial` file and rename; with fsync, durable on return.
 
     sync_dir=False leaves the rename's directory entry to the caller's fsync_dir (batched per commit)."""
@@ -289,10 +313,12 @@ def no_space_error(path: Path, e: OSError):
 
     store = next((p for p in (path, *path.parents) if p.suffix == ".zarr"), path.parent)
     what = "quota exceeded" if e.errno == errno.EDQUOT else "no space left on device"
-    return StoreError(f"{store}: {what} while writing {path.relative_to(store) if store in path.parents else path}. "
-                      "Everything committed before is intact (this write was not committed). Free space on that "
-                      f"file system (`df -h {store.parent}`) or raise the quota, then resume the task "
-                      "(`eagle-batch resume RUN`): it continues from its last commit.")
+    return StoreError(
+        f"{store}: {what} while writing {path.relative_to(store) if store in path.parents else path}. "
+        "Everything committed before is intact (this write was not committed). Free space on that "
+        f"file system (`df -h {store.parent}`) or raise the quota, then resume the task "
+        "(`eagle-batch resume RUN`): it continues from its last commit."
+    )
 
 
 def write_json_atomic(path: Path, obj, fsync: bool = True) -> None:

@@ -17,13 +17,23 @@ import bisect
 import json
 import os
 from collections import OrderedDict
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
 import numpy as np
 
-from .format import (COMPLETE_NAME, EMPTY, FORMAT_NAME, PROGRESS_NAME, TOKEN_ARRAYS, ArrayLayout, ShardError,
-                     decode_index, make_decoder)
+from .format import (
+    COMPLETE_NAME,
+    EMPTY,
+    FORMAT_NAME,
+    PROGRESS_NAME,
+    TOKEN_ARRAYS,
+    ArrayLayout,
+    ShardError,
+    decode_index,
+    make_decoder,
+)
 from .spec import StoreCorruptError, StoreError, StoreSpec
 
 DATASET_NAME = "dataset.json"
@@ -89,8 +99,10 @@ class TaskStore:
         self._offsets = np.zeros(len(lengths) + 1, np.int64)
         np.cumsum(lengths, out=self._offsets[1:])
         if int(self._offsets[-1]) != int(self.record["num_tokens"]):
-            raise StoreCorruptError(f"{self.path / PROGRESS_NAME}: lengths sum to {self._offsets[-1]} but "
-                                    f"num_tokens is {self.record['num_tokens']}; run `eagle-batch verify`.")
+            raise StoreCorruptError(
+                f"{self.path / PROGRESS_NAME}: lengths sum to {self._offsets[-1]} but "
+                f"num_tokens is {self.record['num_tokens']}; run `eagle-batch verify`."
+            )
         self._shards: OrderedDict[tuple[str, int], tuple[int, np.ndarray]] = OrderedDict()
 
     # ----- metadata -----
@@ -140,8 +152,9 @@ class TaskStore:
         try:
             fd = os.open(f, os.O_RDONLY)
         except FileNotFoundError:
-            raise StoreCorruptError(f"{f} is missing but the committed record covers it; run "
-                                    f"`eagle-batch verify {self.path}`.") from None
+            raise StoreCorruptError(
+                f"{f} is missing but the committed record covers it; run `eagle-batch verify {self.path}`."
+            ) from None
         size = os.fstat(fd).st_size
         n = lay.index_nbytes()
         try:
@@ -162,7 +175,9 @@ class TaskStore:
         (positions along axis 1)."""
         self._ensure()
         if not 0 <= start <= stop <= self.num_tokens:
-            raise IndexError(f"token range [{start}, {stop}) outside the {self.num_tokens} committed tokens of {self.path}")
+            raise IndexError(
+                f"token range [{start}, {stop}) outside the {self.num_tokens} committed tokens of {self.path}"
+            )
         lay = self.layouts[name]
         row_shape = lay.row_shape
         if layers is not None:
@@ -177,25 +192,29 @@ class TaskStore:
             e = min(stop, s0 + S)
             fd, index = self._shard(name, k)
             c0, c1 = (t - s0) // C, (e - 1 - s0) // C
-            sel = index[c0:c1 + 1]
+            sel = index[c0 : c1 + 1]
             if (sel[:, 0] == EMPTY).any():
-                raise StoreCorruptError(f"{lay.shard_path(self.path, k)}: an inner chunk the committed record "
-                                        f"covers is absent; run `eagle-batch verify {self.path}`.")
+                raise StoreCorruptError(
+                    f"{lay.shard_path(self.path, k)}: an inner chunk the committed record "
+                    f"covers is absent; run `eagle-batch verify {self.path}`."
+                )
             first, last_end = int(sel[0, 0]), int(sel[-1, 0] + sel[-1, 1])
             contiguous = bool((sel[1:, 0] == sel[:-1, 0] + sel[:-1, 1]).all())
             blob = os.pread(fd, last_end - first, first) if contiguous else None
             for j, c in enumerate(range(c0, c1 + 1)):
                 off, nb = int(sel[j, 0]), int(sel[j, 1])
-                enc = blob[off - first:off - first + nb] if contiguous else os.pread(fd, nb, off)
+                enc = blob[off - first : off - first + nb] if contiguous else os.pread(fd, nb, off)
                 if len(enc) != nb:
-                    raise StoreCorruptError(f"{lay.shard_path(self.path, k)} is truncated; run `eagle-batch verify {self.path}`.")
+                    raise StoreCorruptError(
+                        f"{lay.shard_path(self.path, k)} is truncated; run `eagle-batch verify {self.path}`."
+                    )
                 chunk = np.frombuffer(dec(enc), lay.np_dtype).reshape(C, *lay.row_shape)
                 cs = s0 + c * C  # first token of this chunk
                 r0, r1 = max(t, cs), min(e, cs + C)
-                part = chunk[r0 - cs:r1 - cs]
+                part = chunk[r0 - cs : r1 - cs]
                 if layers is not None:
                     part = part[:, layers]
-                out[r0 - start:r1 - start] = part
+                out[r0 - start : r1 - start] = part
             t = e
         return out
 
@@ -208,17 +227,23 @@ class TaskStore:
         if not 0 <= i < n:
             raise IndexError(f"sample {i} out of range: {self.path} has {n} committed samples")
         a, b = int(self._offsets[i]), int(self._offsets[i + 1])
-        return {"input_ids": self.read_rows("input_ids", a, b), "loss_mask": self.read_rows("loss_mask", a, b),
-                "hidden_states": self.read_rows("hidden_states", a, b, layers), "sample_id": self.sample_ids[i]}
+        return {
+            "input_ids": self.read_rows("input_ids", a, b),
+            "loss_mask": self.read_rows("loss_mask", a, b),
+            "hidden_states": self.read_rows("hidden_states", a, b, layers),
+            "sample_id": self.sample_ids[i],
+        }
 
     def get(self, i: int, layers: Sequence[int] | None = None) -> dict[str, Any]:
         import torch
 
         x = self.sample_arrays(i, layers)
-        return {"input_ids": torch.from_numpy(x["input_ids"].astype(np.int64)),
-                "loss_mask": torch.from_numpy(x["loss_mask"]),
-                "hidden_states": torch.from_numpy(x["hidden_states"]).view(torch.bfloat16),
-                "sample_id": x["sample_id"]}
+        return {
+            "input_ids": torch.from_numpy(x["input_ids"].astype(np.int64)),
+            "loss_mask": torch.from_numpy(x["loss_mask"]),
+            "hidden_states": torch.from_numpy(x["hidden_states"]).view(torch.bfloat16),
+            "sample_id": x["sample_id"],
+        }
 
     def __getitem__(self, i: int) -> dict[str, Any]:
         return self.get(i)
@@ -244,8 +269,9 @@ class StoreDataset:  # a map-style dataset for torch's DataLoader (no torch impo
     `layer_ids` (default: every stored layer, in stored order); sample_id: str.
     """
 
-    def __init__(self, stores: Sequence[TaskStore], counts: Sequence[int] | None = None,
-                 layer_ids: Sequence[int] | None = None):
+    def __init__(
+        self, stores: Sequence[TaskStore], counts: Sequence[int] | None = None, layer_ids: Sequence[int] | None = None
+    ):
         self.stores = list(stores)
         counts = [len(s) for s in self.stores] if counts is None else list(counts)
         self._cum = np.concatenate([[0], np.cumsum(counts, dtype=np.int64)]).tolist()
@@ -281,8 +307,10 @@ class StoreDataset:  # a map-style dataset for torch's DataLoader (no torch impo
         if self._layer_ids is not None:
             return self._layer_ids
         if not self.stores:
-            raise StoreError("this dataset has no task store, so no layer ids; aggregate a run whose "
-                             "extraction finished (`eagle-batch status RUN`)")
+            raise StoreError(
+                "this dataset has no task store, so no layer ids; aggregate a run whose "
+                "extraction finished (`eagle-batch status RUN`)"
+            )
         return list(self.stores[0].layer_ids)
 
     def with_layers(self, layer_ids: Sequence[int]) -> "StoreDataset":
@@ -311,8 +339,13 @@ def open_dataset(path: str | os.PathLike, layer_ids: Sequence[int] | None = None
         index = _load_json(p / DATASET_NAME, "the aggregate index; rerun `eagle-batch aggregate`")
         stores, counts = [], []
         for entry in index["stores"]:
-            stores.append(TaskStore(p / entry["path"], metas=entry.get("arrays") or index.get("arrays") or None,
-                                    attrs=index.get("attributes")))
+            stores.append(
+                TaskStore(
+                    p / entry["path"],
+                    metas=entry.get("arrays") or index.get("arrays") or None,
+                    attrs=index.get("attributes"),
+                )
+            )
             counts.append(int(entry["num_samples"]))
         return StoreDataset(stores, counts, layer_ids)
     if (p / PROGRESS_NAME).is_file():

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from eagle_batch.errors import UserError
-
 import fcntl
 import json
 import os
@@ -12,6 +10,8 @@ import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
+
+from eagle_batch.errors import UserError
 
 from .format import LAYER_SEMANTICS, LOCK_NAME
 
@@ -82,16 +82,24 @@ class StoreSpec:
         from eagle_batch.config import config_hash
 
         m = cfg.model
-        return cls(layer_ids=list(layer_ids), hidden_size=hidden_size,
-                   model_name=m.name or Path(m.path).name, model_revision=m.revision,
-                   tokenizer=m.tokenizer or m.path, config_hash=config_hash(cfg))
+        return cls(
+            layer_ids=list(layer_ids),
+            hidden_size=hidden_size,
+            model_name=m.name or Path(m.path).name,
+            model_revision=m.revision,
+            tokenizer=m.tokenizer or m.path,
+            config_hash=config_hash(cfg),
+        )
 
     # Fields that must agree between an existing store and a writer resuming it.
     IDENTITY = ("layer_ids", "hidden_size", "dtype", "model_name", "model_revision", "config_hash")
 
     def mismatches(self, other: "StoreSpec") -> list[str]:
-        return [f"{k}: store has {getattr(other, k)!r}, writer has {getattr(self, k)!r}"
-                for k in self.IDENTITY if getattr(self, k) != getattr(other, k)]
+        return [
+            f"{k}: store has {getattr(other, k)!r}, writer has {getattr(self, k)!r}"
+            for k in self.IDENTITY
+            if getattr(self, k) != getattr(other, k)
+        ]
 
 
 def holder_info() -> dict[str, Any]:
@@ -99,8 +107,12 @@ def holder_info() -> dict[str, Any]:
     job = env.get("SLURM_JOB_ID", "")
     if env.get("SLURM_ARRAY_JOB_ID"):
         job = f"{env['SLURM_ARRAY_JOB_ID']}_{env.get('SLURM_ARRAY_TASK_ID', '')} (job id {job})"
-    return {"host": socket.gethostname(), "pid": os.getpid(), "slurm_job": job,
-            "since": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
+    return {
+        "host": socket.gethostname(),
+        "pid": os.getpid(),
+        "slurm_job": job,
+        "since": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+    }
 
 
 class StoreLock:
@@ -121,12 +133,15 @@ class StoreLock:
             except ValueError:
                 holder = {}
             os.close(self.fd)
-            who = (f"host {holder.get('host', '?')}, pid {holder.get('pid', '?')}, "
-                   f"Slurm job {holder.get('slurm_job') or 'none'}, since {holder.get('since', '?')}")
+            who = (
+                f"host {holder.get('host', '?')}, pid {holder.get('pid', '?')}, "
+                f"Slurm job {holder.get('slurm_job') or 'none'}, since {holder.get('since', '?')}"
+            )
             raise StoreLockedError(
                 f"{store} is being written by another process ({who}). Only one writer per store is "
                 "allowed: wait for that task to finish, or cancel it (`scancel JOB` / kill the pid) and "
-                "retry; the lock is released automatically when the holder exits.") from None
+                "retry; the lock is released automatically when the holder exits."
+            ) from None
         os.ftruncate(self.fd, 0)
         os.pwrite(self.fd, json.dumps(holder_info()).encode(), 0)
 

@@ -38,8 +38,9 @@ class StoreTrace:
 
     def event(self, ev: str, t0: float, **fields) -> None:
         if self.folder is not None:
-            self.events.append(dict(ev=ev, t0=t0, t=time.perf_counter(), thread=threading.current_thread().name,
-                                    **fields))
+            self.events.append(
+                dict(ev=ev, t0=t0, t=time.perf_counter(), thread=threading.current_thread().name, **fields)
+            )
 
     def _sample_gil(self, nap: float = 0.001, every: float = 0.1) -> None:
         late: list[float] = []
@@ -50,8 +51,17 @@ class StoreTrace:
             now = time.perf_counter()
             late.append(now - t - nap)
             if now - t_window >= every:
-                self.events.append(dict(ev="gil", t0=t_window, t=now, thread="store-trace-gil", n=len(late),
-                                        late_ms=1e3 * sum(late) / len(late), late_max_ms=1e3 * max(late)))
+                self.events.append(
+                    dict(
+                        ev="gil",
+                        t0=t_window,
+                        t=now,
+                        thread="store-trace-gil",
+                        n=len(late),
+                        late_ms=1e3 * sum(late) / len(late),
+                        late_max_ms=1e3 * max(late),
+                    )
+                )
                 late, t_window = [], now
 
     def dump(self) -> Path | None:

@@ -18,8 +18,18 @@ from pathlib import Path
 import crc32c
 import numpy as np
 
-from .format import (ARRAY_DTYPES, COMPLETE_NAME, EMPTY, PARTIAL_SUFFIX, PROGRESS_NAME, TOKEN_ARRAYS, ArrayLayout,
-                     ShardError, decode_index, make_decoder)
+from .format import (
+    ARRAY_DTYPES,
+    COMPLETE_NAME,
+    EMPTY,
+    PARTIAL_SUFFIX,
+    PROGRESS_NAME,
+    TOKEN_ARRAYS,
+    ArrayLayout,
+    ShardError,
+    decode_index,
+    make_decoder,
+)
 from .reader import DATASET_NAME, read_attrs, read_record
 from .spec import StoreError, StoreSpec
 from .writer import committed_samples_of_shard
@@ -84,12 +94,20 @@ def _verify_dataset_index(run: Path) -> list[Problem]:
         try:
             done = json.loads((p / COMPLETE_NAME).read_text())
         except (OSError, ValueError):
-            out.append(Problem(str(p), "index", f"listed in {DATASET_NAME} but not complete; rerun `eagle-batch aggregate`"))
+            out.append(
+                Problem(str(p), "index", f"listed in {DATASET_NAME} but not complete; rerun `eagle-batch aggregate`")
+            )
             continue
         if done.get("num_samples") != entry.get("num_samples") or done.get("num_tokens") != entry.get("num_tokens"):
-            out.append(Problem(str(p), "index", f"{DATASET_NAME} says {entry.get('num_samples')} samples / "
-                                                f"{entry.get('num_tokens')} tokens, the store {done.get('num_samples')} / "
-                                                f"{done.get('num_tokens')}; rerun `eagle-batch aggregate {run}`"))
+            out.append(
+                Problem(
+                    str(p),
+                    "index",
+                    f"{DATASET_NAME} says {entry.get('num_samples')} samples / "
+                    f"{entry.get('num_tokens')} tokens, the store {done.get('num_samples')} / "
+                    f"{done.get('num_tokens')}; rerun `eagle-batch aggregate {run}`",
+                )
+            )
     return out
 
 
@@ -109,7 +127,9 @@ def verify_store(store: Path, check_values: bool = True) -> list[Problem]:
     n, t = record.get("num_samples"), record.get("num_tokens")
     ids, lengths = record.get("sample_ids", []), record.get("lengths", [])
     if not (len(ids) == len(lengths) == n):
-        out.append(Problem(S, "record", f"{PROGRESS_NAME}: num_samples={n} but {len(ids)} ids and {len(lengths)} lengths"))
+        out.append(
+            Problem(S, "record", f"{PROGRESS_NAME}: num_samples={n} but {len(ids)} ids and {len(lengths)} lengths")
+        )
     if sum(lengths) != t:
         out.append(Problem(S, "record", f"{PROGRESS_NAME}: lengths sum to {sum(lengths)}, num_tokens is {t}"))
     if len(set(ids)) != len(ids):
@@ -128,24 +148,40 @@ def verify_store(store: Path, check_values: bool = True) -> list[Problem]:
             out.append(Problem(S, "metadata", f"{mp}: {e}", array=name))
             continue
         if meta.get("data_type") != ARRAY_DTYPES[name]:
-            out.append(Problem(S, "metadata", f"data_type {meta.get('data_type')!r}, expected {ARRAY_DTYPES[name]!r}", array=name))
+            out.append(
+                Problem(
+                    S, "metadata", f"data_type {meta.get('data_type')!r}, expected {ARRAY_DTYPES[name]!r}", array=name
+                )
+            )
         want_rows = (spec.num_layers, spec.hidden_size) if name == "hidden_states" else ()
         if lay.row_shape != want_rows:
             out.append(Problem(S, "metadata", f"row shape {lay.row_shape}, attributes say {want_rows}", array=name))
         if meta["shape"][0] > t:
-            out.append(Problem(S, "metadata", f"shape {meta['shape'][0]} covers more than the {t} committed tokens "
-                                              "(zarr would read zeros there)", array=name))
+            out.append(
+                Problem(
+                    S,
+                    "metadata",
+                    f"shape {meta['shape'][0]} covers more than the {t} committed tokens (zarr would read zeros there)",
+                    array=name,
+                )
+            )
     if set(layouts) != set(TOKEN_ARRAYS):
         return out
 
     # Shards.
-    for name, lay in layouts.items():
+    for lay in layouts.values():
         out += _verify_shards(store, record, lay, check_values)
 
     # Files nobody committed.
     for f in sorted(store.rglob("*" + PARTIAL_SUFFIX)):
-        out.append(Problem(S, "stray", "temporary file of an interrupted write; reopening the store for "
-                                       "writing removes it", file=str(f.relative_to(store))))
+        out.append(
+            Problem(
+                S,
+                "stray",
+                "temporary file of an interrupted write; reopening the store for writing removes it",
+                file=str(f.relative_to(store)),
+            )
+        )
 
     # Finalized stores.
     if (store / COMPLETE_NAME).is_file():
@@ -155,9 +191,16 @@ def verify_store(store: Path, check_values: bool = True) -> list[Problem]:
 
 def _shard_problem(store: Path, record: dict, lay: ArrayLayout, k: int, kind: str, msg: str) -> Problem:
     samples = committed_samples_of_shard(record, lay.shard_tokens, k)
-    return Problem(str(store), kind, msg, array=lay.name, shard=k,
-                   file=str(lay.shard_path(store, k).relative_to(store)), samples=samples,
-                   sample_ids=[record["sample_ids"][i] for i in samples if i < len(record["sample_ids"])])
+    return Problem(
+        str(store),
+        kind,
+        msg,
+        array=lay.name,
+        shard=k,
+        file=str(lay.shard_path(store, k).relative_to(store)),
+        samples=samples,
+        sample_ids=[record["sample_ids"][i] for i in samples if i < len(record["sample_ids"])],
+    )
 
 
 def _verify_shards(store: Path, record: dict, lay: ArrayLayout, check_values: bool) -> list[Problem]:
@@ -169,9 +212,17 @@ def _verify_shards(store: Path, record: dict, lay: ArrayLayout, check_values: bo
         want_tokens = min(lay.shard_tokens, t - k * lay.shard_tokens)
         info = table.get(k)
         if info is None or info["tokens"] != want_tokens:
-            out.append(_shard_problem(store, record, lay, k, "record",
-                                      f"the record covers {want_tokens} tokens here but its shard table has "
-                                      f"{'no entry' if info is None else info['tokens']}"))
+            out.append(
+                _shard_problem(
+                    store,
+                    record,
+                    lay,
+                    k,
+                    "record",
+                    f"the record covers {want_tokens} tokens here but its shard table has "
+                    f"{'no entry' if info is None else info['tokens']}",
+                )
+            )
             continue
         f = lay.shard_path(store, k)
         if not f.is_file():
@@ -183,15 +234,31 @@ def _verify_shards(store: Path, record: dict, lay: ArrayLayout, check_values: bo
             # committed prefix still checks out (the writer's open() restores exactly that prefix).
             p = _check_shard_values(lay, data, want_tokens, info, str(f))
             if p is None or p[0] == "values":
-                out.append(Problem(str(store), "stray", "tail shard rewritten by an interrupted commit; its committed "
-                                   "rows check out (raw crc32c) and reopening the store for writing restores them",
-                                   array=lay.name, shard=k, file=str(f.relative_to(store))))
+                out.append(
+                    Problem(
+                        str(store),
+                        "stray",
+                        "tail shard rewritten by an interrupted commit; its committed "
+                        "rows check out (raw crc32c) and reopening the store for writing restores them",
+                        array=lay.name,
+                        shard=k,
+                        file=str(f.relative_to(store)),
+                    )
+                )
                 if p is not None and check_values:
                     out.append(_shard_problem(store, record, lay, k, *p))
                 continue
         if len(data) != info["nbytes"]:
-            out.append(_shard_problem(store, record, lay, k, "truncated" if len(data) < info["nbytes"] else "size",
-                                      f"{len(data)} bytes, the record says {info['nbytes']}"))
+            out.append(
+                _shard_problem(
+                    store,
+                    record,
+                    lay,
+                    k,
+                    "truncated" if len(data) < info["nbytes"] else "size",
+                    f"{len(data)} bytes, the record says {info['nbytes']}",
+                )
+            )
             continue
         if crc32c.crc32c(data) != info["crc32c"]:
             out.append(_shard_problem(store, record, lay, k, "checksum", "crc32c of the file differs from the record"))
@@ -201,21 +268,36 @@ def _verify_shards(store: Path, record: dict, lay: ArrayLayout, check_values: bo
             if p:
                 out.append(_shard_problem(store, record, lay, k, *p))
     for k in sorted(set(table) - set(range(n_shards))):
-        out.append(Problem(str(store), "record", f"shard table lists shard {k} past the {t} committed tokens",
-                           array=lay.name, shard=k))
+        out.append(
+            Problem(
+                str(store),
+                "record",
+                f"shard table lists shard {k} past the {t} committed tokens",
+                array=lay.name,
+                shard=k,
+            )
+        )
     root = store / lay.name / "c"
     if root.is_dir():
         for d in sorted(root.iterdir()):
             if d.name.isdigit() and int(d.name) >= n_shards:
-                out.append(Problem(str(store), "stray", "shard past the committed record (an interrupted append); "
-                                                        "reopening the store for writing removes it",
-                                   array=lay.name, shard=int(d.name), file=str(d.relative_to(store))))
+                out.append(
+                    Problem(
+                        str(store),
+                        "stray",
+                        "shard past the committed record (an interrupted append); "
+                        "reopening the store for writing removes it",
+                        array=lay.name,
+                        shard=int(d.name),
+                        file=str(d.relative_to(store)),
+                    )
+                )
     return out
 
 
 def _check_shard_values(lay: ArrayLayout, data: bytes, tokens: int, info: dict, where: str) -> tuple[str, str] | None:
     try:
-        index = decode_index(data[-lay.index_nbytes():], lay.chunks_per_shard, where)
+        index = decode_index(data[-lay.index_nbytes() :], lay.chunks_per_shard, where)
     except ShardError as e:
         return "decode", str(e)
     dec = make_decoder(lay.codec)
@@ -226,7 +308,7 @@ def _check_shard_values(lay: ArrayLayout, data: bytes, tokens: int, info: dict, 
         if off == EMPTY:
             return "decode", f"inner chunk {c} is absent but the record covers it"
         try:
-            rows = np.frombuffer(dec(data[int(off):int(off + nb)]), lay.np_dtype)
+            rows = np.frombuffer(dec(data[int(off) : int(off + nb)]), lay.np_dtype)
         except Exception as e:  # codec errors come in many types
             return "decode", f"inner chunk {c} does not decode: {e}"
         per_chunk = lay.chunk_tokens * (lay.row_nbytes // lay.np_dtype.itemsize)
@@ -264,9 +346,15 @@ def _verify_complete(store: Path, record: dict) -> list[Problem]:
     try:
         done = json.loads((store / COMPLETE_NAME).read_text())
         if done.get("num_samples") != record["num_samples"] or done.get("num_tokens") != record["num_tokens"]:
-            out.append(Problem(S, "record", f"complete marker says {done.get('num_samples')} samples / "
-                                            f"{done.get('num_tokens')} tokens, the record {record['num_samples']} / "
-                                            f"{record['num_tokens']}"))
+            out.append(
+                Problem(
+                    S,
+                    "record",
+                    f"complete marker says {done.get('num_samples')} samples / "
+                    f"{done.get('num_tokens')} tokens, the record {record['num_samples']} / "
+                    f"{record['num_tokens']}",
+                )
+            )
     except (OSError, ValueError) as e:
         out.append(Problem(S, "record", f"complete marker unreadable: {e}"))
     want = np.concatenate([[0], np.cumsum(record["lengths"], dtype=np.int64)])

@@ -37,9 +37,10 @@ import os
 import shutil
 import threading
 import time
+from collections.abc import Callable
 from concurrent.futures import Future, InvalidStateError, ThreadPoolExecutor
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import crc32c
 import numpy as np
@@ -47,9 +48,26 @@ import numpy as np
 from .blosc_frame import memcpyed_header
 from .crc import crc32c_combine
 from .encoder import ChunkEncoder
-from .format import (BF16, COMPLETE_NAME, FORMAT_NAME, FORMAT_VERSION, PARTIAL_SUFFIX, PROGRESS_NAME,
-                     TOKEN_ARRAYS, ArrayLayout, Codec, EMPTY, ShardError, decode_index, encode_index,
-                     fsync_dir, make_decoder, makedirs_durable, write_atomic, write_json_atomic)
+from .format import (
+    BF16,
+    COMPLETE_NAME,
+    EMPTY,
+    FORMAT_NAME,
+    FORMAT_VERSION,
+    PARTIAL_SUFFIX,
+    PROGRESS_NAME,
+    TOKEN_ARRAYS,
+    ArrayLayout,
+    Codec,
+    ShardError,
+    decode_index,
+    encode_index,
+    fsync_dir,
+    make_decoder,
+    makedirs_durable,
+    write_atomic,
+    write_json_atomic,
+)
 from .spec import StoreCorruptError, StoreError, StoreLock, StoreMismatchError, StoreSpec
 from .trace import StoreTrace
 
@@ -61,8 +79,10 @@ def hidden_states_to_uint16(hidden_states: Any) -> np.ndarray:
         import torch
 
         if hidden_states.dtype != torch.bfloat16:
-            raise TypeError(f"hidden_states must be torch.bfloat16, got {hidden_states.dtype}; the store keeps "
-                            "the model's bf16 states bit-exactly and never converts.")
+            raise TypeError(
+                f"hidden_states must be torch.bfloat16, got {hidden_states.dtype}; the store keeps "
+                "the model's bf16 states bit-exactly and never converts."
+            )
         # Each torch call drops and retakes the GIL, which the capture's many store threads contend for:
         # a CPU, contiguous tensor without grad (the capture's case) takes two.
         t = hidden_states
@@ -212,10 +232,14 @@ class _Stream:
     def __init__(self, layout: ArrayLayout, writer: "TaskStoreWriter"):
         self.layout = layout
         self.w = writer
-        self.encoder = ChunkEncoder(layout.codec, layout.np_dtype.itemsize,
-                                    entropy_only=layout.name == "hidden_states" and writer.entropy_only)
-        self.raw_header = (_blosc_raw_header(layout.codec, (layout.chunk_tokens, *layout.row_shape), layout.np_dtype)
-                           if writer.adaptive else None)
+        self.encoder = ChunkEncoder(
+            layout.codec, layout.np_dtype.itemsize, entropy_only=layout.name == "hidden_states" and writer.entropy_only
+        )
+        self.raw_header = (
+            _blosc_raw_header(layout.codec, (layout.chunk_tokens, *layout.row_shape), layout.np_dtype)
+            if writer.adaptive
+            else None
+        )
         self.chunks_compressed = 0
         self.chunks_raw = 0
         self.shard = 0  # index of the shard being filled
@@ -268,8 +292,14 @@ class _Stream:
                 crc = crc32c.crc32c(chunk)
                 # codec none: the encoded bytes are the rows, one checksum pass serves both
                 results.append((data, crc, crc if self.encoder.identity else crc32c.crc32c(data), out))
-            self.w.trace.event("encode", t0, array=self.layout.name, nbytes=sum(c.nbytes for c in chunks),
-                               encoded=sum(len(r[0]) for r in results), chunks=len(chunks))
+            self.w.trace.event(
+                "encode",
+                t0,
+                array=self.layout.name,
+                nbytes=sum(c.nbytes for c in chunks),
+                encoded=sum(len(r[0]) for r in results),
+                chunks=len(chunks),
+            )
             return results
         except BaseException:
             self.out_free.extend(r[3] for r in results if r[3] is not None)
@@ -289,15 +319,18 @@ class _Stream:
                 # Whole chunks inside the caller's rows, compressed in place (no copy on this thread), a few per
                 # job: each job costs interpreter time on several threads whatever its size. Never past the
                 # shard's end (a shard is submitted when full) nor more than JOB_BYTES (one thread per job).
-                k = min((len(rows) - pos) // C, (lay.shard_tokens - self.fill) // C,
-                        max(1, self.w.JOB_BYTES // (C * lay.row_nbytes)))
-                entries = self.w._submit_encode(self, [rows[pos + i * C:pos + (i + 1) * C] for i in range(k)], loan)
+                k = min(
+                    (len(rows) - pos) // C,
+                    (lay.shard_tokens - self.fill) // C,
+                    max(1, self.w.JOB_BYTES // (C * lay.row_nbytes)),
+                )
+                entries = self.w._submit_encode(self, [rows[pos + i * C : pos + (i + 1) * C] for i in range(k)], loan)
                 for entry in entries:
                     self._add_chunk(entry, C)
                 pos += k * C
                 continue
             n = min(C - self.buf_fill, len(rows) - pos)
-            self.buf[self.buf_fill:self.buf_fill + n] = rows[pos:pos + n]
+            self.buf[self.buf_fill : self.buf_fill + n] = rows[pos : pos + n]
             self.buf_fill += n
             pos += n
             if self.buf_fill < C:
@@ -321,19 +354,19 @@ class _Stream:
         """The partially filled last chunk, zero-padded (the array's fill value): (encoded, raw crc, raw bytes)."""
         if not self.buf_fill:
             return None
-        rows = self.buf[:self.buf_fill]
+        rows = self.buf[: self.buf_fill]
         padded = np.zeros_like(self.buf)
-        padded[:self.buf_fill] = rows
+        padded[: self.buf_fill] = rows
         return self.encode(padded), crc32c.crc32c(rows), rows.nbytes
 
 
 class TaskStoreWriter:
     """The single writer of one task store. See the module docstring for the commit protocol."""
 
-    IO_QUEUE_LIMIT = 8      # shards waiting for the disk before append() waits for it
-    IO_QUEUE_CAP = 24       # shards in flight (also those waiting for compression) before append() waits
+    IO_QUEUE_LIMIT = 8  # shards waiting for the disk before append() waits for it
+    IO_QUEUE_CAP = 24  # shards in flight (also those waiting for compression) before append() waits
     IO_QUEUE_RAW_LIMIT = 4  # store.adaptive keeps chunks raw only while fewer shards wait for the disk
-    JOB_BYTES = 16 << 20    # the most lent rows one compression job takes (whole chunks, at least one)
+    JOB_BYTES = 16 << 20  # the most lent rows one compression job takes (whole chunks, at least one)
 
     def __init__(self) -> None:  # use TaskStoreWriter.open()
         raise TypeError("use TaskStoreWriter.open(path, spec, store_cfg)")
@@ -341,8 +374,16 @@ class TaskStoreWriter:
     # ----- opening / recovery -----
 
     @classmethod
-    def open(cls, path: str | os.PathLike, spec: StoreSpec, store_cfg: Any = None, *, threads: int | None = None,
-             repair: bool = False, on_commit: Callable[[int, int], None] | None = None) -> "TaskStoreWriter":
+    def open(
+        cls,
+        path: str | os.PathLike,
+        spec: StoreSpec,
+        store_cfg: Any = None,
+        *,
+        threads: int | None = None,
+        repair: bool = False,
+        on_commit: Callable[[int, int], None] | None = None,
+    ) -> "TaskStoreWriter":
         """Open (creating or recovering) the store at `path` for appending.
 
         `store_cfg`: a `StoreConfig` (codec, level, blocksize, chunk_tokens, shard_tokens, fsync); an
@@ -391,16 +432,19 @@ class TaskStoreWriter:
         # take what the engine leaves. EAGLE_BATCH_STORE_THREADS overrides the default.
         n_threads = threads or int(os.environ.get("EAGLE_BATCH_STORE_THREADS", 0)) or default_encode_threads()
         self.encode_threads = n_threads
-        self._encode_pool = ThreadPoolExecutor(n_threads, thread_name_prefix="store-encode",
-                                               initializer=_lower_thread_priority)
+        self._encode_pool = ThreadPoolExecutor(
+            n_threads, thread_name_prefix="store-encode", initializer=_lower_thread_priority
+        )
         # IO threads: a single thread's writes into the page cache ran at ~1 GB/s on an H200 host, a quarter
         # of what the node produces, so hidden_states shards are written (and fsynced) by several: as many
         # as shard writes may be queued, so none waits for a thread (4 threads for 8 queued shards left a
         # 1B-model capture 12% slower on an H200 node). Order between shards does not matter: each is its own
         # file, and a commit waits for all of them.
         self.io_threads = int(os.environ.get("EAGLE_BATCH_STORE_IO_THREADS", 0)) or self.IO_QUEUE_LIMIT
-        self._io_pools = {n: ThreadPoolExecutor(self.io_threads if n == "hidden_states" else 1,
-                                                thread_name_prefix=f"store-io-{n}") for n in TOKEN_ARRAYS}
+        self._io_pools = {
+            n: ThreadPoolExecutor(self.io_threads if n == "hidden_states" else 1, thread_name_prefix=f"store-io-{n}")
+            for n in TOKEN_ARRAYS
+        }
         # Seconds append() spent waiting: for a compression slot (adaptive off, or the disk behind) and for
         # shard writes.
         self.stall_s = {"encode": 0.0, "io": 0.0}
@@ -412,7 +456,7 @@ class TaskStoreWriter:
         self._io_writing = 0  # full shards encoded, queued for or in their write (see _io_backlog)
         self._io_writing_lock = threading.Lock()
         self._streams = {name: _Stream(self.layouts[name], self) for name in TOKEN_ARRAYS}
-        for name, st in self._streams.items():
+        for _name, st in self._streams.items():
             self._restore_tail(st)
         self._complete = (self.path / COMPLETE_NAME).is_file()
 
@@ -428,22 +472,27 @@ class TaskStoreWriter:
         c = self.cfg
         chunk = self._chunk_tokens()
         if chunk <= 0 or c.shard_tokens <= 0 or c.shard_tokens % chunk:
-            raise ValueError(f"store.shard_tokens={c.shard_tokens} must be a positive multiple of "
-                             f"store.chunk_tokens={c.chunk_tokens}; fix the store section of the config.")
+            raise ValueError(
+                f"store.shard_tokens={c.shard_tokens} must be a positive multiple of "
+                f"store.chunk_tokens={c.chunk_tokens}; fix the store section of the config."
+            )
         self.layouts = self._make_layouts(chunk, c.shard_tokens, Codec(c.codec, c.level, c.blocksize))
         # A half-created store (killed before progress.json existed) holds nothing committed: start over.
         ours = {".lock", "zarr.json", *TOKEN_ARRAYS}
         children = list(self.path.iterdir())
         foreign = [c.name for c in children if c.name not in ours and not c.name.endswith(PARTIAL_SUFFIX)]
         if foreign:
-            raise StoreError(f"{self.path} is not empty and not an eagle-batch store (no {PROGRESS_NAME}; found "
-                             f"{', '.join(sorted(foreign)[:5])}); choose an empty or new path for the task store.")
+            raise StoreError(
+                f"{self.path} is not empty and not an eagle-batch store (no {PROGRESS_NAME}; found "
+                f"{', '.join(sorted(foreign)[:5])}); choose an empty or new path for the task store."
+            )
         for child in children:
             if child.name != ".lock":
                 shutil.rmtree(child) if child.is_dir() and not child.is_symlink() else child.unlink()
         attrs = {"eagle_batch": {"format": FORMAT_NAME, "format_version": FORMAT_VERSION, **self.spec.attributes()}}
-        write_json_atomic(self.path / "zarr.json", {"zarr_format": 3, "node_type": "group", "attributes": attrs},
-                          self.fsync)
+        write_json_atomic(
+            self.path / "zarr.json", {"zarr_format": 3, "node_type": "group", "attributes": attrs}, self.fsync
+        )
         for name, lay in self.layouts.items():
             makedirs_durable(self.path / name, self.fsync)
             write_json_atomic(self.path / name / "zarr.json", lay.zarr_json(0), self.fsync)
@@ -452,9 +501,17 @@ class TaskStoreWriter:
         self._after_record_loaded()
 
     def _empty_record(self) -> dict:
-        return {"format": FORMAT_NAME, "format_version": FORMAT_VERSION, "commit": 0, "committed_at": "",
-                "num_samples": 0, "num_tokens": 0, "sample_ids": [], "lengths": [],
-                "shards": {n: [] for n in TOKEN_ARRAYS}}
+        return {
+            "format": FORMAT_NAME,
+            "format_version": FORMAT_VERSION,
+            "commit": 0,
+            "committed_at": "",
+            "num_samples": 0,
+            "num_tokens": 0,
+            "sample_ids": [],
+            "lengths": [],
+            "shards": {n: [] for n in TOKEN_ARRAYS},
+        }
 
     def _load_existing(self, repair: bool) -> None:
         from .reader import read_attrs, read_layouts, read_record
@@ -464,19 +521,27 @@ class TaskStoreWriter:
         bad = self.spec.mismatches(stored)
         if bad:
             raise StoreMismatchError(
-                f"{p} was written for a different model/config: " + "; ".join(bad) +
-                ". Point this task at a new run directory, or delete the store to recompute it.")
+                f"{p} was written for a different model/config: "
+                + "; ".join(bad)
+                + ". Point this task at a new run directory, or delete the store to recompute it."
+            )
         self.spec = stored  # keep what the store says (e.g. its eagle-batch version)
         self.layouts = read_layouts(p)
         want = (self._chunk_tokens(), self.cfg.shard_tokens, self.cfg.codec)
-        have = (self.layouts["hidden_states"].chunk_tokens, self.layouts["hidden_states"].shard_tokens,
-                self.layouts["hidden_states"].codec.name)
+        have = (
+            self.layouts["hidden_states"].chunk_tokens,
+            self.layouts["hidden_states"].shard_tokens,
+            self.layouts["hidden_states"].codec.name,
+        )
         if want != have:
             # Appending with the store's own layout is always correct; say so rather than fail a resume.
             import warnings
 
-            warnings.warn(f"{p}: existing layout (chunk_tokens, shard_tokens, codec)={have} differs from the "
-                          f"config's {want}; keeping the store's layout.", stacklevel=3)
+            warnings.warn(
+                f"{p}: existing layout (chunk_tokens, shard_tokens, codec)={have} differs from the "
+                f"config's {want}; keeping the store's layout.",
+                stacklevel=3,
+            )
         self.record = read_record(p)
         complete = (p / COMPLETE_NAME).is_file()
         for f in p.rglob("*" + PARTIAL_SUFFIX):
@@ -489,21 +554,26 @@ class TaskStoreWriter:
             if root_meta.pop("consolidated_metadata", None) is not None:  # it describes that finalize's state
                 write_json_atomic(p / "zarr.json", root_meta, self.fsync)
         self._after_record_loaded()
-        for name, lay in self.layouts.items():
+        for lay in self.layouts.values():
             self._drop_uncommitted_shards(lay)
         damaged = self._check_committed_files()
         if repair and not damaged:
             # A full check (file crc32c of every shard), so the repair also finds flipped bytes.
             from .verify import verify_store
 
-            damaged = [(p_.shard * self.layouts[p_.array].shard_tokens, str(p_)) for p_ in verify_store(p, False)
-                       if p_.shard is not None and p_.kind in ("missing", "truncated", "size", "checksum", "decode")]
+            damaged = [
+                (p_.shard * self.layouts[p_.array].shard_tokens, str(p_))
+                for p_ in verify_store(p, False)
+                if p_.shard is not None and p_.kind in ("missing", "truncated", "size", "checksum", "decode")
+            ]
         if damaged:
             if not repair:
                 raise StoreCorruptError(
-                    f"{p}: committed data is damaged: " + "; ".join(msg for _, msg in damaged) +
-                    ". Run `eagle-batch verify` on it; open with repair=True (`eagle-batch resume --repair`) "
-                    "to recompute from the first damaged shard on, or delete the store to recompute all of it.")
+                    f"{p}: committed data is damaged: "
+                    + "; ".join(msg for _, msg in damaged)
+                    + ". Run `eagle-batch verify` on it; open with repair=True (`eagle-batch resume --repair`) "
+                    "to recompute from the first damaged shard on, or delete the store to recompute all of it."
+                )
             self._truncate_before(min(first_token for first_token, _ in damaged))
         self._set_shapes(self.record["num_tokens"])
 
@@ -537,8 +607,12 @@ class TaskStoreWriter:
                 want = min(lay.shard_tokens, self._num_tokens - k * lay.shard_tokens)
                 info = self._shard_tables[name].get(k)
                 if info is None or info["tokens"] != want:
-                    damaged.append((k * lay.shard_tokens, f"{name} shard {k}: the record's shard table does not "
-                                                          f"cover its {want} committed tokens"))
+                    damaged.append(
+                        (
+                            k * lay.shard_tokens,
+                            f"{name} shard {k}: the record's shard table does not cover its {want} committed tokens",
+                        )
+                    )
                     self._shard_tables[name].pop(k, None)
             for k, info in sorted(self._shard_tables[name].items()):
                 f = lay.shard_path(self.path, k)
@@ -555,12 +629,17 @@ class TaskStoreWriter:
                     except (ShardError, StoreCorruptError, ValueError) as e:
                         damaged.append((first, f"{name} tail shard {k}: {e}"))
                 elif f.stat().st_size != info["nbytes"]:
-                    damaged.append((first, f"{name} shard {k} ({f.relative_to(self.path)}) has "
-                                           f"{f.stat().st_size} bytes, the record says {info['nbytes']}"))
+                    damaged.append(
+                        (
+                            first,
+                            f"{name} shard {k} ({f.relative_to(self.path)}) has "
+                            f"{f.stat().st_size} bytes, the record says {info['nbytes']}",
+                        )
+                    )
         return damaged
 
     def _decode_rows(self, lay: ArrayLayout, data: bytes, tokens: int, where: str) -> np.ndarray:
-        index = decode_index(data[-lay.index_nbytes():], lay.chunks_per_shard, where)
+        index = decode_index(data[-lay.index_nbytes() :], lay.chunks_per_shard, where)
         dec = make_decoder(lay.codec)
         n_chunks = -(-tokens // lay.chunk_tokens)
         out = np.empty((n_chunks * lay.chunk_tokens, *lay.row_shape), lay.np_dtype)
@@ -569,7 +648,7 @@ class TaskStoreWriter:
             off, nb = index[c]
             if off == EMPTY:
                 raise ShardError(f"{where}: inner chunk {c} is absent but the record covers it")
-            raw = np.frombuffer(dec(data[int(off):int(off + nb)]), lay.np_dtype)
+            raw = np.frombuffer(dec(data[int(off) : int(off + nb)]), lay.np_dtype)
             if raw.size != flat.shape[1]:
                 raise ShardError(f"{where}: inner chunk {c} decodes to {raw.size} values, expected {flat.shape[1]}")
             flat[c] = raw
@@ -587,10 +666,10 @@ class TaskStoreWriter:
         st = _Stream(lay, self)
         chunks = []
         for c0 in range(0, len(rows), lay.chunk_tokens):
-            part = rows[c0:c0 + lay.chunk_tokens]
+            part = rows[c0 : c0 + lay.chunk_tokens]
             if len(part) < lay.chunk_tokens:
                 padded = np.zeros((lay.chunk_tokens, *lay.row_shape), lay.np_dtype)
-                padded[:len(part)] = part
+                padded[: len(part)] = part
                 part = padded
             chunks.append(st.encode(np.ascontiguousarray(part)))
         info = self._write_shard(lay, k, chunks, len(rows), crc32c.crc32c(rows))
@@ -599,8 +678,9 @@ class TaskStoreWriter:
         write_json_atomic(self.path / PROGRESS_NAME, self.record, self.fsync)
 
     def _update_record_tables(self) -> None:
-        self.record["shards"] = {n: [self._shard_tables[n][k] for k in sorted(self._shard_tables[n])]
-                                 for n in TOKEN_ARRAYS}
+        self.record["shards"] = {
+            n: [self._shard_tables[n][k] for k in sorted(self._shard_tables[n])] for n in TOKEN_ARRAYS
+        }
 
     def _truncate_before(self, token: int) -> None:
         """Drop committed samples from the last sample boundary <= `token` on (repair)."""
@@ -609,8 +689,11 @@ class TaskStoreWriter:
         t = int(bounds[keep])
         import warnings
 
-        warnings.warn(f"{self.path}: repair drops committed samples {keep}..{len(self._lengths) - 1} "
-                      f"(from token {t}); they will be recomputed.", stacklevel=4)
+        warnings.warn(
+            f"{self.path}: repair drops committed samples {keep}..{len(self._lengths) - 1} "
+            f"(from token {t}); they will be recomputed.",
+            stacklevel=4,
+        )
         if (self.path / COMPLETE_NAME).is_file():  # no longer complete: un-finalize first, marker first
             (self.path / COMPLETE_NAME).unlink()
             if self.fsync:
@@ -650,15 +733,15 @@ class TaskStoreWriter:
         info = table[st.shard]
         f = lay.shard_path(self.path, st.shard)
         data = f.read_bytes()
-        index = decode_index(data[-lay.index_nbytes():], lay.chunks_per_shard, str(f))
+        index = decode_index(data[-lay.index_nbytes() :], lay.chunks_per_shard, str(f))
         full, part = divmod(st.fill, lay.chunk_tokens)
-        st.chunks = [data[int(o):int(o + b)] for o, b in index[:full]]
+        st.chunks = [data[int(o) : int(o + b)] for o, b in index[:full]]
         st.restored = full
         if part:
             rows = self._decode_rows(lay, data, st.fill, str(f))
-            st.buf[:part] = rows[full * lay.chunk_tokens:]
+            st.buf[:part] = rows[full * lay.chunk_tokens :]
             st.buf_fill = part
-            st.restored_crc = crc32c.crc32c(rows[:full * lay.chunk_tokens])
+            st.restored_crc = crc32c.crc32c(rows[: full * lay.chunk_tokens])
         else:
             st.restored_crc = int(info["raw_crc32c"])
 
@@ -721,8 +804,9 @@ class TaskStoreWriter:
         # slots, where store.adaptive keeps chunks raw instead of waiting. (Counting them made the writer
         # wait here, never at the slots, so a compression-bound H200 capture kept 0 chunks raw; engine 0.50
         # of plain.) IO_QUEUE_CAP bounds the list itself.
-        while self._pending_io and (self._io_backlog() >= self.IO_QUEUE_LIMIT
-                                    or len(self._pending_io) >= self.IO_QUEUE_CAP):
+        while self._pending_io and (
+            self._io_backlog() >= self.IO_QUEUE_LIMIT or len(self._pending_io) >= self.IO_QUEUE_CAP
+        ):
             t0 = time.perf_counter()
             try:
                 self._record_shard(*self._pending_io.pop(0).result())
@@ -731,9 +815,13 @@ class TaskStoreWriter:
                 raise
             finally:
                 self.stall_s["io"] += time.perf_counter() - t0
-        self._pending_io.append(self._write_when_encoded(
-            st, [c.fut for c in chunks if isinstance(c, _Encoded)],
-            (st.layout, k, chunks, tokens, restored, restored_crc, None, True, st)))
+        self._pending_io.append(
+            self._write_when_encoded(
+                st,
+                [c.fut for c in chunks if isinstance(c, _Encoded)],
+                (st.layout, k, chunks, tokens, restored, restored_crc, None, True, st),
+            )
+        )
 
     def _write_when_encoded(self, st: _Stream, encodes: list[Future], job_args: tuple) -> Future:
         """The shard write, handed to an IO thread only once its chunks are encoded: a write waiting for
@@ -750,8 +838,11 @@ class TaskStoreWriter:
                 self._io_writing -= 1
             try:
                 if fut.cancelled() or fut.exception() is not None:
-                    shard.set_exception(fut.exception() if not fut.cancelled() else
-                                        StoreError(f"shard {job_args[1]} of {job_args[0].name}: write cancelled"))
+                    shard.set_exception(
+                        fut.exception()
+                        if not fut.cancelled()
+                        else StoreError(f"shard {job_args[1]} of {job_args[0].name}: write cancelled")
+                    )
                 else:
                     shard.set_result(fut.result())
             except InvalidStateError:  # cancelled by close(): nobody waits for it
@@ -799,9 +890,18 @@ class TaskStoreWriter:
         # Tables feed the record only at the next commit; a tail rewrite replaces the older entry.
         self._shard_tables[name][info["index"]] = info
 
-    def _write_shard_job(self, lay: ArrayLayout, k: int, chunks: list, tokens: int, restored: int,
-                         restored_crc: int, tail: tuple[bytes, int, int] | None, defer_dir_sync: bool,
-                         recycle_to: _Stream | None = None) -> tuple[str, dict]:
+    def _write_shard_job(
+        self,
+        lay: ArrayLayout,
+        k: int,
+        chunks: list,
+        tokens: int,
+        restored: int,
+        restored_crc: int,
+        tail: tuple[bytes, int, int] | None,
+        defer_dir_sync: bool,
+        recycle_to: _Stream | None = None,
+    ) -> tuple[str, dict]:
         """IO thread: write shard k from `chunks` (+ the padded `tail` chunk); its raw crc32c is the restored
         prefix's crc combined with each later chunk's, in row order."""
         t0 = self.trace.stamp()
@@ -829,17 +929,28 @@ class TaskStoreWriter:
             raw_crc = crc32c_combine(raw_crc, tail[1], tail[2])
         ready = self.trace.stamp()
         info = self._write_shard(lay, k, pieces, tokens, raw_crc, defer_dir_sync, piece_crcs)
-        self.trace.event("shard", t0, array=lay.name, shard=k, ready=ready, full=recycle_to is not None,
-                         nbytes=info.get("nbytes"))
+        self.trace.event(
+            "shard", t0, array=lay.name, shard=k, ready=ready, full=recycle_to is not None, nbytes=info.get("nbytes")
+        )
         if recycle_to is not None:  # a full shard: its raw chunk and encoded chunk buffers are free again
-            recycle_to.free.extend(c.buf if isinstance(c, _RawChunk) else c for c in chunks
-                                   if isinstance(c, (_RawChunk, np.ndarray)))
-            recycle_to.out_free.extend(out for c in chunks if isinstance(c, _Encoded)
-                                       and (out := c.result()[3]) is not None)
+            recycle_to.free.extend(
+                c.buf if isinstance(c, _RawChunk) else c for c in chunks if isinstance(c, (_RawChunk, np.ndarray))
+            )
+            recycle_to.out_free.extend(
+                out for c in chunks if isinstance(c, _Encoded) and (out := c.result()[3]) is not None
+            )
         return lay.name, info
 
-    def _write_shard(self, lay: ArrayLayout, k: int, pieces: list, tokens: int, raw_crc: int,
-                     defer_dir_sync: bool = False, piece_crcs: list | None = None) -> dict:
+    def _write_shard(
+        self,
+        lay: ArrayLayout,
+        k: int,
+        pieces: list,
+        tokens: int,
+        raw_crc: int,
+        defer_dir_sync: bool = False,
+        piece_crcs: list | None = None,
+    ) -> dict:
         """`pieces`: one per inner chunk, its encoded bytes or a tuple of buffers written back to back.
         `piece_crcs`: each piece's crc32c where already known (None: computed here)."""
         index = np.full((lay.chunks_per_shard, 2), EMPTY, dtype="<u8")
@@ -881,8 +992,12 @@ class TaskStoreWriter:
         """How hidden_states chunks are compressed: eagle-batch's entropy-only frames, c-blosc/zstd called
         into our buffers (`direct`), or numcodecs' own encode; and why a faster path is not in use."""
         e = self._streams["hidden_states"].encoder
-        return {"entropy_only": e.entropy_only, "direct": e.direct,
-                "why_not_entropy_only": e.why_not_entropy or None, "why_not_direct": e.why_not_direct or None}
+        return {
+            "entropy_only": e.entropy_only,
+            "direct": e.direct,
+            "why_not_entropy_only": e.why_not_entropy or None,
+            "why_not_direct": e.why_not_direct or None,
+        }
 
     def chunk_stats(self) -> dict[str, int]:
         """hidden_states inner chunks compressed vs kept raw by `store.adaptive` since open()."""
@@ -905,8 +1020,14 @@ class TaskStoreWriter:
     def is_complete(self) -> bool:
         return self._complete
 
-    def append(self, sample_id: str, input_ids: Any, loss_mask: Any, hidden_states: Any,
-               on_release: Callable[[], None] | None = None) -> None:
+    def append(
+        self,
+        sample_id: str,
+        input_ids: Any,
+        loss_mask: Any,
+        hidden_states: Any,
+        on_release: Callable[[], None] | None = None,
+    ) -> None:
         """Queue one sample; durable only after the next commit().
 
         Without `on_release` the rows are copied before append returns. With it, `hidden_states` is lent:
@@ -916,8 +1037,14 @@ class TaskStoreWriter:
         """
         self.append_block([sample_id], [input_ids], [loss_mask], hidden_states, on_release)
 
-    def append_block(self, sample_ids: list, input_ids: list, loss_masks: list, hidden_states: Any,
-                     on_release: Callable[[], None] | None = None) -> None:
+    def append_block(
+        self,
+        sample_ids: list,
+        input_ids: list,
+        loss_masks: list,
+        hidden_states: Any,
+        on_release: Callable[[], None] | None = None,
+    ) -> None:
         """Queue consecutive samples whose hidden states lie back to back in one `[sum T, L, H]` block (as
         the capture receives an engine step's finished requests); like `append` for each, lending the block
         as a whole with `on_release`. Every sample is checked before any is queued: either all or none.
@@ -932,17 +1059,19 @@ class TaskStoreWriter:
         finally:
             if loan is not None:
                 loan.drop()
-            self.trace.event("append", t0, sample=str(sample_ids[0]) if sample_ids else "",
-                             samples=len(sample_ids))
+            self.trace.event("append", t0, sample=str(sample_ids[0]) if sample_ids else "", samples=len(sample_ids))
 
-    def _append_block(self, sample_ids: list, input_ids: list, loss_masks: list, hidden_states: Any,
-                      loan: _Loan | None) -> None:
+    def _append_block(
+        self, sample_ids: list, input_ids: list, loss_masks: list, hidden_states: Any, loan: _Loan | None
+    ) -> None:
         self._check_open()
         if self._complete:
             raise StoreError(f"{self.path} is finalized (complete marker present); it takes no more samples.")
         if not (len(sample_ids) == len(input_ids) == len(loss_masks)) or not sample_ids:
-            raise ValueError(f"append_block: {len(sample_ids)} sample ids, {len(input_ids)} input_ids, "
-                             f"{len(loss_masks)} loss masks; give one of each per sample (at least one)")
+            raise ValueError(
+                f"append_block: {len(sample_ids)} sample ids, {len(input_ids)} input_ids, "
+                f"{len(loss_masks)} loss masks; give one of each per sample (at least one)"
+            )
         hs = hidden_states_to_uint16(hidden_states)
         sids = [str(x) for x in sample_ids]
         ids = [_as_1d("input_ids", x, np.dtype(np.int32)) for x in input_ids]
@@ -951,21 +1080,27 @@ class TaskStoreWriter:
         total = 0
         for sid, i, m in zip(sids, ids, masks):
             if sid in self._id_set:
-                raise ValueError(f"sample_id {sid!r} is already in {self.path}; skip samples in "
-                                 "writer.committed_sample_ids before running them.")
+                raise ValueError(
+                    f"sample_id {sid!r} is already in {self.path}; skip samples in "
+                    "writer.committed_sample_ids before running them."
+                )
             if len(sids) > 1 and sids.count(sid) > 1:
                 raise ValueError(f"sample_id {sid!r} appears more than once in one append_block call")
             if len(i) == 0:
                 raise ValueError(f"sample {sid!r} has no tokens")
             if len(m) != len(i):
-                raise ValueError(f"sample {sid!r}: shapes disagree: input_ids {i.shape}, loss_mask {m.shape}; "
-                                 "expected one mask entry per token.")
+                raise ValueError(
+                    f"sample {sid!r}: shapes disagree: input_ids {i.shape}, loss_mask {m.shape}; "
+                    "expected one mask entry per token."
+                )
             total += len(i)
         if hs.shape != (total, *row):
             what = f"sample {sids[0]!r}" if len(sids) == 1 else f"samples {sids[0]!r}..{sids[-1]!r}"
-            raise ValueError(f"{what}: shapes disagree: input_ids [{total}] tokens, hidden_states {hs.shape}; "
-                             f"expected {[total, *row]} (layer_ids={self.spec.layer_ids}, "
-                             f"hidden_size={self.spec.hidden_size}).")
+            raise ValueError(
+                f"{what}: shapes disagree: input_ids [{total}] tokens, hidden_states {hs.shape}; "
+                f"expected {[total, *row]} (layer_ids={self.spec.layer_ids}, "
+                f"hidden_size={self.spec.hidden_size})."
+            )
         self._streams["input_ids"].push(ids[0] if len(ids) == 1 else np.concatenate(ids))
         self._streams["loss_mask"].push(masks[0] if len(masks) == 1 else np.concatenate(masks))
         self._streams["hidden_states"].push(np.ascontiguousarray(hs), loan)
@@ -992,9 +1127,19 @@ class TaskStoreWriter:
     def _commit(self) -> None:
         for st in self._streams.values():
             if st.fill:
-                self._pending_io.append(self._io_pools[st.layout.name].submit(
-                    self._write_shard_job, st.layout, st.shard, list(st.chunks), st.fill, st.restored,
-                    st.restored_crc, st.tail(), True))
+                self._pending_io.append(
+                    self._io_pools[st.layout.name].submit(
+                        self._write_shard_job,
+                        st.layout,
+                        st.shard,
+                        list(st.chunks),
+                        st.fill,
+                        st.restored,
+                        st.restored_crc,
+                        st.tail(),
+                        True,
+                    )
+                )
         self._drain_io()
         if self.fsync:
             dirs, self._dirty_dirs = self._dirty_dirs, set()
@@ -1010,9 +1155,14 @@ class TaskStoreWriter:
 
     def _write_record(self) -> None:
         r = self.record
-        r.update(commit=r["commit"] + 1, committed_at=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-                 num_samples=len(self._sample_ids), num_tokens=self._num_tokens,
-                 sample_ids=list(self._sample_ids), lengths=list(self._lengths))
+        r.update(
+            commit=r["commit"] + 1,
+            committed_at=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+            num_samples=len(self._sample_ids),
+            num_tokens=self._num_tokens,
+            sample_ids=list(self._sample_ids),
+            lengths=list(self._lengths),
+        )
         self._update_record_tables()
         write_json_atomic(self.path / PROGRESS_NAME, r, self.fsync)
         self._committed_ids = None
@@ -1029,9 +1179,9 @@ class TaskStoreWriter:
         self.commit()
         if self._complete:
             return
-        import zarr
-
         import warnings
+
+        import zarr
 
         with warnings.catch_warnings():
             # zarr notes our non-Zarr files (progress.json, .lock) and that consolidation is not in the v3 spec.
@@ -1046,21 +1196,35 @@ class TaskStoreWriter:
                         os.close(fd)
                     fsync_dir(f.parent if f.is_file() else f)
             fsync_dir(self.path)
-        write_json_atomic(self.path / COMPLETE_NAME, {
-            "num_samples": len(self._sample_ids), "num_tokens": self._num_tokens, "commit": self.record["commit"],
-            "finalized_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}, self.fsync)
+        write_json_atomic(
+            self.path / COMPLETE_NAME,
+            {
+                "num_samples": len(self._sample_ids),
+                "num_tokens": self._num_tokens,
+                "commit": self.record["commit"],
+                "finalized_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+            },
+            self.fsync,
+        )
         self._complete = True
 
     def _write_index_arrays(self, zarr) -> None:
         offsets = np.zeros(len(self._lengths) + 1, np.int64)
         np.cumsum(self._lengths, out=offsets[1:])
         root = zarr.open_group(self.path, mode="r+", zarr_format=3)
-        a = root.create_array("offsets", shape=offsets.shape, dtype="int64", chunks=(max(1, min(len(offsets), 1 << 18)),),
-                              compressors=None, overwrite=True)
+        a = root.create_array(
+            "offsets",
+            shape=offsets.shape,
+            dtype="int64",
+            chunks=(max(1, min(len(offsets), 1 << 18)),),
+            compressors=None,
+            overwrite=True,
+        )
         a[:] = offsets
         ids = np.array(self._sample_ids, dtype=object)
-        s = root.create_array("sample_ids", shape=ids.shape, dtype=str, chunks=(max(1, min(len(ids), 1 << 16)),),
-                              overwrite=True)
+        s = root.create_array(
+            "sample_ids", shape=ids.shape, dtype=str, chunks=(max(1, min(len(ids), 1 << 16)),), overwrite=True
+        )
         if len(ids):
             s[:] = ids
         zarr.consolidate_metadata(self.path, zarr_format=3)
@@ -1083,8 +1247,10 @@ class TaskStoreWriter:
 
     def _check_open(self) -> None:
         if self._broken is not None:
-            raise StoreError(f"an earlier commit of {self.path} failed ({self._broken!r}); close this writer and "
-                             "reopen the store, which recovers the last committed record.")
+            raise StoreError(
+                f"an earlier commit of {self.path} failed ({self._broken!r}); close this writer and "
+                "reopen the store, which recovers the last committed record."
+            )
         if self._closed:
             raise StoreError(f"the writer of {self.path} is closed; open a new one with TaskStoreWriter.open().")
 
@@ -1109,4 +1275,3 @@ def committed_samples_of_shard(record: dict, shard_tokens: int, k: int) -> list[
     first = int(np.searchsorted(bounds, lo, side="right") - 1)
     last = int(np.searchsorted(bounds, hi, side="left"))
     return list(range(max(first, 0), min(last, len(record["lengths"]))))
-

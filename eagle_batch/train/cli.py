@@ -32,8 +32,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     add_config_arguments(p)
     p.add_argument("--local", action="store_true", help="run here instead of submitting to Slurm")
     p.add_argument("--nproc", type=int, default=1, help="--local: DDP ranks per task (default 1)")
-    p.add_argument("--after", metavar="RUN", default="",
-                   help="Slurm: start after RUN's extraction arrays succeed (afterok); aggregates first")
+    p.add_argument(
+        "--after",
+        metavar="RUN",
+        default="",
+        help="Slurm: start after RUN's extraction arrays succeed (afterok); aggregates first",
+    )
     p.add_argument("--dry-run", action="store_true", help="print the task configurations and exit")
 
 
@@ -69,6 +73,7 @@ def task_configs(args: argparse.Namespace) -> list[Any]:
 
 # ----------------------------------------------------------------------------------------------------
 
+
 def _aggregate_once(run_dir: Path) -> None:
     """Aggregate the run's stores unless dataset.json exists; a file lock serializes sweep tasks."""
     import fcntl
@@ -81,6 +86,7 @@ def _aggregate_once(run_dir: Path) -> None:
         fcntl.flock(f, fcntl.LOCK_EX)
         if not (run_dir / "dataset.json").is_file():
             from eagle_batch.store import aggregate
+
             aggregate(run_dir)
 
 
@@ -117,7 +123,9 @@ class TrainTask(submitit.helpers.Checkpointable):
         signal.signal(signal.SIGUSR2, on_usr2)
         if self.aggregate and int(os.environ.get("WORLD_SIZE", 1)) > 1:
             import torch.distributed as dist
+
             from .trainer import init_distributed
+
             init_distributed()
             dist.barrier()  # the other ranks wait for rank 0's aggregate
         try:
@@ -135,9 +143,11 @@ def _spawn_rank(rank: int, world: int, cfg: Any, rendezvous: str) -> None:
     import faulthandler
 
     faulthandler.enable()  # a C++ abort in a rank (gloo, OpenMP) then prints each Python thread's stack
-    os.environ.update(RANK=str(rank), WORLD_SIZE=str(world), LOCAL_RANK=str(rank),
-                      EAGLE_BATCH_DIST_INIT=f"file://{rendezvous}")
+    os.environ.update(
+        RANK=str(rank), WORLD_SIZE=str(world), LOCAL_RANK=str(rank), EAGLE_BATCH_DIST_INIT=f"file://{rendezvous}"
+    )
     from .trainer import shutdown_distributed, train
+
     try:
         train(cfg)
     finally:
@@ -184,9 +194,19 @@ def submit(cfgs: list[Any], after: str = "") -> list[str]:
         jobs = [ex.submit(TrainTask(c, aggregate=bool(after))) for c in cfgs]
     ids = [str(j.job_id) for j in jobs]
     import time
-    S.append_submission(run_dir, S.Submission(job_id=ids[0].split("_")[0], executor="slurm", tasks=[],
-                                              time=time.time(), kind="train", folder=str(run_dir / S.SLURM_DIR),
-                                              dependency=dependency))
+
+    S.append_submission(
+        run_dir,
+        S.Submission(
+            job_id=ids[0].split("_")[0],
+            executor="slurm",
+            tasks=[],
+            time=time.time(),
+            kind="train",
+            folder=str(run_dir / S.SLURM_DIR),
+            dependency=dependency,
+        ),
+    )
     return ids
 
 
@@ -194,20 +214,35 @@ def run(args: argparse.Namespace) -> int:
     cfgs = task_configs(args)
     if args.dry_run:
         for c in cfgs:
-            print(json.dumps({"name": c.train.name, "run_dir": c.run_dir, "lr": c.train.lr,
-                              "ttt_steps": c.train.ttt_steps, "steps": c.train.steps}))
+            print(
+                json.dumps(
+                    {
+                        "name": c.train.name,
+                        "run_dir": c.run_dir,
+                        "lr": c.train.lr,
+                        "ttt_steps": c.train.ttt_steps,
+                        "steps": c.train.steps,
+                    }
+                )
+            )
         return 0
     executor = cfgs[0].slurm.executor
     import shutil
+
     use_slurm = not args.local and (executor == "slurm" or (executor == "auto" and shutil.which("sbatch")))
     if args.after and not use_slurm:
-        print("eagle-batch train: --after needs Slurm (sbatch on PATH, slurm.executor=slurm/auto); "
-              "without it, run training after extraction finishes.", file=sys.stderr)
+        print(
+            "eagle-batch train: --after needs Slurm (sbatch on PATH, slurm.executor=slurm/auto); "
+            "without it, run training after extraction finishes.",
+            file=sys.stderr,
+        )
         return 2
     if use_slurm:
         ids = submit(cfgs, after=args.after)
-        print(f"submitted {len(ids)} training task(s): {', '.join(ids)}"
-              f"{' (after ' + args.after + ')' if args.after else ''}")
+        print(
+            f"submitted {len(ids)} training task(s): {', '.join(ids)}"
+            f"{' (after ' + args.after + ')' if args.after else ''}"
+        )
         return 0
     rc = 0
     for c in cfgs:

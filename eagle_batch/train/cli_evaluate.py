@@ -21,7 +21,6 @@ from pathlib import Path
 from eagle_batch.errors import UserError
 
 
-
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("run_dir", metavar="RUN", help="run directory (its config.yaml names the target model)")
     p.add_argument("--draft", default="", help="exported draft folder (default: RUN/train/<train.name>/export)")
@@ -32,10 +31,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--max-tokens", type=int, default=128, help="tokens generated per prompt")
     p.add_argument("--json", action="store_true", help="print the result as one JSON object")
     p.add_argument("--out", default="", help="also write the result as JSON to this file")
-    p.add_argument("--batch-invariant", action="store_true",
-                   help="run both engines with vLLM's batch-invariant kernels (VLLM_BATCH_INVARIANT=1, CUDA): "
-                        "plain decoding and the draft's verification then round alike, so a random or "
-                        "undertrained target's near-tied logits cannot make greedy outputs differ; slower")
+    p.add_argument(
+        "--batch-invariant",
+        action="store_true",
+        help="run both engines with vLLM's batch-invariant kernels (VLLM_BATCH_INVARIANT=1, CUDA): "
+        "plain decoding and the draft's verification then round alike, so a random or "
+        "undertrained target's near-tied logits cannot make greedy outputs differ; slower",
+    )
 
 
 def _prompt_of(obj, where: str) -> str | list[dict]:
@@ -47,8 +49,9 @@ def _prompt_of(obj, where: str) -> str | list[dict]:
         return obj["prompt"]
     turns = obj.get("messages") or obj.get("conversations") if isinstance(obj, dict) else None
     if not isinstance(turns, list):
-        raise UserError(f"{where}: not a prompt: expected a string, {{\"prompt\": ...}} or a chat with "
-                        "\"messages\" / \"conversations\"")
+        raise UserError(
+            f'{where}: not a prompt: expected a string, {{"prompt": ...}} or a chat with "messages" / "conversations"'
+        )
     msgs = []
     try:
         for i, t in enumerate(turns):
@@ -98,15 +101,31 @@ def run(args: argparse.Namespace) -> int:
     cfg = load_run_config(args.run_dir)
     draft = Path(args.draft) if args.draft else output_dir(cfg) / "export"
     if not (draft / "config.json").is_file():
-        raise UserError(f"{draft}: no exported draft (config.json); train first (`eagle-batch train CONFIG "
-                        f"run_dir={args.run_dir} --local`) or pass --draft")
-    prompts = (load_prompts(args.prompts, args.skip, args.num_prompts) if args.prompts
-               else BUILTIN_PROMPTS[:args.num_prompts or None])
-    print(f"evaluate: {len(prompts)} prompts, k={args.k}, {args.max_tokens} tokens each; target {cfg.model.path}, "
-          f"draft {draft}", file=sys.stderr, flush=True)
-    r = measure_acceptance(cfg.model.path, draft, prompts, k=args.k, max_tokens=args.max_tokens,
-                           max_model_len=cfg.model.max_model_len, dtype=cfg.model.dtype,
-                           engine_env={"VLLM_BATCH_INVARIANT": "1"} if args.batch_invariant else None)
+        raise UserError(
+            f"{draft}: no exported draft (config.json); train first (`eagle-batch train CONFIG "
+            f"run_dir={args.run_dir} --local`) or pass --draft"
+        )
+    prompts = (
+        load_prompts(args.prompts, args.skip, args.num_prompts)
+        if args.prompts
+        else BUILTIN_PROMPTS[: args.num_prompts or None]
+    )
+    print(
+        f"evaluate: {len(prompts)} prompts, k={args.k}, {args.max_tokens} tokens each; target {cfg.model.path}, "
+        f"draft {draft}",
+        file=sys.stderr,
+        flush=True,
+    )
+    r = measure_acceptance(
+        cfg.model.path,
+        draft,
+        prompts,
+        k=args.k,
+        max_tokens=args.max_tokens,
+        max_model_len=cfg.model.max_model_len,
+        dtype=cfg.model.dtype,
+        engine_env={"VLLM_BATCH_INVARIANT": "1"} if args.batch_invariant else None,
+    )
     r.pop("reference", None)
     gen = r.get("generated_tokens", 0)
     r["target_alone_tok_s"] = round(gen / r["baseline_s"], 1) if r.get("baseline_s") else None
@@ -122,8 +141,12 @@ def run(args: argparse.Namespace) -> int:
         print(f"mean acceptance length {r['mean_acceptance_length']:.3f} (k={args.k}; 1 = the draft never helps)")
         if drafts:
             print("acceptance per position: " + ", ".join(f"{a / drafts:.3f}" for a in per_pos))
-        print(f"identical greedy outputs: {'yes' if r['identical_outputs'] else 'NO'} "
-              f"({len(prompts) - len(r['mismatches'])}/{len(prompts)} prompts)")
-        print(f"decode: {r['target_alone_tok_s']} tok/s alone, {r['with_draft_tok_s']} tok/s with the draft "
-              f"({gen} tokens, all prompts at once)")
+        print(
+            f"identical greedy outputs: {'yes' if r['identical_outputs'] else 'NO'} "
+            f"({len(prompts) - len(r['mismatches'])}/{len(prompts)} prompts)"
+        )
+        print(
+            f"decode: {r['target_alone_tok_s']} tok/s alone, {r['with_draft_tok_s']} tok/s with the draft "
+            f"({gen} tokens, all prompts at once)"
+        )
     return 0 if r["identical_outputs"] else 1

@@ -20,8 +20,9 @@
 from __future__ import annotations
 
 import collections
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
-from typing import Any, Iterator, Sequence
+from typing import Any
 
 import numpy as np
 import torch
@@ -52,9 +53,11 @@ class TrainSamples(Dataset):
         want = list(aux_layer_ids) + [int(last_layer_id)]
         missing = [x for x in want if x not in stored]
         if missing:
-            raise ValueError(f"the training data holds layers {stored}; the draft needs {want} "
-                             f"(aux {list(aux_layer_ids)} + last {last_layer_id}); missing {missing}. "
-                             "Re-extract with model.layer_ids including them.")
+            raise ValueError(
+                f"the training data holds layers {stored}; the draft needs {want} "
+                f"(aux {list(aux_layer_ids)} + last {last_layer_id}); missing {missing}. "
+                "Re-extract with model.layer_ids including them."
+            )
         self.positions = [stored.index(x) for x in want]
         self.identity = self.positions == list(range(len(stored)))
         self.max_length = int(max_length)
@@ -88,8 +91,13 @@ class TrainSamples(Dataset):
         if not self.identity:
             hs = hs[:, self.positions]
         n_aux = len(self.positions) - 1
-        return {"input_ids": ids[:t], "loss_mask": lm[:t].to(torch.uint8),
-                "aux": hs[:, :n_aux].reshape(t, -1), "last": hs[:, n_aux], "index": int(i)}
+        return {
+            "input_ids": ids[:t],
+            "loss_mask": lm[:t].to(torch.uint8),
+            "aux": hs[:, :n_aux].reshape(t, -1),
+            "last": hs[:, n_aux],
+            "index": int(i),
+        }
 
 
 def collate(samples: list[dict]) -> dict:
@@ -132,7 +140,7 @@ class BatchPlan:
         window = max(1, int(self.window_batches * self.batch_tokens / mean_len))
         batches: list[list[int]] = []
         for w in range(0, n, window):
-            chunk = order[w:w + window]
+            chunk = order[w : w + window]
             chunk = chunk[np.argsort(-self.lengths[chunk], kind="stable")]
             cur: list[int] = []
             cur_max = 0
@@ -150,12 +158,14 @@ class BatchPlan:
         batches = [batches[i] for i in perm]
         usable = (len(batches) // self.world_size) * self.world_size
         if usable == 0 and batches:
-            raise ValueError(f"only {len(batches)} batches per epoch for {self.world_size} ranks; lower "
-                             "train.batch_tokens or use fewer GPUs")
+            raise ValueError(
+                f"only {len(batches)} batches per epoch for {self.world_size} ranks; lower "
+                "train.batch_tokens or use fewer GPUs"
+            )
         return batches[:usable]
 
     def rank_batches(self, epoch: int, rank: int) -> list[list[int]]:
-        return self.epoch_batches(epoch)[rank::self.world_size]
+        return self.epoch_batches(epoch)[rank :: self.world_size]
 
     def steps_per_epoch(self) -> int:
         return len(self.epoch_batches(0)) // self.world_size
@@ -175,18 +185,32 @@ class _PlannedBatches(torch.utils.data.Sampler):
 def _loader_kwargs(num_workers: int, prefetch_factor: int) -> dict[str, Any]:
     if num_workers <= 0:
         return {}
-    return dict(prefetch_factor=prefetch_factor,
-                multiprocessing_context="fork" if torch.multiprocessing.get_start_method(True) in (None, "fork")
-                else None)
+    return dict(
+        prefetch_factor=prefetch_factor,
+        multiprocessing_context="fork" if torch.multiprocessing.get_start_method(True) in (None, "fork") else None,
+    )
 
 
-def make_loader(samples: TrainSamples, plan: BatchPlan, epoch: int, rank: int, skip: int = 0,
-                num_workers: int = 4, prefetch_factor: int = 4, pin_memory: bool = False) -> DataLoader:
+def make_loader(
+    samples: TrainSamples,
+    plan: BatchPlan,
+    epoch: int,
+    rank: int,
+    skip: int = 0,
+    num_workers: int = 4,
+    prefetch_factor: int = 4,
+    pin_memory: bool = False,
+) -> DataLoader:
     """The rank's batches of `epoch` from batch `skip` on (the data position after a resume)."""
     batches = plan.rank_batches(epoch, rank)[skip:]
-    return DataLoader(samples, batch_sampler=_PlannedBatches(batches), collate_fn=collate,
-                      num_workers=num_workers, pin_memory=pin_memory,
-                      **_loader_kwargs(num_workers, prefetch_factor))
+    return DataLoader(
+        samples,
+        batch_sampler=_PlannedBatches(batches),
+        collate_fn=collate,
+        num_workers=num_workers,
+        pin_memory=pin_memory,
+        **_loader_kwargs(num_workers, prefetch_factor),
+    )
 
 
 class _BatchStream(torch.utils.data.Sampler):
@@ -222,17 +246,29 @@ class EpochLoader:
         for epoch, batch_in_epoch, batch in EpochLoader(samples, plan, rank, 8).stream(epoch, skip): ...
     """
 
-    def __init__(self, samples: TrainSamples, plan: BatchPlan, rank: int, num_workers: int = 4,
-                 prefetch_factor: int = 4, pin_memory: bool = False):
+    def __init__(
+        self,
+        samples: TrainSamples,
+        plan: BatchPlan,
+        rank: int,
+        num_workers: int = 4,
+        prefetch_factor: int = 4,
+        pin_memory: bool = False,
+    ):
         self.samples, self.plan, self.rank = samples, plan, rank
         self.num_workers, self.prefetch_factor, self.pin_memory = num_workers, prefetch_factor, pin_memory
 
     def stream(self, epoch: int = 0, skip: int = 0) -> Iterator[tuple[int, int, dict]]:
         """(epoch, index of the batch in its epoch, batch) from batch `skip` of `epoch` on, without end."""
         order = _BatchStream(self.plan, self.rank, epoch, skip)
-        loader = DataLoader(self.samples, batch_sampler=order, collate_fn=collate, num_workers=self.num_workers,
-                            pin_memory=self.pin_memory,
-                            **_loader_kwargs(self.num_workers, self.prefetch_factor))
+        loader = DataLoader(
+            self.samples,
+            batch_sampler=order,
+            collate_fn=collate,
+            num_workers=self.num_workers,
+            pin_memory=self.pin_memory,
+            **_loader_kwargs(self.num_workers, self.prefetch_factor),
+        )
         it = iter(loader)
         try:
             for batch in it:
@@ -246,6 +282,7 @@ class EpochLoader:
 
 # ----------------------------------------------------------------------------------------------------
 # Draft vocabulary
+
 
 def token_frequencies(ds: Any, vocab_size: int, max_samples: int = 0) -> np.ndarray:
     """Counts of the tokens the draft must predict (loss_mask == 1) over the training data.

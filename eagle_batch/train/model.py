@@ -68,9 +68,15 @@ def _text_config(raw: dict) -> dict:
     return raw
 
 
-def draft_config_from_target(target_path: str | os.PathLike, aux_layer_ids: list[int], last_layer_id: int,
-                             draft_vocab_size: int, intermediate_size: int = 0, num_heads: int = 0,
-                             num_kv_heads: int = 0) -> DraftConfig:
+def draft_config_from_target(
+    target_path: str | os.PathLike,
+    aux_layer_ids: list[int],
+    last_layer_id: int,
+    draft_vocab_size: int,
+    intermediate_size: int = 0,
+    num_heads: int = 0,
+    num_kv_heads: int = 0,
+) -> DraftConfig:
     """Shape the draft like one decoder layer of the target (overridable), reading only config.json."""
     raw = json.loads((Path(target_path) / "config.json").read_text())
     tc = _text_config(raw)
@@ -81,12 +87,19 @@ def draft_config_from_target(target_path: str | os.PathLike, aux_layer_ids: list
     rope = {k: tc[k] for k in ("rope_parameters", "rope_theta", "rope_scaling") if tc.get(k) is not None}
     vocab = int(tc["vocab_size"])
     return DraftConfig(
-        hidden_size=h, target_hidden_size=h,
+        hidden_size=h,
+        target_hidden_size=h,
         intermediate_size=intermediate_size or int(tc.get("intermediate_size") or 4 * h),
-        num_attention_heads=heads, num_key_value_heads=kv, head_dim=head_dim, vocab_size=vocab,
-        draft_vocab_size=min(draft_vocab_size, vocab), rms_norm_eps=float(tc.get("rms_norm_eps", 1e-6)),
+        num_attention_heads=heads,
+        num_key_value_heads=kv,
+        head_dim=head_dim,
+        vocab_size=vocab,
+        draft_vocab_size=min(draft_vocab_size, vocab),
+        rms_norm_eps=float(tc.get("rms_norm_eps", 1e-6)),
         max_position_embeddings=int(tc.get("max_position_embeddings", 4096)),
-        aux_layer_ids=list(aux_layer_ids), last_layer_id=int(last_layer_id), rope=rope,
+        aux_layer_ids=list(aux_layer_ids),
+        last_layer_id=int(last_layer_id),
+        rope=rope,
         hidden_act=str(tc.get("hidden_act", "silu")),
         target_architecture=(raw.get("architectures") or ["LlamaForCausalLM"])[0],
     )
@@ -111,8 +124,12 @@ def _rope_inv_freq(cfg: DraftConfig) -> tuple[torch.Tensor, float]:
     from transformers import LlamaConfig
     from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
 
-    kw: dict[str, Any] = dict(hidden_size=cfg.hidden_size, num_attention_heads=cfg.num_attention_heads,
-                              head_dim=cfg.head_dim, max_position_embeddings=cfg.max_position_embeddings)
+    kw: dict[str, Any] = dict(
+        hidden_size=cfg.hidden_size,
+        num_attention_heads=cfg.num_attention_heads,
+        head_dim=cfg.head_dim,
+        max_position_embeddings=cfg.max_position_embeddings,
+    )
     kw.update(cfg.rope)
     lc = LlamaConfig(**kw)
     params = getattr(lc, "rope_parameters", None) or getattr(lc, "rope_scaling", None) or {}
@@ -157,8 +174,9 @@ class DraftAttention(nn.Module):
         cos, sin = (emb.cos() * self.rope_scale).to(x.dtype), (emb.sin() * self.rope_scale).to(x.dtype)
         return x * cos + _rotate_half(x) * sin
 
-    def forward(self, x: torch.Tensor, positions: torch.Tensor, cache: list[tuple[torch.Tensor, torch.Tensor]]
-                ) -> torch.Tensor:
+    def forward(
+        self, x: torch.Tensor, positions: torch.Tensor, cache: list[tuple[torch.Tensor, torch.Tensor]]
+    ) -> torch.Tensor:
         """One TTT step. `cache` holds (k, v) of the earlier steps of this unroll and is appended to.
 
         Row i of step s is the draft token at position i+s of the chain rooted at context row i. At
@@ -183,8 +201,7 @@ class DraftAttention(nn.Module):
         if s == 0:
             out = F.scaled_dot_product_attention(q, keys, values, is_causal=True, enable_gqa=gqa)
         else:
-            out = F.scaled_dot_product_attention(q, keys, values, attn_mask=ttt_mask(t, s, x.device),
-                                                 enable_gqa=gqa)
+            out = F.scaled_dot_product_attention(q, keys, values, attn_mask=ttt_mask(t, s, x.device), enable_gqa=gqa)
         out = out.transpose(1, 2).reshape(b, t, c.num_attention_heads * c.head_dim)
         return self.o_proj(out)
 
@@ -256,15 +273,17 @@ class Eagle3Draft(nn.Module):
     def embed(self, ids: torch.Tensor) -> torch.Tensor:
         return F.embedding(ids, self.embed_tokens)
 
-    def step(self, ids: torch.Tensor, hidden: torch.Tensor, positions: torch.Tensor, cache: list
-             ) -> tuple[torch.Tensor, torch.Tensor]:
+    def step(
+        self, ids: torch.Tensor, hidden: torch.Tensor, positions: torch.Tensor, cache: list
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         """One draft step: returns (draft-vocab logits, pre-norm hidden to feed back)."""
         emb = self.embed(ids).to(hidden.dtype)
         pre = self.midlayer(emb, hidden, positions, cache)
         return self.lm_head(self.norm(pre)), pre
 
-    def forward(self, aux: torch.Tensor, ids_per_step: list[torch.Tensor], positions: torch.Tensor
-                ) -> list[torch.Tensor]:
+    def forward(
+        self, aux: torch.Tensor, ids_per_step: list[torch.Tensor], positions: torch.Tensor
+    ) -> list[torch.Tensor]:
         """TTT unroll. aux: [B, T, 3*Ht]; ids_per_step[s]: [B, T] tokens fed at step s. Returns logits per step."""
         hidden = self.fc(aux)
         cache: list = []
@@ -278,6 +297,7 @@ class Eagle3Draft(nn.Module):
 # ----------------------------------------------------------------------------------------------------
 # Target pieces (frozen): embedding, final norm, lm_head, read from the target's safetensors.
 
+
 def load_target_tensors(target_path: str | os.PathLike, names: dict[str, list[str]]) -> dict[str, torch.Tensor]:
     """Load only the named tensors (first alias found wins) from a target's safetensors files."""
     from safetensors import safe_open
@@ -285,8 +305,9 @@ def load_target_tensors(target_path: str | os.PathLike, names: dict[str, list[st
     target_path = Path(target_path)
     files = sorted(target_path.glob("*.safetensors"))
     if not files:
-        raise FileNotFoundError(f"{target_path}: no *.safetensors files (the draft needs the target's "
-                                "embedding, final norm and lm_head)")
+        raise FileNotFoundError(
+            f"{target_path}: no *.safetensors files (the draft needs the target's embedding, final norm and lm_head)"
+        )
     index: dict[str, Path] = {}
     for f in files:
         with safe_open(str(f), "pt") as sf:
@@ -304,16 +325,29 @@ def load_target_tensors(target_path: str | os.PathLike, names: dict[str, list[st
 
 def target_head(target_path: str | os.PathLike) -> dict[str, torch.Tensor]:
     """embed [V, H], norm [H], lm_head [V, H] (the embedding when the target ties them)."""
-    t = load_target_tensors(target_path, {
-        "embed": ["model.embed_tokens.weight", "model.language_model.embed_tokens.weight",
-                  "language_model.model.embed_tokens.weight", "embed_tokens.weight"],
-        "norm": ["model.norm.weight", "model.language_model.norm.weight", "language_model.model.norm.weight",
-                 "norm.weight"],
-        "lm_head": ["lm_head.weight", "language_model.lm_head.weight"],
-    })
+    t = load_target_tensors(
+        target_path,
+        {
+            "embed": [
+                "model.embed_tokens.weight",
+                "model.language_model.embed_tokens.weight",
+                "language_model.model.embed_tokens.weight",
+                "embed_tokens.weight",
+            ],
+            "norm": [
+                "model.norm.weight",
+                "model.language_model.norm.weight",
+                "language_model.model.norm.weight",
+                "norm.weight",
+            ],
+            "lm_head": ["lm_head.weight", "language_model.lm_head.weight"],
+        },
+    )
     if "embed" not in t or "norm" not in t:
-        raise KeyError(f"{target_path}: could not find the embedding / final norm weights "
-                       f"(found {sorted(t)}); is this a Llama-like checkpoint?")
+        raise KeyError(
+            f"{target_path}: could not find the embedding / final norm weights "
+            f"(found {sorted(t)}); is this a Llama-like checkpoint?"
+        )
     if "lm_head" not in t:  # tie_word_embeddings
         t["lm_head"] = t["embed"]
     return t
@@ -327,8 +361,14 @@ class TargetHead(nn.Module):
     outside the draft vocabulary can never be drafted).
     """
 
-    def __init__(self, norm_w: torch.Tensor, lm_head_w: torch.Tensor, eps: float, draft_to_target: torch.Tensor,
-                 full_argmax: bool = True):
+    def __init__(
+        self,
+        norm_w: torch.Tensor,
+        lm_head_w: torch.Tensor,
+        eps: float,
+        draft_to_target: torch.Tensor,
+        full_argmax: bool = True,
+    ):
         super().__init__()
         self.register_buffer("norm_w", norm_w.float(), persistent=False)
         self.full_argmax = full_argmax
@@ -343,7 +383,7 @@ class TargetHead(nn.Module):
         logps, argmax = [], []
         w = self.lm_head_w
         for i in range(0, last.shape[0], chunk):
-            x = last[i:i + chunk].float()
+            x = last[i : i + chunk].float()
             x = (x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps)) * self.norm_w
             logits = x.to(w.dtype) @ w.T  # [n, V] (full) or [n, Vd]
             if self.full_argmax:
@@ -358,6 +398,7 @@ class TargetHead(nn.Module):
 # ----------------------------------------------------------------------------------------------------
 # Export
 
+
 def export_draft(model: Eagle3Draft, out_dir: str | os.PathLike, dtype: torch.dtype = torch.bfloat16) -> Path:
     """Write config.json + model.safetensors in the layout vLLM's eagle3 loader (0.26 .. 0.32) expects."""
     from safetensors.torch import save_file
@@ -367,6 +408,7 @@ def export_draft(model: Eagle3Draft, out_dir: str | os.PathLike, dtype: torch.dt
     tmp = out_dir.with_name(out_dir.name + ".tmp")
     if tmp.exists():
         import shutil
+
         shutil.rmtree(tmp)
     tmp.mkdir(parents=True)
     tensors: dict[str, torch.Tensor] = {}
@@ -400,14 +442,14 @@ def export_draft(model: Eagle3Draft, out_dir: str | os.PathLike, dtype: torch.dt
         "torch_dtype": str(dtype).replace("torch.", ""),
         # Read both at the top level (0.32 gpu_model_runner / eagle3_utils) and in eagle_config (0.26).
         "eagle_aux_hidden_state_layer_ids": list(cfg.aux_layer_ids),
-        "eagle_config": {"eagle_aux_hidden_state_layer_ids": list(cfg.aux_layer_ids),
-                         "use_aux_hidden_state": True},
+        "eagle_config": {"eagle_aux_hidden_state_layer_ids": list(cfg.aux_layer_ids), "use_aux_hidden_state": True},
         "eagle_batch": {"draft_config": cfg.to_json()},
     }
     config.update(cfg.rope)
     (tmp / "config.json").write_text(json.dumps(config, indent=2) + "\n")
     if out_dir.exists():
         import shutil
+
         shutil.rmtree(out_dir)
     os.replace(tmp, out_dir)
     return out_dir

@@ -22,9 +22,9 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Sequence
-
+from typing import Any
 
 # Short, varied prompts for a quick look at a draft (the demo, `eagle-batch evaluate` without --prompts);
 # a real evaluation uses held-out prompts of the user's own data.
@@ -81,8 +81,13 @@ def _run_engine(spec: dict, timeout_s: float, env: dict[str, str] | None = None)
     with tempfile.TemporaryDirectory(prefix="eagle-serve-") as d:
         inp, out = Path(d) / "in.json", Path(d) / "out.json"
         inp.write_text(json.dumps(spec))
-        proc = subprocess.run([sys.executable, "-m", "eagle_batch.train.serve_check", str(inp), str(out)],
-                              env=_engine_env(env), capture_output=True, text=True, timeout=timeout_s)
+        proc = subprocess.run(
+            [sys.executable, "-m", "eagle_batch.train.serve_check", str(inp), str(out)],
+            env=_engine_env(env),
+            capture_output=True,
+            text=True,
+            timeout=timeout_s,
+        )
         if proc.returncode != 0 or not out.is_file():
             tail = (proc.stdout[-3000:] + "\n" + proc.stderr[-6000:]).strip()
             raise RuntimeError(f"vLLM engine subprocess failed (rc={proc.returncode}):\n{tail}")
@@ -104,11 +109,18 @@ def render_prompts(target_path: str | os.PathLike, prompts: Sequence[str | list[
     return out
 
 
-def measure_acceptance(target_path: str | os.PathLike, draft_dir: str | os.PathLike | None,
-                       prompts: Sequence[str | list[dict]], k: int = 3, max_tokens: int = 64,
-                       reference: dict | None = None, timeout_s: float = 900.0,
-                       max_model_len: int = 2048, dtype: str = "auto",
-                       engine_env: dict[str, str] | None = None) -> dict[str, Any]:
+def measure_acceptance(
+    target_path: str | os.PathLike,
+    draft_dir: str | os.PathLike | None,
+    prompts: Sequence[str | list[dict]],
+    k: int = 3,
+    max_tokens: int = 64,
+    reference: dict | None = None,
+    timeout_s: float = 900.0,
+    max_model_len: int = 2048,
+    dtype: str = "auto",
+    engine_env: dict[str, str] | None = None,
+) -> dict[str, Any]:
     """Greedy-generate `prompts` with and without the EAGLE-3 draft in `draft_dir`.
 
     Returns mean_acceptance_length, identical_outputs, num_drafts, num_draft_tokens,
@@ -119,16 +131,23 @@ def measure_acceptance(target_path: str | os.PathLike, draft_dir: str | os.PathL
     """
     if dtype == "auto":
         import torch
+
         dtype = "bfloat16" if torch.cuda.is_available() else "float32"
     target_path = servable_target(target_path)
     prompt_ids = render_prompts(target_path, prompts)
-    common = dict(target=str(target_path), prompts=prompt_ids, max_tokens=max_tokens,
-                  max_model_len=max_model_len, dtype=dtype)
+    common = dict(
+        target=str(target_path), prompts=prompt_ids, max_tokens=max_tokens, max_model_len=max_model_len, dtype=dtype
+    )
     if reference is None:
         reference = _run_engine(dict(common, draft=None, k=0), timeout_s, engine_env)
     spec = _run_engine(dict(common, draft=str(draft_dir), k=int(k)), timeout_s, engine_env) if draft_dir else None
-    result: dict[str, Any] = {"k": k, "num_prompts": len(prompt_ids), "max_tokens": max_tokens,
-                              "reference": reference, "baseline_s": reference["elapsed_s"]}
+    result: dict[str, Any] = {
+        "k": k,
+        "num_prompts": len(prompt_ids),
+        "max_tokens": max_tokens,
+        "reference": reference,
+        "baseline_s": reference["elapsed_s"],
+    }
     if spec is None:
         return result
     mismatches = [i for i, (a, b) in enumerate(zip(reference["outputs"], spec["outputs"])) if a != b]
@@ -139,10 +158,13 @@ def measure_acceptance(target_path: str | os.PathLike, draft_dir: str | os.PathL
     result.update(
         mean_acceptance_length=(1.0 + accepted / drafts) if drafts else float("nan"),
         acceptance_rate=(accepted / draft_tokens) if draft_tokens else float("nan"),
-        num_drafts=drafts, num_draft_tokens=draft_tokens, num_accepted_tokens=accepted,
+        num_drafts=drafts,
+        num_draft_tokens=draft_tokens,
+        num_accepted_tokens=accepted,
         accepted_per_position=m.get("vllm:spec_decode_num_accepted_tokens_per_pos", []),
         identical_outputs=not mismatches and len(reference["outputs"]) == len(spec["outputs"]),
-        mismatches=mismatches, spec_s=spec["elapsed_s"],
+        mismatches=mismatches,
+        spec_s=spec["elapsed_s"],
         generated_tokens=sum(len(o) for o in spec["outputs"]),
     )
     return result
@@ -153,11 +175,16 @@ def _engine_main(inp: Path, out: Path) -> None:
     from vllm.inputs import TokensPrompt
 
     spec = json.loads(inp.read_text())
-    kwargs: dict[str, Any] = dict(model=spec["target"], dtype=spec.get("dtype", "bfloat16"), max_model_len=spec["max_model_len"],
-                                  enforce_eager=True, disable_log_stats=False, seed=0)
+    kwargs: dict[str, Any] = dict(
+        model=spec["target"],
+        dtype=spec.get("dtype", "bfloat16"),
+        max_model_len=spec["max_model_len"],
+        enforce_eager=True,
+        disable_log_stats=False,
+        seed=0,
+    )
     if spec.get("draft"):
-        kwargs["speculative_config"] = {"method": "eagle3", "model": spec["draft"],
-                                        "num_speculative_tokens": spec["k"]}
+        kwargs["speculative_config"] = {"method": "eagle3", "model": spec["draft"], "num_speculative_tokens": spec["k"]}
     llm = LLM(**kwargs)
     sp = SamplingParams(temperature=0.0, max_tokens=spec["max_tokens"], ignore_eos=False)
     t0 = time.perf_counter()
@@ -170,9 +197,16 @@ def _engine_main(inp: Path, out: Path) -> None:
                 metrics[mt.name] = list(mt.values)
             elif hasattr(mt, "value"):
                 metrics[mt.name] = metrics.get(mt.name, 0) + mt.value
-    out.write_text(json.dumps({"outputs": [list(r.outputs[0].token_ids) for r in res],
-                               "texts": [r.outputs[0].text for r in res],
-                               "metrics": metrics, "elapsed_s": elapsed}))
+    out.write_text(
+        json.dumps(
+            {
+                "outputs": [list(r.outputs[0].token_ids) for r in res],
+                "texts": [r.outputs[0].text for r in res],
+                "metrics": metrics,
+                "elapsed_s": elapsed,
+            }
+        )
+    )
 
 
 if __name__ == "__main__":

@@ -25,9 +25,10 @@ import math
 import os
 import random
 import time
+from collections.abc import Callable
 from dataclasses import asdict
 from pathlib import Path
-from typing import Any, Callable, Optional
+from typing import Any
 
 import numpy as np
 import torch
@@ -36,14 +37,13 @@ import torch.nn.functional as F
 from .data import BatchPlan, EpochLoader, TrainSamples, build_vocab_map, token_frequencies
 from .model import Eagle3Draft, TargetHead, draft_config_from_target, export_draft, target_head
 
-
 # ----------------------------------------------------------------------------------------------------
 # Distributed
 
+
 def dist_env() -> tuple[int, int, int]:
     """(rank, world_size, local_rank) from torchrun / submitit-exported env; (0, 1, 0) when absent."""
-    return (int(os.environ.get("RANK", 0)), int(os.environ.get("WORLD_SIZE", 1)),
-            int(os.environ.get("LOCAL_RANK", 0)))
+    return (int(os.environ.get("RANK", 0)), int(os.environ.get("WORLD_SIZE", 1)), int(os.environ.get("LOCAL_RANK", 0)))
 
 
 def init_distributed() -> tuple[int, int, torch.device]:
@@ -55,9 +55,12 @@ def init_distributed() -> tuple[int, int, torch.device]:
         device = torch.device("cpu")
     if world > 1 and not torch.distributed.is_initialized():
         # EAGLE_BATCH_DIST_INIT (file://...): the rendezvous of run_local's ranks; else env:// (torchrun, Slurm).
-        torch.distributed.init_process_group("nccl" if device.type == "cuda" else "gloo",
-                                             init_method=os.environ.get("EAGLE_BATCH_DIST_INIT") or None,
-                                             rank=rank, world_size=world)
+        torch.distributed.init_process_group(
+            "nccl" if device.type == "cuda" else "gloo",
+            init_method=os.environ.get("EAGLE_BATCH_DIST_INIT") or None,
+            rank=rank,
+            world_size=world,
+        )
     return rank, world, device
 
 
@@ -79,8 +82,10 @@ def _all_reduce_sum(t: torch.Tensor) -> torch.Tensor:
 # ----------------------------------------------------------------------------------------------------
 # Loss
 
-def ttt_loss(model: Eagle3Draft, head: TargetHead, batch: dict, ttt_steps: int, decay: float,
-             autocast: bool) -> tuple[torch.Tensor, dict]:
+
+def ttt_loss(
+    model: Eagle3Draft, head: TargetHead, batch: dict, ttt_steps: int, decay: float, autocast: bool
+) -> tuple[torch.Tensor, dict]:
     """Unrolled TTT loss on one padded batch. Returns (weighted loss, per-step stats tensors)."""
     ids, lm = batch["input_ids"], batch["loss_mask"].bool()
     b, t = ids.shape
@@ -100,7 +105,7 @@ def ttt_loss(model: Eagle3Draft, head: TargetHead, batch: dict, ttt_steps: int, 
     for s in range(ttt_steps):
         x = torch.zeros_like(ids)
         if s + 1 < t:
-            x[:, :t - s - 1] = ids[:, s + 1:]
+            x[:, : t - s - 1] = ids[:, s + 1 :]
         ids_per_step.append(x)
     aux = batch["aux"] if autocast else batch["aux"].float()
     with torch.autocast(device.type, dtype=torch.bfloat16, enabled=autocast):
@@ -113,16 +118,16 @@ def ttt_loss(model: Eagle3Draft, head: TargetHead, batch: dict, ttt_steps: int, 
         n = t - s - 2
         if n <= 0:
             continue
-        valid = lm[:, s + 2:]  # predicted token j = i+s+2
+        valid = lm[:, s + 2 :]  # predicted token j = i+s+2
         if not valid.any():
             continue
         lg_v = lg[:, :n][valid].float()
-        tp = tgt_logp[:, s + 1:t - 1][valid]
-        ta = tgt_arg[:, s + 1:t - 1][valid]
+        tp = tgt_logp[:, s + 1 : t - 1][valid]
+        ta = tgt_arg[:, s + 1 : t - 1][valid]
         logq = F.log_softmax(lg_v, dim=-1)
         per_tok = -(tp.exp() * logq).sum(-1)
         step_loss = per_tok.mean()
-        total = total + (decay ** s) * step_loss
+        total = total + (decay**s) * step_loss
         loss_sum[s] = per_tok.detach().sum()
         correct[s] = (d2t_ids[lg_v.argmax(-1)] == ta).float().sum()
         count[s] = valid.sum()
@@ -132,12 +137,14 @@ def ttt_loss(model: Eagle3Draft, head: TargetHead, batch: dict, ttt_steps: int, 
 # ----------------------------------------------------------------------------------------------------
 # Schedule, RNG, checkpoints
 
+
 def lr_lambda(warmup: int, total: int, min_ratio: float) -> Callable[[int], float]:
     def f(step: int) -> float:
         if warmup > 0 and step < warmup:
             return (step + 1) / warmup
         progress = min(1.0, (step - warmup) / max(1, total - warmup))
         return min_ratio + (1.0 - min_ratio) * 0.5 * (1.0 + math.cos(math.pi * progress))
+
     return f
 
 
@@ -156,7 +163,7 @@ def set_rng_state(st: dict) -> None:
         torch.cuda.set_rng_state_all(st["cuda"])
 
 
-def latest_checkpoint(out_dir: Path) -> Optional[Path]:
+def latest_checkpoint(out_dir: Path) -> Path | None:
     p = out_dir / "checkpoints" / "latest"
     if not p.is_file():
         return None
@@ -181,6 +188,7 @@ def save_checkpoint(out_dir: Path, state: dict, keep: int = 2) -> Path:
 # ----------------------------------------------------------------------------------------------------
 # Metrics
 
+
 class Metrics:
     def __init__(self, out_dir: Path, enabled: bool, tensorboard: bool):
         self.enabled = enabled
@@ -189,6 +197,7 @@ class Metrics:
         if enabled and tensorboard:
             try:
                 from torch.utils.tensorboard import SummaryWriter
+
                 self.tb = SummaryWriter(str(out_dir / "tb"))
             except Exception as e:  # tensorboard missing: JSONL still has everything
                 print(f"[eagle-batch train] TensorBoard disabled: {e}")
@@ -217,6 +226,7 @@ class Metrics:
 # ----------------------------------------------------------------------------------------------------
 # Training
 
+
 def output_dir(cfg) -> Path:
     return Path(cfg.train.output_dir) if cfg.train.output_dir else Path(cfg.run_dir) / "train" / cfg.train.name
 
@@ -228,13 +238,20 @@ def resolve_layers(cfg, stored_layer_ids: list[int]) -> tuple[list[int], int]:
     n = model_info(cfg.model.path).num_hidden_layers
     aux = list(cfg.train.aux_layer_ids) if cfg.train.aux_layer_ids else [i for i in stored_layer_ids if i != n]
     if n not in stored_layer_ids:
-        raise ValueError(f"the training data has layers {stored_layer_ids} but not the last layer {n} "
-                         "(its states give the training targets); re-extract with it in model.layer_ids.")
+        raise ValueError(
+            f"the training data has layers {stored_layer_ids} but not the last layer {n} "
+            "(its states give the training targets); re-extract with it in model.layer_ids."
+        )
     return aux, n
 
 
-def train(cfg, dataset: Any = None, should_stop: Callable[[], bool] = lambda: False,
-          max_steps_this_run: int = 0, on_step: Optional[Callable[[int, dict], None]] = None) -> dict:
+def train(
+    cfg,
+    dataset: Any = None,
+    should_stop: Callable[[], bool] = lambda: False,
+    max_steps_this_run: int = 0,
+    on_step: Callable[[int, dict], None] | None = None,
+) -> dict:
     """Train (or resume) the draft described by `cfg`; export at the end. Returns a summary dict.
 
     `should_stop()` is polled after every step: when true, a checkpoint is written and the function
@@ -253,21 +270,31 @@ def train(cfg, dataset: Any = None, should_stop: Callable[[], bool] = lambda: Fa
 
     if dataset is None:
         from eagle_batch.store import open_dataset
+
         dataset = open_dataset(tc.data or cfg.run_dir)
     if len(dataset) == 0:
         from eagle_batch.store import StoreError
 
-        raise StoreError(f"{tc.data or cfg.run_dir} holds no committed samples: there is nothing to train on. "
-                         f"Check `eagle-batch status {cfg.run_dir}` (did extraction run and finish?), then "
-                         "`eagle-batch aggregate` again.")
+        raise StoreError(
+            f"{tc.data or cfg.run_dir} holds no committed samples: there is nothing to train on. "
+            f"Check `eagle-batch status {cfg.run_dir}` (did extraction run and finish?), then "
+            "`eagle-batch aggregate` again."
+        )
     aux_ids, last_id = resolve_layers(cfg, list(dataset.layer_ids))
     samples = TrainSamples(dataset, aux_ids, last_id, tc.max_length)
     plan = BatchPlan(samples.lengths(), tc.batch_tokens, tc.seed, world)
     steps_per_epoch = plan.steps_per_epoch()
     total_steps = tc.epochs * steps_per_epoch if tc.epochs > 0 else tc.steps
 
-    dcfg = draft_config_from_target(cfg.model.path, aux_ids, last_id, tc.draft_vocab_size,
-                                    tc.draft_intermediate_size, tc.draft_num_heads, tc.draft_num_kv_heads)
+    dcfg = draft_config_from_target(
+        cfg.model.path,
+        aux_ids,
+        last_id,
+        tc.draft_vocab_size,
+        tc.draft_intermediate_size,
+        tc.draft_num_heads,
+        tc.draft_num_kv_heads,
+    )
     th = target_head(cfg.model.path)
     model = Eagle3Draft(dcfg, th["embed"]).to(device)
     ckpt_path = latest_checkpoint(out)
@@ -279,11 +306,19 @@ def train(cfg, dataset: Any = None, should_stop: Callable[[], bool] = lambda: Fa
         model.set_vocab_map(build_vocab_map(freq, dcfg.draft_vocab_size).to(device))
         if rank == 0:
             covered = float(freq[model.draft_to_target.cpu().numpy()].sum() / max(1, freq.sum()))
-            (out / "vocab.json").write_text(json.dumps({"draft_vocab_size": dcfg.draft_vocab_size,
-                                                       "distinct_tokens": int((freq > 0).sum()),
-                                                       "loss_token_coverage": covered}) + "\n")
-    head = TargetHead(th["norm"], th["lm_head"], dcfg.rms_norm_eps, model.draft_to_target.cpu(),
-                      full_argmax=tc.accuracy_vs == "full").to(device)
+            (out / "vocab.json").write_text(
+                json.dumps(
+                    {
+                        "draft_vocab_size": dcfg.draft_vocab_size,
+                        "distinct_tokens": int((freq > 0).sum()),
+                        "loss_token_coverage": covered,
+                    }
+                )
+                + "\n"
+            )
+    head = TargetHead(
+        th["norm"], th["lm_head"], dcfg.rms_norm_eps, model.draft_to_target.cpu(), full_argmax=tc.accuracy_vs == "full"
+    ).to(device)
     del th
 
     params = [p for p in model.parameters() if p.requires_grad]
@@ -298,19 +333,30 @@ def train(cfg, dataset: Any = None, should_stop: Callable[[], bool] = lambda: Fa
         if str(rank) in rngs:
             set_rng_state(rngs[str(rank)])
         if ckpt.get("world_size", world) != world:
-            print(f"[eagle-batch train] resuming a {ckpt.get('world_size')}-rank checkpoint on {world} ranks: "
-                  "the data order after this point differs from the original run")
+            print(
+                f"[eagle-batch train] resuming a {ckpt.get('world_size')}-rank checkpoint on {world} ranks: "
+                "the data order after this point differs from the original run"
+            )
     ddp = model
     if world > 1:
-        ddp = torch.nn.parallel.DistributedDataParallel(model, device_ids=[device.index] if device.type == "cuda"
-                                                        else None)
+        ddp = torch.nn.parallel.DistributedDataParallel(
+            model, device_ids=[device.index] if device.type == "cuda" else None
+        )
 
     metrics = Metrics(out, rank == 0, tc.tensorboard)
     if rank == 0:
         (out / "draft_config.json").write_text(json.dumps(dcfg.to_json(), indent=2) + "\n")
-        metrics.log({"event": "start", "step": step, "resumed_from": str(ckpt_path) if ckpt_path else None,
-                     "total_steps": total_steps, "steps_per_epoch": steps_per_epoch, "world_size": world,
-                     "num_samples": len(samples)})
+        metrics.log(
+            {
+                "event": "start",
+                "step": step,
+                "resumed_from": str(ckpt_path) if ckpt_path else None,
+                "total_steps": total_steps,
+                "steps_per_epoch": steps_per_epoch,
+                "world_size": world,
+                "num_samples": len(samples),
+            }
+        )
     autocast = tc.precision == "bf16"
     pin = device.type == "cuda"
     status = "done"
@@ -325,10 +371,18 @@ def train(cfg, dataset: Any = None, should_stop: Callable[[], bool] = lambda: Fa
             torch.distributed.all_gather_object(rngs, mine)
         else:
             rngs = [mine]
-        return {"model": model.state_dict(), "optimizer": opt.state_dict(), "scheduler": sched.state_dict(),
-                "step": step, "epoch": epoch, "batch_in_epoch": batch_in_epoch, "world_size": world,
-                "rng": {str(r): s for r, s in enumerate(rngs)}, "draft_config": dcfg.to_json(),
-                "train_config": asdict(tc)}
+        return {
+            "model": model.state_dict(),
+            "optimizer": opt.state_dict(),
+            "scheduler": sched.state_dict(),
+            "step": step,
+            "epoch": epoch,
+            "batch_in_epoch": batch_in_epoch,
+            "world_size": world,
+            "rng": {str(r): s for r, s in enumerate(rngs)},
+            "draft_config": dcfg.to_json(),
+            "train_config": asdict(tc),
+        }
 
     def checkpoint() -> None:
         st = state_dict()  # collective: every rank calls it
@@ -336,10 +390,11 @@ def train(cfg, dataset: Any = None, should_stop: Callable[[], bool] = lambda: Fa
             save_checkpoint(out, st)
 
     # An empty epoch raises "no training batches" from the stream's first batch.
-    stream = EpochLoader(samples, plan, rank, num_workers=tc.num_workers, prefetch_factor=tc.prefetch_factor,
-                         pin_memory=pin).stream(epoch, skip=batch_in_epoch)
+    stream = EpochLoader(
+        samples, plan, rank, num_workers=tc.num_workers, prefetch_factor=tc.prefetch_factor, pin_memory=pin
+    ).stream(epoch, skip=batch_in_epoch)
     t_last = time.perf_counter()
-    for epoch, index, batch in (stream if step < total_steps else ()):
+    for epoch, index, batch in stream if step < total_steps else ():
         t_got = time.perf_counter()
         batch = {k: v.to(device, non_blocking=True) for k, v in batch.items()}
         model.train()
@@ -369,15 +424,23 @@ def train(cfg, dataset: Any = None, should_stop: Callable[[], bool] = lambda: Fa
             vec = torch.cat([st["loss_sum"], st["correct"], st["count"]]).detach().float()
             vec = _all_reduce_sum(vec)
             k = tc.ttt_steps
-            cnt = vec[2 * k:].clamp_min(1)
+            cnt = vec[2 * k :].clamp_min(1)
             elapsed = acc_window["wait"] + acc_window["compute"]
-            metrics.log({
-                "step": step, "epoch": epoch, "lr": sched.get_last_lr()[0], "loss": float(loss.detach()),
-                "loss_per_step": (vec[:k] / cnt).tolist(), "acc_per_step": (vec[k:2 * k] / cnt).tolist(),
-                "acc": float(vec[k] / cnt[0]), "grad_norm": float(gnorm),
-                "tokens_per_s": acc_window["tokens"] * world / max(elapsed, 1e-9),
-                "data_wait_frac": acc_window["wait"] / max(elapsed, 1e-9), "time": time.time(),
-            })
+            metrics.log(
+                {
+                    "step": step,
+                    "epoch": epoch,
+                    "lr": sched.get_last_lr()[0],
+                    "loss": float(loss.detach()),
+                    "loss_per_step": (vec[:k] / cnt).tolist(),
+                    "acc_per_step": (vec[k : 2 * k] / cnt).tolist(),
+                    "acc": float(vec[k] / cnt[0]),
+                    "grad_norm": float(gnorm),
+                    "tokens_per_s": acc_window["tokens"] * world / max(elapsed, 1e-9),
+                    "data_wait_frac": acc_window["wait"] / max(elapsed, 1e-9),
+                    "time": time.time(),
+                }
+            )
             acc_window = {"wait": 0.0, "compute": 0.0, "tokens": 0, "n": 0}
         stop_now = bool(should_stop()) or (max_steps_this_run and steps_this_run >= max_steps_this_run)
         if world > 1:
@@ -406,6 +469,7 @@ def train(cfg, dataset: Any = None, should_stop: Callable[[], bool] = lambda: Fa
 
 def _ddp_loss(ddp, model, head, batch, tc, autocast):
     """The same loss through the DDP wrapper (its forward hooks do the gradient all-reduce)."""
+
     class _Proxy:
         cfg = model.cfg
         draft_to_target = model.draft_to_target

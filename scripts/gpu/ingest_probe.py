@@ -13,6 +13,7 @@ write rate of `dd` without sync and the kernel's dirty-page limits. PROBE_GB (de
 volume, PROBE_CHUNK store.chunk_tokens (default 0: the store's choice), PROBE_SWITCH the GIL switch
 interval. Writes $OUT/ingest.json.
 """
+
 import json
 import os
 import subprocess
@@ -34,8 +35,9 @@ pool = np.load(sys.argv[1])["rows"][:, :, :2048]
 dirs = sys.argv[2:] or [os.environ.get("PROBE_DIR", "/root/probe"), "/dev/shm"]
 T, L, H = 512, 4, 2048
 rng = np.random.default_rng(0)
-samples = [torch.from_numpy(np.ascontiguousarray(pool[rng.integers(0, len(pool), T)])).view(torch.bfloat16)
-           for _ in range(16)]
+samples = [
+    torch.from_numpy(np.ascontiguousarray(pool[rng.integers(0, len(pool), T)])).view(torch.bfloat16) for _ in range(16)
+]
 n = max(16, int(GB * 1e9 / samples[0].numel() / 2))
 res = {"nproc": os.cpu_count(), "samples": n, "gb": round(n * samples[0].numel() * 2 / 1e9, 2), "runs": []}
 
@@ -46,7 +48,9 @@ def sh(cmd):
 
 
 res["dirty"] = sh("grep -H . /proc/sys/vm/dirty_*")
-res["cgroup_memory_max"] = sh("cat /sys/fs/cgroup/memory.max 2>/dev/null; cat /sys/fs/cgroup/memory/memory.limit_in_bytes 2>/dev/null")
+res["cgroup_memory_max"] = sh(
+    "cat /sys/fs/cgroup/memory.max 2>/dev/null; cat /sys/fs/cgroup/memory/memory.limit_in_bytes 2>/dev/null"
+)
 res["mem"] = sh("free -g")
 
 from eagle_batch.capture.sink import CapturedRequest
@@ -73,12 +77,22 @@ def one(base, fsync, io):
     wt.commit(wait=True)
     dt = time.perf_counter() - t0
     wt.close()
-    r = dict(dir=base, fsync=fsync, io_threads=io, chunk_tokens=w.layouts["hidden_states"].chunk_tokens,
-             switch_s=sys.getswitchinterval(), encode_threads=w.encode_threads,
-             gb_s=round(res["gb"] / dt, 3), wall_s=round(dt, 2), put_done_s=round(t_put, 2),
-             writer_busy_frac=round(wt.stats.write_s / dt, 3), put_wait_s=round(wt.stats.put_wait_s, 2),
-             commit_s=round(wt.stats.commit_s, 2), stall_s={k: round(v, 2) for k, v in w.stall_s.items()},
-             chunks=w.chunk_stats())
+    r = dict(
+        dir=base,
+        fsync=fsync,
+        io_threads=io,
+        chunk_tokens=w.layouts["hidden_states"].chunk_tokens,
+        switch_s=sys.getswitchinterval(),
+        encode_threads=w.encode_threads,
+        gb_s=round(res["gb"] / dt, 3),
+        wall_s=round(dt, 2),
+        put_done_s=round(t_put, 2),
+        writer_busy_frac=round(wt.stats.write_s / dt, 3),
+        put_wait_s=round(wt.stats.put_wait_s, 2),
+        commit_s=round(wt.stats.commit_s, 2),
+        stall_s={k: round(v, 2) for k, v in w.stall_s.items()},
+        chunks=w.chunk_stats(),
+    )
     w.close()
     subprocess.run(["rm", "-rf", d])
     print(json.dumps(r), flush=True)

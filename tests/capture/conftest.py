@@ -40,8 +40,11 @@ class FakeWriter:
             assert isinstance(hidden_states, torch.Tensor) and hidden_states.dtype == torch.bfloat16
             assert sample_id not in self.pending and sample_id not in self.committed, sample_id
             self.append_threads.add(threading.current_thread().name)
-            self.pending[sample_id] = dict(input_ids=np.asarray(input_ids).copy(),
-                                           loss_mask=np.asarray(loss_mask).copy(), hidden_states=hidden_states.clone())
+            self.pending[sample_id] = dict(
+                input_ids=np.asarray(input_ids).copy(),
+                loss_mask=np.asarray(loss_mask).copy(),
+                hidden_states=hidden_states.clone(),
+            )
         finally:  # the store's contract: lent rows come back exactly once, also on failure
             if on_release is not None:
                 on_release()
@@ -56,7 +59,7 @@ class FakeWriter:
             self.blocks.append(list(sample_ids))
             off = 0
             for sid, ids, mask in zip(sample_ids, input_ids, loss_masks):
-                self.append(sid, ids, mask, hidden_states[off:off + len(ids)])
+                self.append(sid, ids, mask, hidden_states[off : off + len(ids)])
                 off += len(ids)
         finally:
             if on_release is not None:

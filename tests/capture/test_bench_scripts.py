@@ -18,18 +18,38 @@ ROOT = Path(__file__).resolve().parents[2]
 def _run(args, tmp_path, timeout=1200, **extra_env):
     env = dict(os.environ, PYTHONPATH=str(ROOT), **extra_env)
     env["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
-    proc = subprocess.run([sys.executable, "-m", *args], env=env, cwd=tmp_path, capture_output=True, text=True,
-                          timeout=timeout)
+    proc = subprocess.run(
+        [sys.executable, "-m", *args], env=env, cwd=tmp_path, capture_output=True, text=True, timeout=timeout
+    )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     return proc
 
 
 def test_bench_capture_cpu_tiny(tmp_path):
     """Random model built without a tokenizer, same prompts in both phases, data committed to a real store."""
-    p = _run(["eagle_batch.bench.capture", "--build", "tiny-llama", "--dtype", "float32", "--num-prompts", "24",
-              "--prompt-len", "96", "--max-num-seqs", "16", "--max-num-batched-tokens", "512", "--enforce-eager",
-              "--work-dir", str(tmp_path / "w"), "--json"], tmp_path)
-    out = json.loads(p.stdout[p.stdout.index("{"):])
+    p = _run(
+        [
+            "eagle_batch.bench.capture",
+            "--build",
+            "tiny-llama",
+            "--dtype",
+            "float32",
+            "--num-prompts",
+            "24",
+            "--prompt-len",
+            "96",
+            "--max-num-seqs",
+            "16",
+            "--max-num-batched-tokens",
+            "512",
+            "--enforce-eager",
+            "--work-dir",
+            str(tmp_path / "w"),
+            "--json",
+        ],
+        tmp_path,
+    )
+    out = json.loads(p.stdout[p.stdout.index("{") :])
     assert out["tokens"] == 24 * 96
     assert out["plain_tok_s"] > 0 and out["eagle_batch_tok_s"] > 0 and out["ratio_vs_plain"] > 0
     eb = out["phases"]["eagle-batch"]
@@ -43,13 +63,41 @@ def test_bench_capture_background_engine_through_a_small_ring(tmp_path):
     the run (warm-up included), so the run only finishes if every record, the warm-up's too, is released.
     Several runs on the one engine (--sweep): without a store, then stores with different options; prompts
     of varied lengths."""
-    p = _run(["eagle_batch.bench.capture", "--build", "tiny-llama", "--dtype", "float32", "--num-prompts", "24",
-              "--prompt-len", "96", "--max-num-seqs", "16", "--max-num-batched-tokens", "512", "--enforce-eager",
-              "--engine-process", "background", "--phases", "eagle-batch", "--timeout", "400",
-              "--sweep", "drop;default;none:codec=none,threads=3,switch_ms=1", "--prompt-len-spread", "0.5",
-              "--work-dir", str(tmp_path / "w"), "--json"], tmp_path, timeout=600,
-             EAGLE_BATCH_SHM_BYTES=str(1 << 20))  # 1 MiB; one sample's fp32 states are 288 KiB
-    out = json.loads(p.stdout[p.stdout.index("{"):])
+    p = _run(
+        [
+            "eagle_batch.bench.capture",
+            "--build",
+            "tiny-llama",
+            "--dtype",
+            "float32",
+            "--num-prompts",
+            "24",
+            "--prompt-len",
+            "96",
+            "--max-num-seqs",
+            "16",
+            "--max-num-batched-tokens",
+            "512",
+            "--enforce-eager",
+            "--engine-process",
+            "background",
+            "--phases",
+            "eagle-batch",
+            "--timeout",
+            "400",
+            "--sweep",
+            "drop;default;none:codec=none,threads=3,switch_ms=1",
+            "--prompt-len-spread",
+            "0.5",
+            "--work-dir",
+            str(tmp_path / "w"),
+            "--json",
+        ],
+        tmp_path,
+        timeout=600,
+        EAGLE_BATCH_SHM_BYTES=str(1 << 20),
+    )  # 1 MiB; one sample's fp32 states are 288 KiB
+    out = json.loads(p.stdout[p.stdout.index("{") :])
     eb = out["phases"]["eagle-batch"]
     assert eb["engine_process"] == "background" and eb["samples"] == 24 and eb["commits"] >= 1
     # varied lengths (48..144), the same in every phase and run: every run covered all of their tokens
@@ -63,9 +111,26 @@ def test_bench_capture_background_engine_through_a_small_ring(tmp_path):
 
 
 def test_gpu_validate_cpu_tiny(tmp_path):
-    p = _run(["eagle_batch.bench.gpu_validate", "--models", "tiny-llama", "--tp", "1", "--dtype", "float32",
-              "--num-prompts", "4", "--lengths", "40,17,130", "--max-num-batched-tokens", "64",
-              "--out", str(tmp_path / "v")], tmp_path)
+    p = _run(
+        [
+            "eagle_batch.bench.gpu_validate",
+            "--models",
+            "tiny-llama",
+            "--tp",
+            "1",
+            "--dtype",
+            "float32",
+            "--num-prompts",
+            "4",
+            "--lengths",
+            "40,17,130",
+            "--max-num-batched-tokens",
+            "64",
+            "--out",
+            str(tmp_path / "v"),
+        ],
+        tmp_path,
+    )
     summary = json.loads((tmp_path / "v" / "gpu_validate.json").read_text())
     assert summary["passed"], summary
     (cell,) = summary["results"]

@@ -19,8 +19,14 @@ pytestmark = pytest.mark.vllm
 
 BUDGET = 64
 LENGTHS = [3, 17, 200, 64, 1, 130, 41, 65]
-COMBOS = [("llama", "native"), ("llama", "hooks"), ("qwen3_moe", "native"), ("qwen3_moe", "hooks"),
-          ("smollm2", "native"), ("smollm2", "hooks")]
+COMBOS = [
+    ("llama", "native"),
+    ("llama", "hooks"),
+    ("qwen3_moe", "native"),
+    ("qwen3_moe", "hooks"),
+    ("smollm2", "native"),
+    ("smollm2", "hooks"),
+]
 
 _REF: dict[str, dict] = {}
 
@@ -63,8 +69,10 @@ def _samples(kind, path, samples_factory):
         from transformers import AutoTokenizer
 
         tok = AutoTokenizer.from_pretrained(path)
-        text = ("The quick brown fox jumps over the lazy dog. Hidden states of a real model have outlier "
-                "channels; EAGLE-3 drafts are trained on them. ") * 20
+        text = (
+            "The quick brown fox jumps over the lazy dog. Hidden states of a real model have outlier "
+            "channels; EAGLE-3 drafts are trained on them. "
+        ) * 20
         ids = np.asarray(tok(text)["input_ids"], dtype=np.int32)
         for i, s in enumerate(samples):
             n = len(s.input_ids)
@@ -86,13 +94,24 @@ def _reference(kind, path, layer_ids, samples):
 @pytest.fixture(scope="module", params=COMBOS, ids=[f"{k}-{b}" for k, b in COMBOS])
 def captured(request, tiny_model, smollm2_path, samples_factory, fake_writer_cls, tmp_path_factory):
     kind, backend_name = request.param
-    path = _model_path(kind, tiny_model, smollm2_path, tmp_path_factory.mktemp('model'))
-    cfg = load_config(None, [
-        f"run_dir={tmp_path_factory.mktemp('run')}", f"model.path={path}", "model.dtype=float32",
-        "model.max_model_len=512", f"extract.max_num_batched_tokens={BUDGET}", "extract.max_num_seqs=8",
-        "extract.enable_chunked_prefill=true", "extract.enforce_eager=true", "extract.batch_samples=3",
-        "extract.commit_interval_s=0", f"extract.backend={backend_name}",
-        "extract.gpu_memory_utilization=0.5"])
+    path = _model_path(kind, tiny_model, smollm2_path, tmp_path_factory.mktemp("model"))
+    cfg = load_config(
+        None,
+        [
+            f"run_dir={tmp_path_factory.mktemp('run')}",
+            f"model.path={path}",
+            "model.dtype=float32",
+            "model.max_model_len=512",
+            f"extract.max_num_batched_tokens={BUDGET}",
+            "extract.max_num_seqs=8",
+            "extract.enable_chunked_prefill=true",
+            "extract.enforce_eager=true",
+            "extract.batch_samples=3",
+            "extract.commit_interval_s=0",
+            f"extract.backend={backend_name}",
+            "extract.gpu_memory_utilization=0.5",
+        ],
+    )
     samples = _samples(kind, path, samples_factory)
     backend = make_backend(cfg)
     try:
@@ -101,8 +120,15 @@ def captured(request, tiny_model, smollm2_path, samples_factory, fake_writer_cls
         w = fake_writer_cls(committed=[samples[2].sample_id])
         stats1 = run_capture(cfg, samples, w, backend=backend)  # batches of 3, a commit after each
         stats2 = run_capture(cfg, samples, w, backend=backend)  # everything committed: nothing to do
-        yield dict(kind=kind, backend=backend, cfg=cfg, samples=samples, raw=raw.items,
-                   writer_runs=(w, stats1, stats2), ref=_reference(kind, path, backend.layer_ids, samples))
+        yield dict(
+            kind=kind,
+            backend=backend,
+            cfg=cfg,
+            samples=samples,
+            raw=raw.items,
+            writer_runs=(w, stats1, stats2),
+            ref=_reference(kind, path, backend.layer_ids, samples),
+        )
     finally:
         backend.close()
 
@@ -113,8 +139,11 @@ def test_states_equal_transformers_fp32(captured):
     worst = 1.0
     for s in captured["samples"]:
         got, exp = raw[s.sample_id].states, ref[s.sample_id]
-        assert got.dtype == torch.float32 and got.shape == exp.shape == (len(s.input_ids), len(captured["backend"].layer_ids),
-                                                                         captured["backend"].hidden_size)
+        assert got.dtype == torch.float32 and got.shape == exp.shape == (
+            len(s.input_ids),
+            len(captured["backend"].layer_ids),
+            captured["backend"].hidden_size,
+        )
         cos = torch.nn.functional.cosine_similarity(got.double(), exp.double(), dim=-1)  # [T, L]
         worst = min(worst, float(cos.min()))
         assert float(cos.min()) >= 0.99999, (s.sample_id, cos.min(0).values.tolist())
@@ -152,20 +181,31 @@ def test_run_capture_commits_bf16_and_resumes(captured):
         got = rec["hidden_states"].float()
         cos = torch.nn.functional.cosine_similarity(got.double(), exp.double(), dim=-1)
         assert float(cos.min()) >= 0.99999, s.sample_id
-        assert float(((got - exp).abs() / (exp.abs() + 1e-3 * exp.abs().amax())).max()) <= 2 ** -7, s.sample_id
+        assert float(((got - exp).abs() / (exp.abs() + 1e-3 * exp.abs().amax())).max()) <= 2**-7, s.sample_id
 
 
-def test_native_out_of_process_worker_uses_shared_memory(tiny_model, samples_factory, fake_writer_cls,
-                                                         tmp_path, monkeypatch):
+def test_native_out_of_process_worker_uses_shared_memory(
+    tiny_model, samples_factory, fake_writer_cls, tmp_path, monkeypatch
+):
     """With the engine core in its own process (vLLM's default; always so for TP>1) the connector cannot
     see our sink: states travel through the shared-memory ring and must arrive intact and complete."""
     monkeypatch.setenv("VLLM_ENABLE_V1_MULTIPROCESSING", "1")
     path = tiny_model("llama")
-    cfg = load_config(None, [
-        f"run_dir={tmp_path}", f"model.path={path}", "model.dtype=float32", "model.max_model_len=512",
-        f"extract.max_num_batched_tokens={BUDGET}", "extract.max_num_seqs=8", "extract.enforce_eager=true",
-        "extract.batch_samples=4",
-        "extract.commit_interval_s=0", "extract.backend=native"])
+    cfg = load_config(
+        None,
+        [
+            f"run_dir={tmp_path}",
+            f"model.path={path}",
+            "model.dtype=float32",
+            "model.max_model_len=512",
+            f"extract.max_num_batched_tokens={BUDGET}",
+            "extract.max_num_seqs=8",
+            "extract.enforce_eager=true",
+            "extract.batch_samples=4",
+            "extract.commit_interval_s=0",
+            "extract.backend=native",
+        ],
+    )
     samples = samples_factory(LENGTHS, vocab=40000, seed=3, prefix="mp-")
     backend = make_backend(cfg)
     try:

@@ -6,8 +6,12 @@ import numpy as np
 import pytest
 import torch
 
-from eagle_batch.capture.layers import (hf_hidden_state_source, residual_stream, validate_layer_ids,
-                                        vllm_layer_output_index)
+from eagle_batch.capture.layers import (
+    hf_hidden_state_source,
+    residual_stream,
+    validate_layer_ids,
+    vllm_layer_output_index,
+)
 
 
 def test_validate_layer_ids_names_bad_ids():

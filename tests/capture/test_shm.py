@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import multiprocessing as mp
-import threading
 
 import numpy as np
 import torch
@@ -109,8 +108,11 @@ def test_bf16_records_carry_their_bits_and_the_store_gets_them_exactly(tmp_path,
     from eagle_batch.store import StoreSpec, TaskStoreWriter, hidden_states_to_uint16, open_dataset
 
     L, H, n = 2, 16, 9
-    w = TaskStoreWriter.open(tmp_path / "s.zarr", StoreSpec(layer_ids=[1, 2], hidden_size=H, model_name="t"),
-                             StoreConfig(chunk_tokens=8, shard_tokens=32, fsync=False))
+    w = TaskStoreWriter.open(
+        tmp_path / "s.zarr",
+        StoreSpec(layer_ids=[1, 2], hidden_size=H, model_name="t"),
+        StoreConfig(chunk_tokens=8, shard_tokens=32, fsync=False),
+    )
     wt = WriterThread(w, L, H)
     seen = []
 
@@ -131,8 +133,9 @@ def test_bf16_records_carry_their_bits_and_the_store_gets_them_exactly(tmp_path,
     for i in range(n):
         rec = ds[i]
         assert rec["sample_id"] == f"s{i}"
-        np.testing.assert_array_equal(hidden_states_to_uint16(rec["hidden_states"]),
-                                      hidden_states_to_uint16(_bf16_rows(i, L, H)))
+        np.testing.assert_array_equal(
+            hidden_states_to_uint16(rec["hidden_states"]), hidden_states_to_uint16(_bf16_rows(i, L, H))
+        )
 
 
 def _collecting_receiver():
@@ -168,6 +171,7 @@ def test_ring_space_is_freed_only_over_the_released_prefix():
 
 def test_a_record_the_sink_refuses_is_released():
     """E.g. a sample arriving while no capture runs: the sink raises, and the ring must still move on."""
+
     class Refuse:
         def put(self, item):
             raise RuntimeError("no capture running")
@@ -177,8 +181,9 @@ def test_a_record_the_sink_refuses_is_released():
         import pytest
 
         with pytest.raises(RuntimeError, match="no capture running"):
-            rx._handle(([("s0", "r0", np.arange(4), 4, True), ("s1", "r1", np.arange(4), 4, True)], 0, (2,),
-                        "bfloat16", 512))
+            rx._handle(
+                ([("s0", "r0", np.arange(4), 4, True), ("s1", "r1", np.arange(4), 4, True)], 0, (2,), "bfloat16", 512)
+            )
         assert int(rx._consumed[0]) == 512
     finally:
         rx.close()
@@ -191,9 +196,20 @@ def test_a_record_of_several_requests_is_freed_with_its_last_request():
     try:
         L, H = 2, 4
         rows = (np.arange(9 * L * H) % 65536).astype(np.uint16)
-        rx._data[:rows.nbytes] = rows.view(np.uint8)
-        rx._handle(([("a", "ra", np.arange(2), 2, True), ("b", "rb", np.arange(3), 3, False),
-                     ("c", "rc", np.arange(4), 4, None)], 0, (L, H), "bfloat16", 512))
+        rx._data[: rows.nbytes] = rows.view(np.uint8)
+        rx._handle(
+            (
+                [
+                    ("a", "ra", np.arange(2), 2, True),
+                    ("b", "rb", np.arange(3), 3, False),
+                    ("c", "rc", np.arange(4), 4, None),
+                ],
+                0,
+                (L, H),
+                "bfloat16",
+                512,
+            )
+        )
         rx._handle(([("d", "rd", np.arange(1), 1, True)], 512, (L, H), "bfloat16", 1024))
         assert [g.sample_id for g in got] == ["a", "b", "c", "d"]
         assert [g.finite for g in got] == [True, False, None, True]
@@ -221,8 +237,7 @@ def test_a_non_finite_row_fails_the_capture_naming_its_sample(fake_writer_cls, s
     w = fake_writer_cls()
     wt = WriterThread(w, L, H)
     with pytest.raises(CaptureError, match=r"sample s2: hidden_states contain NaN/Inf"):
-        _capture_through_ring(wt, wt, samples_factory, [3 + 5 * i for i in range(4)], _produce_one_nan, 1 << 20,
-                              L, H)
+        _capture_through_ring(wt, wt, samples_factory, [3 + 5 * i for i in range(4)], _produce_one_nan, 1 << 20, L, H)
     assert sorted(w.committed) == []  # the commit after the failure never happened
 
 
@@ -235,6 +250,5 @@ def _produce_one_nan(spec, n, L, H):
     finite = torch.isfinite(rows).flatten(1).all(1)
     host, where = prod.alloc_host(rows.shape, rows.dtype, pin=False)
     host.copy_(rows)
-    prod.put_rows([(f"s{j}", f"r{j}", np.arange(lengths[j]), lengths[j]) for j in range(n)], host, where, None,
-                  finite)
+    prod.put_rows([(f"s{j}", f"r{j}", np.arange(lengths[j]), lengths[j]) for j in range(n)], host, where, None, finite)
     prod.close()

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import argparse
 
-import numpy as np
 import pytest
 import torch
 
@@ -34,8 +33,17 @@ def test_validate_run_passes_on_good_store_and_fails_on_corrupted(tmp_path, tiny
 
     path = tiny_model("llama")
     run = tmp_path / "run"
-    cfg = load_config(None, [f"run_dir={run}", f"model.path={path}", "model.dtype=float32", "extract.backend=hf",
-                             "extract.batch_samples=2", "extract.commit_interval_s=0"])
+    cfg = load_config(
+        None,
+        [
+            f"run_dir={run}",
+            f"model.path={path}",
+            "model.dtype=float32",
+            "extract.backend=hf",
+            "extract.batch_samples=2",
+            "extract.commit_interval_s=0",
+        ],
+    )
     save_config(cfg, run)
     samples = samples_factory([12, 30, 7, 21], vocab=40000, seed=5)
     spec = StoreSpec.from_config(cfg, [2, 3, 6], 256)

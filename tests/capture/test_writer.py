@@ -84,8 +84,9 @@ def test_writer_thread_backpressure_bounds_pending_bytes(fake_writer_cls, sample
     one = 50 * L * H * 4
     wt = WriterThread(w, L, H, max_pending_bytes=2 * one)
     wt.expect(samples)
-    t = threading.Thread(target=lambda: [wt.put(CapturedRequest(s.sample_id, "r", s.input_ids, _states(50)))
-                                         for s in samples])
+    t = threading.Thread(
+        target=lambda: [wt.put(CapturedRequest(s.sample_id, "r", s.input_ids, _states(50))) for s in samples]
+    )
     t.start()
     t.join(0.5)
     assert t.is_alive(), "put() must block while the writer is behind by max_pending_bytes"
@@ -201,16 +202,32 @@ def test_writer_thread_hands_consecutive_rows_of_one_record_over_as_one_block(fa
 
     def put(i, rec, row0):
         n = lengths[i]
-        wt.put(CapturedRequest(samples[i].sample_id, f"r{i}", samples[i].input_ids, rec[row0:row0 + n],
-                               release=lambda i=i: released.append(i), block=rec, row0=row0))
+        wt.put(
+            CapturedRequest(
+                samples[i].sample_id,
+                f"r{i}",
+                samples[i].input_ids,
+                rec[row0 : row0 + n],
+                release=lambda i=i: released.append(i),
+                block=rec,
+                row0=row0,
+            )
+        )
 
     wt.expect([type(samples[0])("warm", np.arange(2), np.ones(2, np.uint8))])
     wt.put(CapturedRequest("warm", "rw", np.arange(2), _states(2)))  # blocks in the gated append
     put(0, rec_a, 0), put(1, rec_a, 3), put(2, rec_a, 7)
     put(3, rec_b, 0), put(4, rec_b, 2)
     put(5, rec_b, 9)  # rows 8..9 belong to nobody: not contiguous with s4
-    wt.put(CapturedRequest(samples[6].sample_id, "r6", samples[6].input_ids, _states(4).to(torch.bfloat16),
-                           release=lambda: released.append(6)))
+    wt.put(
+        CapturedRequest(
+            samples[6].sample_id,
+            "r6",
+            samples[6].input_ids,
+            _states(4).to(torch.bfloat16),
+            release=lambda: released.append(6),
+        )
+    )
     gate.set()
     wt.commit(wait=True)
     wt.close()
@@ -219,4 +236,4 @@ def test_writer_thread_hands_consecutive_rows_of_one_record_over_as_one_block(fa
     assert sorted(released) == list(range(7))
     for i in range(5):
         rec, row0 = (rec_a, [0, 3, 7][i]) if i < 3 else (rec_b, [0, 2][i - 3])
-        assert torch.equal(w.committed[ids[i]]["hidden_states"], rec[row0:row0 + lengths[i]])
+        assert torch.equal(w.committed[ids[i]]["hidden_states"], rec[row0 : row0 + lengths[i]])

@@ -7,9 +7,18 @@ from pathlib import Path
 
 import pytest
 
-from eagle_batch.config import (ConfigError, check_config, check_tokenizer, claim_run_dir, config_hash,
-                                default_layer_ids, load_config, load_run_config, resolve_layer_ids,
-                                save_config)
+from eagle_batch.config import (
+    ConfigError,
+    check_config,
+    check_tokenizer,
+    claim_run_dir,
+    config_hash,
+    default_layer_ids,
+    load_config,
+    load_run_config,
+    resolve_layer_ids,
+    save_config,
+)
 
 
 def write(tmp_path: Path, text: str, name: str = "c.yaml") -> Path:
@@ -21,9 +30,19 @@ def write(tmp_path: Path, text: str, name: str = "c.yaml") -> Path:
 def fake_model(tmp_path: Path, layers=6, heads=4, kv=2, vocab=100, weights=True, tokenizer=True) -> Path:
     d = tmp_path / "model"
     d.mkdir(exist_ok=True)
-    (d / "config.json").write_text(json.dumps({
-        "architectures": ["LlamaForCausalLM"], "model_type": "llama", "num_hidden_layers": layers,
-        "hidden_size": 64, "num_attention_heads": heads, "num_key_value_heads": kv, "vocab_size": vocab}))
+    (d / "config.json").write_text(
+        json.dumps(
+            {
+                "architectures": ["LlamaForCausalLM"],
+                "model_type": "llama",
+                "num_hidden_layers": layers,
+                "hidden_size": 64,
+                "num_attention_heads": heads,
+                "num_key_value_heads": kv,
+                "vocab_size": vocab,
+            }
+        )
+    )
     if weights:
         (d / "model.safetensors").write_bytes(b"x")
     if tokenizer:

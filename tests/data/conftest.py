@@ -19,8 +19,11 @@ def masked_runs(tokenizer, ids, mask) -> list[str]:
     runs = []
     for flag, group in itertools.groupby(zip(ids, mask), key=lambda x: x[1]):
         if flag:
-            runs.append(tokenizer.decode([int(i) for i, _ in group], skip_special_tokens=False,
-                                         clean_up_tokenization_spaces=False))
+            runs.append(
+                tokenizer.decode(
+                    [int(i) for i, _ in group], skip_special_tokens=False, clean_up_tokenization_spaces=False
+                )
+            )
     return runs
 
 
@@ -33,23 +36,62 @@ TEMPLATES = __import__("pathlib").Path(__file__).parent / "templates"
 # Special tokens of each family as the real tokenizers mark them (special=True tokens are what the
 # end-of-turn probe looks for; DeepSeek's role and tool markers and Qwen's <think> are plain added tokens).
 FAMILY_TOKENS = {
-    "llama3": dict(bos="<|begin_of_text|>", eos="<|eot_id|>",
-                   special=["<|begin_of_text|>", "<|end_of_text|>", "<|start_header_id|>", "<|end_header_id|>",
-                            "<|eot_id|>", "<|eom_id|>", "<|python_tag|>"], plain=[]),
-    "deepseek_v3": dict(bos="<｜begin▁of▁sentence｜>", eos="<｜end▁of▁sentence｜>",
-                        special=["<｜begin▁of▁sentence｜>", "<｜end▁of▁sentence｜>"],
-                        plain=["<｜User｜>", "<｜Assistant｜>", "<｜tool▁calls▁begin｜>", "<｜tool▁calls▁end｜>",
-                               "<｜tool▁call▁begin｜>", "<｜tool▁call▁end｜>", "<｜tool▁sep｜>",
-                               "<｜tool▁outputs▁begin｜>", "<｜tool▁outputs▁end｜>", "<｜tool▁output▁begin｜>",
-                               "<｜tool▁output▁end｜>"]),
-    "kimi_k2": dict(bos="[BOS]", eos="<|im_end|>",
-                    special=["[BOS]", "<|im_end|>", "<|im_user|>", "<|im_assistant|>", "<|im_system|>",
-                             "<|im_middle|>", "<|tool_calls_section_begin|>", "<|tool_calls_section_end|>",
-                             "<|tool_call_begin|>", "<|tool_call_argument_begin|>", "<|tool_call_end|>"],
-                    plain=[]),
-    "qwen3": dict(bos=None, eos="<|im_end|>", special=["<|im_start|>", "<|im_end|>", "<|endoftext|>"],
-                  plain=["<think>", "</think>", "<tool_call>", "</tool_call>", "<tool_response>",
-                         "</tool_response>"]),
+    "llama3": dict(
+        bos="<|begin_of_text|>",
+        eos="<|eot_id|>",
+        special=[
+            "<|begin_of_text|>",
+            "<|end_of_text|>",
+            "<|start_header_id|>",
+            "<|end_header_id|>",
+            "<|eot_id|>",
+            "<|eom_id|>",
+            "<|python_tag|>",
+        ],
+        plain=[],
+    ),
+    "deepseek_v3": dict(
+        bos="<｜begin▁of▁sentence｜>",
+        eos="<｜end▁of▁sentence｜>",
+        special=["<｜begin▁of▁sentence｜>", "<｜end▁of▁sentence｜>"],
+        plain=[
+            "<｜User｜>",
+            "<｜Assistant｜>",
+            "<｜tool▁calls▁begin｜>",
+            "<｜tool▁calls▁end｜>",
+            "<｜tool▁call▁begin｜>",
+            "<｜tool▁call▁end｜>",
+            "<｜tool▁sep｜>",
+            "<｜tool▁outputs▁begin｜>",
+            "<｜tool▁outputs▁end｜>",
+            "<｜tool▁output▁begin｜>",
+            "<｜tool▁output▁end｜>",
+        ],
+    ),
+    "kimi_k2": dict(
+        bos="[BOS]",
+        eos="<|im_end|>",
+        special=[
+            "[BOS]",
+            "<|im_end|>",
+            "<|im_user|>",
+            "<|im_assistant|>",
+            "<|im_system|>",
+            "<|im_middle|>",
+            "<|tool_calls_section_begin|>",
+            "<|tool_calls_section_end|>",
+            "<|tool_call_begin|>",
+            "<|tool_call_argument_begin|>",
+            "<|tool_call_end|>",
+        ],
+        plain=[],
+    ),
+    "qwen3": dict(
+        bos=None,
+        eos="<|im_end|>",
+        special=["<|im_start|>", "<|im_end|>", "<|endoftext|>"],
+        plain=["<think>", "</think>", "<tool_call>", "</tool_call>", "<tool_response>", "</tool_response>"],
+    ),
 }
 
 

@@ -20,8 +20,14 @@ CONV = [{"role": "user", "content": "Hello?"}, {"role": "assistant", "content": 
 
 def cli(*argv, cwd: Path = REPO) -> subprocess.CompletedProcess:
     env = dict(os.environ, PYTHONPATH=str(REPO))
-    return subprocess.run([sys.executable, "-m", "eagle_batch.cli", *map(str, argv)], capture_output=True,
-                          text=True, env=env, timeout=600, cwd=str(cwd))
+    return subprocess.run(
+        [sys.executable, "-m", "eagle_batch.cli", *map(str, argv)],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=600,
+        cwd=str(cwd),
+    )
 
 
 def no_traceback(r: subprocess.CompletedProcess) -> None:
@@ -34,9 +40,13 @@ def model(tiny_model):
 
 
 def prepare(tmp_path: Path, model: Path, inputs: list[Path], *overrides: str, run: str = "run"):
-    cfg = {"run_dir": str(tmp_path / run), "model": {"path": str(model), "max_model_len": 512},
-           "data": {"inputs": [str(p) for p in inputs], "max_length": 256}, "extract": {"num_tasks": 2},
-           "slurm": {"executor": "local", "gpus_per_node": 0}}
+    cfg = {
+        "run_dir": str(tmp_path / run),
+        "model": {"path": str(model), "max_model_len": 512},
+        "data": {"inputs": [str(p) for p in inputs], "max_length": 256},
+        "extract": {"num_tasks": 2},
+        "slurm": {"executor": "local", "gpus_per_node": 0},
+    }
     path = tmp_path / f"{run}.yaml"
     path.write_text(json.dumps(cfg))
     return cli("prepare", path, *overrides, "--no-progress", "--workers", "1"), path
@@ -52,7 +62,7 @@ def test_empty_input_file_is_an_error_and_nothing_is_submitted(tmp_path, model):
     empty.write_text("")
     r, cfg = prepare(tmp_path, model, [empty])
     assert r.returncode == 1
-    assert f"nothing to prepare: no sample from 1 input file(s) (0 rows read)" in r.stderr
+    assert "nothing to prepare: no sample from 1 input file(s) (0 rows read)" in r.stderr
     assert f"{empty}: no rows (the file is empty)" in r.stderr
     no_traceback(r)
     assert not (tmp_path / "run" / "prepared").exists()
@@ -94,18 +104,25 @@ def test_a_useless_file_among_good_ones_is_named_in_the_summary(tmp_path, model)
     bad = jsonl(tmp_path / "other.jsonl", [{"dialog": CONV}] * 2)
     r, _ = prepare(tmp_path, model, [good, bad])
     assert r.returncode == 0, r.stderr
-    assert f"warning: {bad}: none of its 2 rows could be used (unknown_format: 2). Its rows have the fields " \
-           "dialog" in r.stderr
+    assert (
+        f"warning: {bad}: none of its 2 rows could be used (unknown_format: 2). Its rows have the fields "
+        "dialog" in r.stderr
+    )
     summary = json.loads((tmp_path / "run" / "prepared" / "summary.json").read_text())
     assert summary["files"][str(bad)] == {"rows": 2, "kept": 0, "skipped": {"unknown_format": 2}}
     assert summary["files"][str(good)]["kept"] == 1
 
 
 def _truncated_array(path: Path, n_complete: int) -> int:
-    text = json.dumps([{"conversations": [{"from": "human", "value": f"Q{i}?"}, {"from": "gpt", "value": f"A{i}."}]}
-                       for i in range(n_complete + 1)], indent=1)
+    text = json.dumps(
+        [
+            {"conversations": [{"from": "human", "value": f"Q{i}?"}, {"from": "gpt", "value": f"A{i}."}]}
+            for i in range(n_complete + 1)
+        ],
+        indent=1,
+    )
     cut = text.rindex('"A')  # inside the last record's last string
-    path.write_text(text[:cut + 3])
+    path.write_text(text[: cut + 3])
     return len(text[: text.rindex("\n {", 0, cut) + 2].encode())  # byte offset of the cut record's "{"
 
 
@@ -140,7 +157,9 @@ def test_the_real_sharegpt_file_is_read_to_its_last_complete_record():
 
 def test_invalid_json_detail_says_at_once(tmp_path, model):
     path = tmp_path / "bad.jsonl"
-    path.write_text('{"messages": [{"role": "user", "content": "unterminated}\n' + json.dumps({"messages": CONV}) + "\n")
+    path.write_text(
+        '{"messages": [{"role": "user", "content": "unterminated}\n' + json.dumps({"messages": CONV}) + "\n"
+    )
     r, _ = prepare(tmp_path, model, [path])
     assert r.returncode == 0, r.stderr
     (bad,) = [json.loads(x) for x in (tmp_path / "run" / "prepared" / "bad_rows.jsonl").read_text().splitlines()]
@@ -156,15 +175,25 @@ def test_run_dir_that_cannot_be_created_is_one_line(tmp_path, model):
     assert r.returncode == 2
     assert r.stderr.strip().splitlines() == [
         f"eagle-batch prepare: configuration error: run_dir={tmp_path / 'a-file' / 'run'}: cannot create "
-        f"{tmp_path / 'a-file' / 'run'} (Not a directory); choose a folder you can write to."]
+        f"{tmp_path / 'a-file' / 'run'} (Not a directory); choose a folder you can write to."
+    ]
 
 
 def test_tool_call_only_turn_is_not_trained_as_an_empty_answer(tmp_path, model):
     from eagle_batch.data import PreparedDataset
 
-    row = {"messages": [CONV[0], {"role": "assistant", "content": "", "tool_calls": [
-        {"type": "function", "function": {"name": "lookup_user", "arguments": "{}"}}]},
-        {"role": "tool", "content": "Ann"}, {"role": "assistant", "content": "Hello Ann."}]}
+    row = {
+        "messages": [
+            CONV[0],
+            {
+                "role": "assistant",
+                "content": "",
+                "tool_calls": [{"type": "function", "function": {"name": "lookup_user", "arguments": "{}"}}],
+            },
+            {"role": "tool", "content": "Ann"},
+            {"role": "assistant", "content": "Hello Ann."},
+        ]
+    }
     path = jsonl(tmp_path / "tools.jsonl", [row])
     r, _ = prepare(tmp_path, model, [path])
     assert r.returncode == 0, r.stderr
@@ -183,8 +212,12 @@ def test_tool_call_only_turn_is_not_trained_as_an_empty_answer(tmp_path, model):
 
 def test_latin1_file_is_called_not_utf8(tmp_path, model):
     path = tmp_path / "latin1.jsonl"
-    path.write_bytes(b"".join(json.dumps({"prompt": f"caf\u00e9 {i}?", "response": "Oui."}, ensure_ascii=False)
-                              .encode("latin-1") + b"\n" for i in range(6)))
+    path.write_bytes(
+        b"".join(
+            json.dumps({"prompt": f"caf\u00e9 {i}?", "response": "Oui."}, ensure_ascii=False).encode("latin-1") + b"\n"
+            for i in range(6)
+        )
+    )
     r, _ = prepare(tmp_path, model, [path])
     assert r.returncode == 1
     assert f"{path}: 6 of 6 rows are not valid UTF-8: the file is probably in another encoding" in r.stderr
@@ -207,7 +240,14 @@ def test_status_json_into_head_exits_quietly(tmp_path):
     tasks = [{"task_id": t, "rows": [], "num_tokens": 0, "num_samples": 0} for t in range(2000)]
     (run / "prepared" / "plan.json").write_text(json.dumps({"num_tasks": 2000, "tasks": tasks}))
     env = dict(os.environ, PYTHONPATH=str(REPO))
-    r = subprocess.run(f"set -o pipefail; {sys.executable} -m eagle_batch.cli status {run} --json | head -n 2",
-                       shell=True, executable="/bin/bash", capture_output=True, text=True, env=env, timeout=120)
+    r = subprocess.run(
+        f"set -o pipefail; {sys.executable} -m eagle_batch.cli status {run} --json | head -n 2",
+        shell=True,
+        executable="/bin/bash",
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=120,
+    )
     assert r.returncode == 0, r.stderr
     assert r.stdout.splitlines()[0] == "{" and r.stderr == ""

@@ -16,8 +16,12 @@ def test_demo_data_is_small_reproducible_and_clean(tmp_path, smollm2_path, smoll
     lines = CHAT_JSONL.read_text().splitlines()
     assert len(lines) == 300
     assert [json.loads(x) for x in lines] == generate()  # the committed file is the generator's output
-    cfg = RunConfig(run_dir=str(tmp_path / "run"), model=ModelConfig(path=str(smollm2_path)),
-                    data=DataConfig(inputs=[str(CHAT_JSONL)]), extract=ExtractConfig(num_tasks=4))
+    cfg = RunConfig(
+        run_dir=str(tmp_path / "run"),
+        model=ModelConfig(path=str(smollm2_path)),
+        data=DataConfig(inputs=[str(CHAT_JSONL)]),
+        extract=ExtractConfig(num_tasks=4),
+    )
     summary = prepare(cfg, progress=False, tokenizer=smollm2_tokenizer)
     assert summary["rows_skipped"] == 0 and summary["samples"] == 300
     assert summary["samples_dropped_by_reason"] == {}
@@ -30,8 +34,21 @@ def test_bench_prepare_small(tmp_path, smollm2_path, capsys):
     p = argparse.ArgumentParser()
     p.add_argument("--json", action="store_true")
     bench.add_arguments(p)
-    args = p.parse_args(["--json", "--rows", "300", "--workers", "1", "--num-tasks", "4",
-                         "--model", str(smollm2_path), "--keep", str(tmp_path)])
+    args = p.parse_args(
+        [
+            "--json",
+            "--rows",
+            "300",
+            "--workers",
+            "1",
+            "--num-tasks",
+            "4",
+            "--model",
+            str(smollm2_path),
+            "--keep",
+            str(tmp_path),
+        ]
+    )
     assert bench.run(args) == 0
     result = json.loads(capsys.readouterr().out)
     assert result["rows"] == 300 and result["samples"] == 300

@@ -11,7 +11,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from eagle_batch.config import ConfigError, DataConfig, ExtractConfig, ModelConfig, RunConfig
-from eagle_batch.data import BAD_ROW_REASONS, PreparedDataset, prepare
+from eagle_batch.data import PreparedDataset, prepare
 from eagle_batch.data.prepare import BadRowError, NothingToPrepare
 from tests.data.conftest import build_family_tokenizer, masked_runs
 
@@ -19,8 +19,12 @@ CONV = [{"role": "user", "content": "Hello?"}, {"role": "assistant", "content": 
 
 
 def make_cfg(tmp_path, smollm2_path, inputs, name="run", **data) -> RunConfig:
-    return RunConfig(run_dir=str(tmp_path / name), model=ModelConfig(path=str(smollm2_path)),
-                     data=DataConfig(inputs=[str(p) for p in inputs], **data), extract=ExtractConfig(num_tasks=2))
+    return RunConfig(
+        run_dir=str(tmp_path / name),
+        model=ModelConfig(path=str(smollm2_path)),
+        data=DataConfig(inputs=[str(p) for p in inputs], **data),
+        extract=ExtractConfig(num_tasks=2),
+    )
 
 
 def run_prepare(cfg, tok, **kw):
@@ -44,11 +48,30 @@ BAD_LINES = [
     ("missing_role", json.dumps({"messages": [{"content": "hi"}, CONV[1]]}).encode() + b"\n"),
     ("unknown_role", json.dumps({"messages": [{"role": "narrator", "content": "hi"}, CONV[1]]}).encode() + b"\n"),
     ("non_string_content", json.dumps({"messages": [{"role": "user", "content": 42}, CONV[1]]}).encode() + b"\n"),
-    ("non_text_content", json.dumps({"messages": [{"role": "user", "content": [
-        {"type": "image_url", "image_url": {"url": "x.png"}}]}, CONV[1]]}).encode() + b"\n"),
+    (
+        "non_text_content",
+        json.dumps(
+            {"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "x.png"}}]}, CONV[1]]}
+        ).encode()
+        + b"\n",
+    ),
     ("empty_content", json.dumps({"messages": [CONV[0], {"role": "assistant", "content": "  "}]}).encode() + b"\n"),
-    ("bad_tool_calls", json.dumps({"messages": [CONV[0], {"role": "assistant", "content": None, "tool_calls": [
-        {"type": "function", "function": {"arguments": "{}"}}]}]}).encode() + b"\n"),
+    (
+        "bad_tool_calls",
+        json.dumps(
+            {
+                "messages": [
+                    CONV[0],
+                    {
+                        "role": "assistant",
+                        "content": None,
+                        "tool_calls": [{"type": "function", "function": {"arguments": "{}"}}],
+                    },
+                ]
+            }
+        ).encode()
+        + b"\n",
+    ),
     ("no_assistant_turn", json.dumps({"messages": [CONV[0]]}).encode() + b"\n"),
     ("unknown_role", json.dumps({"conversations": [{"from": "narrator", "value": "x"}]}).encode() + b"\n"),
     ("empty_content", json.dumps({"prompt": "", "response": "x"}).encode() + b"\n"),
@@ -78,15 +101,27 @@ def test_on_bad_row_error_stops_with_file_line_and_fix(tmp_path, smollm2_path, s
     path = tmp_path / "in.jsonl"
     path.write_bytes(json.dumps({"messages": CONV}).encode() + b"\n" + line)
     with pytest.raises(BadRowError) as e:
-        prepare(make_cfg(tmp_path, smollm2_path, [path], on_bad_row="error"), progress=False, tokenizer=smollm2_tokenizer)
+        prepare(
+            make_cfg(tmp_path, smollm2_path, [path], on_bad_row="error"), progress=False, tokenizer=smollm2_tokenizer
+        )
     assert f"{path}:2: {reason}" in str(e.value) and "data.on_bad_row=skip" in str(e.value)
     assert not (tmp_path / "run" / "prepared").exists()
 
 
 def test_template_error_and_not_prefix_stable_are_bad_rows(tmp_path, smollm2_path):
-    two_calls = {"messages": [CONV[0], {"role": "assistant", "content": "", "tool_calls": [
-        {"type": "function", "function": {"name": "a", "arguments": {}}},
-        {"type": "function", "function": {"name": "b", "arguments": {}}}]}]}
+    two_calls = {
+        "messages": [
+            CONV[0],
+            {
+                "role": "assistant",
+                "content": "",
+                "tool_calls": [
+                    {"type": "function", "function": {"name": "a", "arguments": {}}},
+                    {"type": "function", "function": {"name": "b", "arguments": {}}},
+                ],
+            },
+        ]
+    }
     path = tmp_path / "in.jsonl"
     path.write_text(json.dumps({"messages": CONV}) + "\n" + json.dumps(two_calls) + "\n")
     # Llama 3.1's template raises on two tool calls in one turn.
@@ -95,8 +130,14 @@ def test_template_error_and_not_prefix_stable_are_bad_rows(tmp_path, smollm2_pat
     assert summary["skipped_by_reason"] == {"template_error": 1} and summary["samples"] == 1
     assert "only supports single tool-calls" in bad[0]["detail"]
 
-    multi = {"messages": [CONV[0], {"role": "assistant", "content": "a", "reasoning_content": "r"},
-                          {"role": "user", "content": "more"}, {"role": "assistant", "content": "b"}]}
+    multi = {
+        "messages": [
+            CONV[0],
+            {"role": "assistant", "content": "a", "reasoning_content": "r"},
+            {"role": "user", "content": "more"},
+            {"role": "assistant", "content": "b"},
+        ]
+    }
     path.write_text(json.dumps(multi) + "\n")
     qwen = build_family_tokenizer(smollm2_path, "qwen3")
     cfg = make_cfg(tmp_path, smollm2_path, [path], name="q", non_prefix_stable="error")
@@ -106,17 +147,28 @@ def test_template_error_and_not_prefix_stable_are_bad_rows(tmp_path, smollm2_pat
     cfg.data.non_prefix_stable = "per_turn"
     summary, bad = run_prepare(cfg, qwen)
     assert summary["samples"] == 2 and summary["rows_split_per_turn"] == 1 and summary["rows_kept"] == 1
-    assert sorted(masked_runs(qwen, s.input_ids, s.loss_mask) for s in all_samples(tmp_path / "q")) == sorted([
-        ["<think>\nr\n</think>\n\na<|im_end|>"], ["<think>\n\n</think>\n\nb<|im_end|>"]])
+    assert sorted(masked_runs(qwen, s.input_ids, s.loss_mask) for s in all_samples(tmp_path / "q")) == sorted(
+        [["<think>\nr\n</think>\n\na<|im_end|>"], ["<think>\n\n</think>\n\nb<|im_end|>"]]
+    )
 
 
 def test_formats_and_column_names(tmp_path, smollm2_path, smollm2_tokenizer):
     rows = [
-        {"messages": [{"role": "developer", "content": "Be terse."},
-                      {"role": "user", "content": [{"type": "text", "text": "Two "}, {"type": "text", "text": "parts"}]},
-                      {"role": "assistant", "content": "Joined."}]},
+        {
+            "messages": [
+                {"role": "developer", "content": "Be terse."},
+                {"role": "user", "content": [{"type": "text", "text": "Two "}, {"type": "text", "text": "parts"}]},
+                {"role": "assistant", "content": "Joined."},
+            ]
+        },
         {"messages": json.dumps(CONV)},  # a JSON string column
-        {"conversations": [{"from": "system", "value": ""}, {"from": "human", "value": "Q"}, {"from": "gpt", "value": "A"}]},
+        {
+            "conversations": [
+                {"from": "system", "value": ""},
+                {"from": "human", "value": "Q"},
+                {"from": "gpt", "value": "A"},
+            ]
+        },
         {"prompt": "P", "response": "R", "system": "S"},
     ]
     path = tmp_path / "in.jsonl"
@@ -129,10 +181,21 @@ def test_formats_and_column_names(tmp_path, smollm2_path, smollm2_tokenizer):
 
     # Custom column names, explicit format.
     path2 = tmp_path / "custom.jsonl"
-    path2.write_text(json.dumps({"dialog": [{"from": "human", "value": "x"}, {"from": "gpt", "value": "y"}]}) + "\n"
-                     + json.dumps({"question": "q", "answer": "a"}) + "\n")
-    cfg = make_cfg(tmp_path, smollm2_path, [path2], name="r2", conversations_field="dialog",
-                   prompt_field="question", response_field="answer")
+    path2.write_text(
+        json.dumps({"dialog": [{"from": "human", "value": "x"}, {"from": "gpt", "value": "y"}]})
+        + "\n"
+        + json.dumps({"question": "q", "answer": "a"})
+        + "\n"
+    )
+    cfg = make_cfg(
+        tmp_path,
+        smollm2_path,
+        [path2],
+        name="r2",
+        conversations_field="dialog",
+        prompt_field="question",
+        response_field="answer",
+    )
     summary, bad = run_prepare(cfg, smollm2_tokenizer)
     assert summary["samples"] == 2 and bad == []
     cfg = make_cfg(tmp_path, smollm2_path, [path2], name="r3", format="sharegpt", conversations_field="dialog")
@@ -143,10 +206,23 @@ def test_formats_and_column_names(tmp_path, smollm2_path, smollm2_tokenizer):
 def test_columnar_files_and_datasets_folders(tmp_path, smollm2_path, smollm2_tokenizer):
     # Parquet/Arrow give every struct field to every message (None where absent); Llama's template tests
     # `'tool_calls' in message`, so Nones must be dropped or plain turns would render as tool calls.
-    rows = [{"messages": CONV},
-            {"messages": [CONV[0], {"role": "assistant", "content": None, "tool_calls": [
-                {"id": "c1", "type": "function", "function": {"name": "f", "arguments": '{"x": 1}'}}]},
-                {"role": "tool", "content": "1", "tool_call_id": "c1"}, {"role": "assistant", "content": "Done."}]}]
+    rows = [
+        {"messages": CONV},
+        {
+            "messages": [
+                CONV[0],
+                {
+                    "role": "assistant",
+                    "content": None,
+                    "tool_calls": [
+                        {"id": "c1", "type": "function", "function": {"name": "f", "arguments": '{"x": 1}'}}
+                    ],
+                },
+                {"role": "tool", "content": "1", "tool_call_id": "c1"},
+                {"role": "assistant", "content": "Done."},
+            ]
+        },
+    ]
     table = pa.Table.from_pylist(rows)
     pq.write_table(table, tmp_path / "a.parquet")
     feather.write_feather(table, tmp_path / "b.feather")
@@ -156,30 +232,41 @@ def test_columnar_files_and_datasets_folders(tmp_path, smollm2_path, smollm2_tok
     dd = tmp_path / "dd"
     for split in ("train", "test"):
         (dd / split).mkdir(parents=True)
-        with pa.OSFile(str(dd / split / "data-00000-of-00001.arrow"), "wb") as sink, \
-                pa.ipc.new_stream(sink, table.schema) as w:
+        with (
+            pa.OSFile(str(dd / split / "data-00000-of-00001.arrow"), "wb") as sink,
+            pa.ipc.new_stream(sink, table.schema) as w,
+        ):
             w.write_table(table)
         (dd / split / "state.json").write_text(json.dumps({"_data_files": [{"filename": "data-00000-of-00001.arrow"}]}))
         (dd / split / "dataset_info.json").write_text("{}")
     (dd / "dataset_dict.json").write_text(json.dumps({"splits": ["train", "test"]}))
     (tmp_path / "j.json").write_text(json.dumps(rows))
-    inputs = [tmp_path / "a.parquet", tmp_path / "b.feather", tmp_path / "c.arrow", dd / "train", dd,
-              tmp_path / "j.json"]
+    inputs = [
+        tmp_path / "a.parquet",
+        tmp_path / "b.feather",
+        tmp_path / "c.arrow",
+        dd / "train",
+        dd,
+        tmp_path / "j.json",
+    ]
     llama = build_family_tokenizer(smollm2_path, "llama3")
     summary, bad = run_prepare(make_cfg(tmp_path, smollm2_path, inputs, dedupe=False), llama)
     assert bad == [] and summary["rows_read"] == 2 * 7
     samples = all_samples(tmp_path / "run")
     assert len(samples) == 14 and len({s.sample_id for s in samples}) == 14  # unique ids without dedupe
     runs = sorted({tuple(masked_runs(llama, s.input_ids, s.loss_mask)) for s in samples})
-    assert runs == [("Hi there.<|eot_id|>",),
-                    ('{"name": "f", "parameters": "{\\"x\\": 1}"}<|eot_id|>', "Done.<|eot_id|>")]
+    assert runs == [
+        ("Hi there.<|eot_id|>",),
+        ('{"name": "f", "parameters": "{\\"x\\": 1}"}<|eot_id|>', "Done.<|eot_id|>"),
+    ]
     assert str(dd / "test" / "data-00000-of-00001.arrow") in summary["inputs"]
 
 
 def test_dedupe_min_loss_tokens_limit_and_truncation(tmp_path, smollm2_path, smollm2_tokenizer):
     long = {"messages": [{"role": "user", "content": "word " * 300}, {"role": "assistant", "content": "ok"}]}
     rows = [{"messages": CONV}, {"messages": CONV}, long] + [
-        {"prompt": f"p{i}", "response": f"r{i}"} for i in range(10)]
+        {"prompt": f"p{i}", "response": f"r{i}"} for i in range(10)
+    ]
     path = tmp_path / "in.jsonl"
     path.write_text("".join(json.dumps(r) + "\n" for r in rows))
     summary, bad = run_prepare(make_cfg(tmp_path, smollm2_path, [path], max_length=64, limit=5), smollm2_tokenizer)
@@ -190,8 +277,9 @@ def test_dedupe_min_loss_tokens_limit_and_truncation(tmp_path, smollm2_path, smo
     assert sorted((b["line"], b["reason"]) for b in bad) == [(2, "duplicate"), (3, "too_few_loss_tokens")]
     assert all(len(s.input_ids) <= 64 for s in all_samples(tmp_path / "run"))
 
-    summary, _ = run_prepare(make_cfg(tmp_path, smollm2_path, [path], name="r2", min_loss_tokens=4,
-                                      dedupe=False), smollm2_tokenizer)
+    summary, _ = run_prepare(
+        make_cfg(tmp_path, smollm2_path, [path], name="r2", min_loss_tokens=4, dedupe=False), smollm2_tokenizer
+    )
     # "Hi there.<|im_end|>" is 4 tokens; "ok<|im_end|>" and "r3<|im_end|>" are fewer.
     assert summary["samples_dropped_by_reason"] == {"too_few_loss_tokens": 11}
     assert summary["samples"] == 2 and len({s.sample_id for s in all_samples(tmp_path / "r2")}) == 2
@@ -204,7 +292,9 @@ def test_input_errors_are_config_errors(tmp_path, smollm2_path, smollm2_tokenize
     with pytest.raises(ConfigError, match="unsupported file type"):
         prepare(make_cfg(tmp_path, smollm2_path, [tmp_path / "x.csv"]), tokenizer=smollm2_tokenizer)
     with pytest.raises(ConfigError, match="on_bad_row"):
-        prepare(make_cfg(tmp_path, smollm2_path, [tmp_path / "x.csv"], on_bad_row="ignore"), tokenizer=smollm2_tokenizer)
+        prepare(
+            make_cfg(tmp_path, smollm2_path, [tmp_path / "x.csv"], on_bad_row="ignore"), tokenizer=smollm2_tokenizer
+        )
 
 
 def test_refuses_to_replace_prepared_data_of_an_extracted_run(tmp_path, smollm2_path, smollm2_tokenizer):
@@ -221,11 +311,22 @@ def test_refuses_to_replace_prepared_data_of_an_extracted_run(tmp_path, smollm2_
 def test_fields_the_template_ignores_are_reported(tmp_path, smollm2_path, smollm2_tokenizer):
     # SmolLM2's ChatML template writes neither reasoning nor tool calls: the rows are kept (the content
     # is still valid training data) and the summary says what was left out.
-    rows = [{"messages": [CONV[0], {"role": "assistant", "content": "Hi.", "reasoning_content": "Greet back."}]},
-            {"messages": [CONV[0], {"role": "assistant", "content": "", "tool_calls": [
-                {"type": "function", "function": {"name": "lookup_user", "arguments": "{}"}}]},
-                {"role": "tool", "content": "Ann"}, {"role": "assistant", "content": "Hello Ann."}]},
-            {"messages": CONV}]
+    rows = [
+        {"messages": [CONV[0], {"role": "assistant", "content": "Hi.", "reasoning_content": "Greet back."}]},
+        {
+            "messages": [
+                CONV[0],
+                {
+                    "role": "assistant",
+                    "content": "",
+                    "tool_calls": [{"type": "function", "function": {"name": "lookup_user", "arguments": "{}"}}],
+                },
+                {"role": "tool", "content": "Ann"},
+                {"role": "assistant", "content": "Hello Ann."},
+            ]
+        },
+        {"messages": CONV},
+    ]
     path = tmp_path / "in.jsonl"
     path.write_text("".join(json.dumps(r) + "\n" for r in rows))
     summary, bad = run_prepare(make_cfg(tmp_path, smollm2_path, [path]), smollm2_tokenizer)

@@ -23,28 +23,50 @@ def _write_jsonl(path, rows, extra_lines=()):
 
 
 def _config(tmp_path, model_path, inputs, **data):
-    cfg = {"run_dir": str(tmp_path / "run"), "model": {"path": str(model_path)},
-           "data": {"inputs": [str(p) for p in inputs], **data}, "extract": {"num_tasks": 3}}
+    cfg = {
+        "run_dir": str(tmp_path / "run"),
+        "model": {"path": str(model_path)},
+        "data": {"inputs": [str(p) for p in inputs], **data},
+        "extract": {"num_tasks": 3},
+    }
     p = tmp_path / "cfg.yaml"
     p.write_text(yaml.safe_dump(cfg))
     return p
 
 
 GOOD = [
-    {"messages": [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "What is 2+2?"},
-                  {"role": "assistant", "content": "4."}, {"role": "user", "content": "And 3+3?"},
-                  {"role": "assistant", "content": "6."}]},
+    {
+        "messages": [
+            {"role": "system", "content": "Be brief."},
+            {"role": "user", "content": "What is 2+2?"},
+            {"role": "assistant", "content": "4."},
+            {"role": "user", "content": "And 3+3?"},
+            {"role": "assistant", "content": "6."},
+        ]
+    },
     {"conversations": [{"from": "human", "value": "Name a colour."}, {"from": "gpt", "value": "Blue."}]},
     {"prompt": "Say hi.", "response": "Hi!"},
-] + [{"messages": [{"role": "user", "content": f"Count to {i}."},
-                   {"role": "assistant", "content": " ".join(str(k) for k in range(1, i + 1))}]}
-     for i in range(1, 30)]
+] + [
+    {
+        "messages": [
+            {"role": "user", "content": f"Count to {i}."},
+            {"role": "assistant", "content": " ".join(str(k) for k in range(1, i + 1))},
+        ]
+    }
+    for i in range(1, 30)
+]
 
 
 def test_prepare_end_to_end(tmp_path, smollm2_path, smollm2_tokenizer, capsys):
-    data = _write_jsonl(tmp_path / "chat.jsonl", GOOD + [GOOD[2]],  # last: a duplicate
-                        extra_lines=[b"{not json\n", b'{"prompt": "\xff", "response": "x"}\n',
-                                     b'{"messages": [{"role": "user", "content": "only a question"}]}\n'])
+    data = _write_jsonl(
+        tmp_path / "chat.jsonl",
+        GOOD + [GOOD[2]],  # last: a duplicate
+        extra_lines=[
+            b"{not json\n",
+            b'{"prompt": "\xff", "response": "x"}\n',
+            b'{"messages": [{"role": "user", "content": "only a question"}]}\n',
+        ],
+    )
     cfg = _config(tmp_path, smollm2_path, [data])
     assert main(["prepare", str(cfg), "--workers", "1", "--no-progress", "--json"]) == 0
     out = capsys.readouterr()
@@ -61,8 +83,11 @@ def test_prepare_end_to_end(tmp_path, smollm2_path, smollm2_tokenizer, capsys):
     assert 0 < summary["masked_fraction"] < 1
     bad = [json.loads(x) for x in (run / "prepared" / "bad_rows.jsonl").read_text().splitlines()]
     assert {(b["line"], b["reason"]) for b in bad} == {
-        (len(GOOD) + 1, "duplicate"), (len(GOOD) + 2, "invalid_json"), (len(GOOD) + 3, "undecodable_bytes"),
-        (len(GOOD) + 4, "no_assistant_turn")}
+        (len(GOOD) + 1, "duplicate"),
+        (len(GOOD) + 2, "invalid_json"),
+        (len(GOOD) + 3, "undecodable_bytes"),
+        (len(GOOD) + 4, "no_assistant_turn"),
+    }
     assert all(b["file"] == str(data) for b in bad)
 
     ds = PreparedDataset(run)
@@ -96,14 +121,21 @@ def test_prepare_is_deterministic_across_workers(tmp_path, smollm2_path):
     data = _write_jsonl(tmp_path / "chat.jsonl", GOOD)
     outs = []
     for workers in (1, 2):
-        cfg = {"run_dir": str(tmp_path / f"run{workers}"), "model": {"path": str(smollm2_path)},
-               "data": {"inputs": [str(data)]}, "extract": {"num_tasks": 4}}
+        cfg = {
+            "run_dir": str(tmp_path / f"run{workers}"),
+            "model": {"path": str(smollm2_path)},
+            "data": {"inputs": [str(data)]},
+            "extract": {"num_tasks": 4},
+        }
         p = tmp_path / f"cfg{workers}.yaml"
         p.write_text(yaml.safe_dump(cfg))
         assert main(["prepare", str(p), "--workers", str(workers), "--no-progress"]) == 0
-        outs.append(((tmp_path / f"run{workers}" / "prepared" / "plan.json").read_text(),
-                     pq.read_table(
-                         tmp_path / f"run{workers}" / "prepared" / "samples.parquet").to_pylist()))
+        outs.append(
+            (
+                (tmp_path / f"run{workers}" / "prepared" / "plan.json").read_text(),
+                pq.read_table(tmp_path / f"run{workers}" / "prepared" / "samples.parquet").to_pylist(),
+            )
+        )
     assert outs[0] == outs[1]
 
 

@@ -15,8 +15,13 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from eagle_batch.data import (TemplateError, TemplateNotPrefixStable, render_samples, tokenize_conversation,
-                              tokenize_conversation_samples)
+from eagle_batch.data import (
+    TemplateError,
+    TemplateNotPrefixStable,
+    render_samples,
+    tokenize_conversation,
+    tokenize_conversation_samples,
+)
 from eagle_batch.data.template import tokenize_rendered
 from tests.data.conftest import decode, masked_runs
 
@@ -24,8 +29,9 @@ FAMILIES = ["chatml", "llama3", "deepseek_v3", "kimi_k2", "qwen3"]
 TOOL_FAMILIES = {"llama3", "deepseek_v3", "kimi_k2", "qwen3"}
 
 # Any printable text, including non-ASCII, leading/trailing whitespace and newlines.
-_CHARS = st.one_of(st.characters(codec="utf-8", exclude_categories=("Cs", "Cc", "Co", "Cn")),
-                   st.sampled_from(["\n", " ", "\t"]))
+_CHARS = st.one_of(
+    st.characters(codec="utf-8", exclude_categories=("Cs", "Cc", "Co", "Cn")), st.sampled_from(["\n", " ", "\t"])
+)
 TEXT = st.text(_CHARS, min_size=1, max_size=24).filter(lambda s: s.strip())
 
 
@@ -45,24 +51,37 @@ def expected_generation(family: str, m: dict) -> str:
         return content.strip() + "<|eot_id|>"
     if family == "deepseek_v3":
         if calls:
-            parts = [f"<｜tool▁call▁begin｜>function<｜tool▁sep｜>{c['function']['name']}\n```json\n"
-                     f"{c['function']['arguments']}\n```<｜tool▁call▁end｜>" for c in calls]
+            parts = [
+                f"<｜tool▁call▁begin｜>function<｜tool▁sep｜>{c['function']['name']}\n```json\n"
+                f"{c['function']['arguments']}\n```<｜tool▁call▁end｜>"
+                for c in calls
+            ]
             return content + "<｜tool▁calls▁begin｜>" + "\n".join(parts) + "<｜tool▁calls▁end｜><｜end▁of▁sentence｜>"
         return content + "<｜end▁of▁sentence｜>"
     if family == "kimi_k2":
         out = content
         if calls:
-            out += "<|tool_calls_section_begin|>" + "".join(
-                f"<|tool_call_begin|>{c['id']}<|tool_call_argument_begin|>{c['function']['arguments']}<|tool_call_end|>"
-                for c in calls) + "<|tool_calls_section_end|>"
+            out += (
+                "<|tool_calls_section_begin|>"
+                + "".join(
+                    f"<|tool_call_begin|>{c['id']}<|tool_call_argument_begin|>{c['function']['arguments']}<|tool_call_end|>"
+                    for c in calls
+                )
+                + "<|tool_calls_section_end|>"
+            )
         return out + "<|im_end|>"
     if family == "qwen3":
         out = "<think>\n" + (m.get("reasoning_content") or "").strip("\n") + "\n</think>\n\n" + content.lstrip("\n")
         for i, c in enumerate(calls):
             if (i == 0 and content) or i > 0:
                 out += "\n"
-            out += '<tool_call>\n{"name": "' + c["function"]["name"] + '", "arguments": ' + \
-                _tojson(c["function"]["arguments"]) + "}\n</tool_call>"
+            out += (
+                '<tool_call>\n{"name": "'
+                + c["function"]["name"]
+                + '", "arguments": '
+                + _tojson(c["function"]["arguments"])
+                + "}\n</tool_call>"
+            )
         return out + "<|im_end|>"
     raise AssertionError(family)
 
@@ -72,7 +91,7 @@ def conversations(draw, family: str):
     msgs: list[dict] = []
     if draw(st.booleans()):
         msgs.append({"role": "system", "content": draw(TEXT)})
-    for r in range(draw(st.integers(1, 3))):
+    for _r in range(draw(st.integers(1, 3))):
         msgs.append({"role": "user", "content": draw(TEXT)})
         if family in TOOL_FAMILIES and draw(st.booleans()):
             n = 1 if family == "llama3" else draw(st.integers(1, 2))  # Llama 3.1: one call per turn
@@ -82,10 +101,18 @@ def conversations(draw, family: str):
                 args = {"query": draw(TEXT)}
                 if family in ("deepseek_v3", "kimi_k2"):  # these templates concatenate argument strings
                     args = _tojson(args)
-                calls.append({"id": f"functions.{name}:{len(msgs)}{i}", "type": "function",
-                              "function": {"name": name, "arguments": args}})
-            asst = {"role": "assistant", "content": draw(TEXT) if family != "llama3" and draw(st.booleans()) else "",
-                    "tool_calls": calls}
+                calls.append(
+                    {
+                        "id": f"functions.{name}:{len(msgs)}{i}",
+                        "type": "function",
+                        "function": {"name": name, "arguments": args},
+                    }
+                )
+            asst = {
+                "role": "assistant",
+                "content": draw(TEXT) if family != "llama3" and draw(st.booleans()) else "",
+                "tool_calls": calls,
+            }
             if family == "qwen3" and draw(st.booleans()):
                 asst["reasoning_content"] = draw(TEXT)
             msgs.append(asst)
@@ -130,15 +157,26 @@ def test_masks_match_oracle_on_random_conversations(family_tokenizers, family):
 
 
 def test_tool_calls_reasoning_example_each_family(family_tokenizers):
-    msgs = [{"role": "system", "content": "Be useful."},
-            {"role": "user", "content": "Weather in Paris?"},
-            {"role": "assistant", "content": "Checking.", "reasoning_content": "Need the tool.",
-             "tool_calls": [{"id": "functions.get_weather:0", "type": "function",
-                             "function": {"name": "get_weather", "arguments": {"city": "Paris"}}}]},
-            {"role": "tool", "tool_call_id": "functions.get_weather:0", "content": "sunny, 21 C"},
-            {"role": "assistant", "content": "Sunny and 21 C.", "reasoning_content": "Report it."},
-            {"role": "user", "content": "Thanks!"},
-            {"role": "assistant", "content": "You're welcome."}]
+    msgs = [
+        {"role": "system", "content": "Be useful."},
+        {"role": "user", "content": "Weather in Paris?"},
+        {
+            "role": "assistant",
+            "content": "Checking.",
+            "reasoning_content": "Need the tool.",
+            "tool_calls": [
+                {
+                    "id": "functions.get_weather:0",
+                    "type": "function",
+                    "function": {"name": "get_weather", "arguments": {"city": "Paris"}},
+                }
+            ],
+        },
+        {"role": "tool", "tool_call_id": "functions.get_weather:0", "content": "sunny, 21 C"},
+        {"role": "assistant", "content": "Sunny and 21 C.", "reasoning_content": "Report it."},
+        {"role": "user", "content": "Thanks!"},
+        {"role": "assistant", "content": "You're welcome."},
+    ]
     for family in FAMILIES:
         m = json.loads(json.dumps(msgs))
         if family in ("deepseek_v3", "kimi_k2"):
@@ -152,13 +190,19 @@ def test_tool_calls_reasoning_example_each_family(family_tokenizers):
 
 def test_qwen3_history_rewrite_is_detected(family_tokenizers):
     tok = family_tokenizers["qwen3"]
-    msgs = [{"role": "user", "content": "a"}, {"role": "assistant", "content": "b", "reasoning_content": "r1"},
-            {"role": "user", "content": "c"}, {"role": "assistant", "content": "d", "reasoning_content": "r2"}]
+    msgs = [
+        {"role": "user", "content": "a"},
+        {"role": "assistant", "content": "b", "reasoning_content": "r1"},
+        {"role": "user", "content": "c"},
+        {"role": "assistant", "content": "d", "reasoning_content": "r2"},
+    ]
     with pytest.raises(TemplateNotPrefixStable, match="non_prefix_stable=per_turn"):
         tokenize_conversation(tok, msgs)
     samples = tokenize_conversation_samples(tok, msgs, non_prefix_stable="per_turn")
     assert [masked_runs(tok, ids, mask) for ids, mask in samples] == [
-        ["<think>\nr1\n</think>\n\nb<|im_end|>"], ["<think>\nr2\n</think>\n\nd<|im_end|>"]]
+        ["<think>\nr1\n</think>\n\nb<|im_end|>"],
+        ["<think>\nr2\n</think>\n\nd<|im_end|>"],
+    ]
     # The second sample shows turn 1 the way the model saw it when answering turn 3: reasoning dropped.
     assert "r1" not in decode(tok, samples[1][0])
 
@@ -178,8 +222,12 @@ def test_qwen3_enable_thinking_false(family_tokenizers):
 
 def test_truncation_keeps_mask_consistent(family_tokenizers):
     tok = family_tokenizers["chatml"]
-    msgs = [{"role": "user", "content": "q " * 20}, {"role": "assistant", "content": "a " * 30},
-            {"role": "user", "content": "again"}, {"role": "assistant", "content": "b " * 30}]
+    msgs = [
+        {"role": "user", "content": "q " * 20},
+        {"role": "assistant", "content": "a " * 30},
+        {"role": "user", "content": "again"},
+        {"role": "assistant", "content": "b " * 30},
+    ]
     full_ids, full_mask = tokenize_conversation(tok, msgs)
     for n in (1, 10, 40, 60, len(full_ids) - 1, len(full_ids), len(full_ids) + 5):
         ids, mask = tokenize_conversation(tok, msgs, max_length=n)
@@ -188,8 +236,11 @@ def test_truncation_keeps_mask_consistent(family_tokenizers):
 
 def test_leading_assistant_turn_is_context_only(family_tokenizers):
     tok = family_tokenizers["chatml"]
-    msgs = [{"role": "assistant", "content": "Hi, how can I help?"}, {"role": "user", "content": "Add 1+1"},
-            {"role": "assistant", "content": "2"}]
+    msgs = [
+        {"role": "assistant", "content": "Hi, how can I help?"},
+        {"role": "user", "content": "Add 1+1"},
+        {"role": "assistant", "content": "2"},
+    ]
     ids, mask = tokenize_conversation(tok, msgs)
     assert masked_runs(tok, ids, mask) == ["2<|im_end|>"]
     assert "Hi, how can I help?" in decode(tok, ids)
@@ -207,8 +258,12 @@ def test_joint_tokenization_fallback_agrees_on_clean_boundaries(family_tokenizer
 
     for family in ("chatml", "deepseek_v3", "kimi_k2", "qwen3"):
         tok = family_tokenizers[family]
-        msgs = [{"role": "user", "content": "Name three primes."}, {"role": "assistant", "content": "2, 3 and 5."},
-                {"role": "user", "content": "And the next one?"}, {"role": "assistant", "content": "7."}]
+        msgs = [
+            {"role": "user", "content": "Name three primes."},
+            {"role": "assistant", "content": "2, 3 and 5."},
+            {"role": "user", "content": "And the next one?"},
+            {"role": "assistant", "content": "7."},
+        ]
         rendered = render_samples(tok, msgs, non_prefix_stable="per_turn")
         info = template_info(tok)
         assert info.segment_safe

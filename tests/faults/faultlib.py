@@ -90,8 +90,15 @@ print("RESULT", out, flush=True)
 
 
 def child_env(**extra) -> dict:
-    env = dict(os.environ, OMP_NUM_THREADS="1", MKL_NUM_THREADS="1", HF_HUB_OFFLINE="1",
-               TRANSFORMERS_OFFLINE="1", TOKENIZERS_PARALLELISM="false", PYTHONWARNINGS="ignore")
+    env = dict(
+        os.environ,
+        OMP_NUM_THREADS="1",
+        MKL_NUM_THREADS="1",
+        HF_HUB_OFFLINE="1",
+        TRANSFORMERS_OFFLINE="1",
+        TOKENIZERS_PARALLELISM="false",
+        PYTHONWARNINGS="ignore",
+    )
     for k in ("SLURM_JOB_ID", "SLURM_ARRAY_JOB_ID", "EAGLE_BATCH_TEST_WORK"):  # a local attempt, never Slurm's
         env.pop(k, None)
     env.update(extra)
@@ -100,8 +107,14 @@ def child_env(**extra) -> dict:
 
 def spawn_task(run: Path, task_id: int = 0, **env) -> subprocess.Popen:
     """The real ExtractTask(run, task_id)() in a child process (what a Slurm array task runs)."""
-    return subprocess.Popen([sys.executable, "-c", CHILD, str(run), str(task_id)], stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True, env=child_env(**env), cwd=str(run))
+    return subprocess.Popen(
+        [sys.executable, "-c", CHILD, str(run), str(task_id)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=child_env(**env),
+        cwd=str(run),
+    )
 
 
 def run_task(run: Path, task_id: int = 0, timeout: float = 600, **env) -> subprocess.CompletedProcess:
@@ -138,7 +151,9 @@ def assert_same_store(got: Path, ref: Path) -> int:
         x, y = a.get_arrays(i), b.get_arrays(i)
         assert x["sample_id"] == y["sample_id"], (i, x["sample_id"], y["sample_id"])
         for k in ("input_ids", "loss_mask", "hidden_states"):
-            assert np.array_equal(np.asarray(x[k]), np.asarray(y[k])), f"{got} sample {i} ({y['sample_id']}): {k} differs"
+            assert np.array_equal(np.asarray(x[k]), np.asarray(y[k])), (
+                f"{got} sample {i} ({y['sample_id']}): {k} differs"
+            )
     assert (got / "complete").is_file()
     return len(b)
 
@@ -189,6 +204,7 @@ def kill_at_random_point(run: Path, rng: np.random.Generator, work_s: float, tas
 # one thread, so fork is safe): the child still runs the whole real ExtractTask (config, prepared samples,
 # model load, hf capture, store writer, state file), it only skips the imports.
 
+
 def preload() -> None:
     import torch
 
@@ -232,7 +248,6 @@ def fork_task(run: Path, task_id: int = 0, env: dict | None = None) -> int:
     return pid
 
 
-
 def fork_task_with_disk_budget(run: Path, budget_bytes: int, task_id: int = 0) -> int:
     """fork_task whose child gets ENOSPC once it has written `budget_bytes` through os.write/os.writev (the
     store's only write calls). The patch is in place only around the fork: the child inherits it."""
@@ -257,6 +272,7 @@ def fork_task_with_disk_budget(run: Path, budget_bytes: int, task_id: int = 0) -
         return fork_task(run, task_id)
     finally:
         os.write, os.writev = real_write, real_writev
+
 
 def wait_pid(pid: int, timeout: float = 600) -> int:
     """-> exit code, or -signal."""
@@ -296,8 +312,9 @@ def run_forked(run: Path, task_id: int = 0, env: dict | None = None, timeout: fl
         time.sleep(0.01)
 
 
-def kill_forked_at_random_point(run: Path, rng: np.random.Generator, n_total: int, per_sample_s: float,
-                                task_id: int = 0) -> str:
+def kill_forked_at_random_point(
+    run: Path, rng: np.random.Generator, n_total: int, per_sample_s: float, task_id: int = 0
+) -> str:
     """Fork the task and SIGKILL it at a random point of its capture + write: once it holds its store's lock
     (store opened and recovered), wait until a random number of the samples left are committed, then a
     random fraction of one sample's time more (so kills land in forwards, appends, shard writes, commits and
@@ -332,8 +349,9 @@ def kill_forked_at_random_point(run: Path, rng: np.random.Generator, n_total: in
     return phase
 
 
-def kill_trials(base: Path, prepared: Path, ref_store: Path, trials: int, kills_per_run: int = 5, seed: int = 0,
-                log=print) -> dict:
+def kill_trials(
+    base: Path, prepared: Path, ref_store: Path, trials: int, kills_per_run: int = 5, seed: int = 0, log=print
+) -> dict:
     """`trials` SIGKILLs spread over runs of `kills_per_run` kills each; after every kill the store holds a
     bit-exact committed prefix of the reference; after the final resume it equals the reference."""
     rng = np.random.default_rng(seed)
@@ -343,8 +361,16 @@ def kill_trials(base: Path, prepared: Path, ref_store: Path, trials: int, kills_
     assert_same_store(store_of(probe), ref_store)
     log(f"uninterrupted forked task: {work_s:.1f} s from store lock to exit; identical to the reference")
     shutil.rmtree(probe)
-    res = {"kills": 0, "runs": 0, "phases": {}, "committed_at_kill": [], "finished_before_kill": 0,
-           "samples_compared": 0, "data_lost_samples": 0, "work_s": round(work_s, 2)}
+    res = {
+        "kills": 0,
+        "runs": 0,
+        "phases": {},
+        "committed_at_kill": [],
+        "finished_before_kill": 0,
+        "samples_compared": 0,
+        "data_lost_samples": 0,
+        "work_s": round(work_s, 2),
+    }
     n_total = len(json.loads((ref_store / "progress.json").read_text())["sample_ids"])
     r = 0
     while res["kills"] < trials:
@@ -372,8 +398,7 @@ def kill_trials(base: Path, prepared: Path, ref_store: Path, trials: int, kills_
         hist = st["extra"]["history"]
         assert hist[-1][1] == st["tokens_committed"] and len(hist) >= 2, hist
         assert all(a[0] <= b[0] and a[1] <= b[1] for a, b in zip(hist, hist[1:])), hist
-        log(f"run {r}: committed samples at each kill {at}; "
-            "resumed store bit-identical to the reference")
+        log(f"run {r}: committed samples at each kill {at}; resumed store bit-identical to the reference")
         res["runs"] += 1
         shutil.rmtree(run)
         r += 1
@@ -391,8 +416,15 @@ def split_plan(run: Path, num_tasks: int) -> None:
     ntok = pq.read_table(run / "prepared" / "samples.parquet", columns=["num_tokens"]).column(0).to_pylist()
     parts = np.array_split(np.array(rows), num_tasks)
     plan["num_tasks"] = num_tasks
-    plan["tasks"] = [{"task_id": i, "rows": [int(r) for r in part], "num_tokens": int(sum(ntok[r] for r in part)),
-                      "num_samples": len(part)} for i, part in enumerate(parts)]
+    plan["tasks"] = [
+        {
+            "task_id": i,
+            "rows": [int(r) for r in part],
+            "num_tokens": int(sum(ntok[r] for r in part)),
+            "num_samples": len(part),
+        }
+        for i, part in enumerate(parts)
+    ]
     p.write_text(json.dumps(plan))
 
 
@@ -401,8 +433,9 @@ def mount_tmpfs(path: Path, size: str) -> str | None:
     path.mkdir(parents=True, exist_ok=True)
     if shutil.which("mount") is None:
         return "no mount command"
-    r = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(path)], capture_output=True,
-                       text=True)
+    r = subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(path)], capture_output=True, text=True
+    )
     return None if r.returncode == 0 else f"cannot mount a tmpfs ({r.stderr.strip() or r.returncode}); needs root"
 
 

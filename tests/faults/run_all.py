@@ -49,8 +49,15 @@ def reference_run(base: Path, prepared: Path) -> Path:
 
 # ------------------------------------------------------------------------------------------ disk full
 def disk_trials(base: Path, prepared: Path, ref_store: Path, trials: int, rng) -> dict:
-    res = {"trials": 0, "faults": 0, "tmpfs": 0, "injected": 0, "committed_at_fault": [], "resumed_identical": 0,
-           "skipped_tmpfs": ""}
+    res = {
+        "trials": 0,
+        "faults": 0,
+        "tmpfs": 0,
+        "injected": 0,
+        "committed_at_fault": [],
+        "resumed_identical": 0,
+        "skipped_tmpfs": "",
+    }
     for i in range(trials):
         run = F.copy_run(prepared, base / f"disk-{i}")
         use_tmpfs = i % 2 == 0 and not res["skipped_tmpfs"]
@@ -83,9 +90,15 @@ def disk_trials(base: Path, prepared: Path, ref_store: Path, trials: int, rng) -
                 assert code == 0, F.child_stderr(run)
             F.assert_same_store(F.store_of(run), ref_store)
             res["resumed_identical"] += 1
-            log(f"disk {i}: {'tmpfs' if use_tmpfs else 'injected ENOSPC'}: "
-                + (f"failed with committed {res['committed_at_fault'][-1]} samples intact, resumed" if failed
-                   else "enough space, no fault") + "; final store identical")
+            log(
+                f"disk {i}: {'tmpfs' if use_tmpfs else 'injected ENOSPC'}: "
+                + (
+                    f"failed with committed {res['committed_at_fault'][-1]} samples intact, resumed"
+                    if failed
+                    else "enough space, no fault"
+                )
+                + "; final store identical"
+            )
         finally:
             if use_tmpfs:
                 F.umount(run / "stores")
@@ -105,8 +118,14 @@ def corrupt_trials(base: Path, ref_run: Path, trials: int, rng) -> dict:
     rec = json.loads((ref_store / "progress.json").read_text())
     bounds = np.concatenate([[0], np.cumsum(rec["lengths"])])
     n_shards = -(-int(bounds[-1]) // F.STORE["shard_tokens"])
-    res = {"trials": 0, "by_fault": {}, "named_by_verify": 0, "repaired_identical": 0, "samples_recomputed": [],
-           "samples_kept": []}
+    res = {
+        "trials": 0,
+        "by_fault": {},
+        "named_by_verify": 0,
+        "repaired_identical": 0,
+        "samples_recomputed": [],
+        "samples_kept": [],
+    }
     for i in range(trials):
         kind = FAULTS[i % len(FAULTS)]
         run = F.copy_run(ref_run, base / f"corrupt-{i}", what=("config.yaml", "prepared", "stores", "state"))
@@ -124,13 +143,15 @@ def corrupt_trials(base: Path, ref_run: Path, trials: int, rng) -> dict:
             want = (array, k, "checksum")
         elif kind == "truncate":
             data = f.read_bytes()
-            f.write_bytes(data[:int(rng.integers(0, len(data)))])
+            f.write_bytes(data[: int(rng.integers(0, len(data)))])
             want = (array, k, "truncated")
         elif kind == "delete":
             f.unlink()
             want = (array, k, "missing")
         elif kind == "stray":
-            (s / array / "c" / f"{k}.{int(rng.integers(1 << 30)):08x}.partial").write_bytes(b"x" * int(rng.integers(1, 999)))
+            (s / array / "c" / f"{k}.{int(rng.integers(1 << 30)):08x}.partial").write_bytes(
+                b"x" * int(rng.integers(1, 999))
+            )
             want = (None, None, "stray")
             keep = len(rec["lengths"])
         else:
@@ -143,8 +164,11 @@ def corrupt_trials(base: Path, ref_run: Path, trials: int, rng) -> dict:
             want = ("hidden_states", None, "record")
             keep = len(rec["lengths"]) - 1
         probs = verify(run)
-        hit = [p for p in probs if p.kind == want[2] and (want[0] is None or p.array == want[0])
-               and (want[1] is None or p.shard == want[1])]
+        hit = [
+            p
+            for p in probs
+            if p.kind == want[2] and (want[0] is None or p.array == want[0]) and (want[1] is None or p.shard == want[1])
+        ]
         assert hit, f"trial {i} ({kind} {array} shard {k}): verify did not name it: {[str(p) for p in probs]}"
         if kind not in ("stray", "record-past"):
             assert hit[0].samples and hit[0].samples[0] == keep, (hit[0].samples, keep)
@@ -161,18 +185,28 @@ def corrupt_trials(base: Path, ref_run: Path, trials: int, rng) -> dict:
         res["by_fault"][kind] = res["by_fault"].get(kind, 0) + 1
         res["samples_kept"].append(keep)
         res["samples_recomputed"].append(len(rec["lengths"]) - keep)
-        log(f"corrupt {i}: {kind} {array if kind != 'record-past' else ''} shard {k}: named by verify; repair kept "
-            f"{keep} samples, recomputed {len(rec['lengths']) - keep}; store identical")
+        log(
+            f"corrupt {i}: {kind} {array if kind != 'record-past' else ''} shard {k}: named by verify; repair kept "
+            f"{keep} samples, recomputed {len(rec['lengths']) - keep}; store identical"
+        )
         shutil.rmtree(run, ignore_errors=True)
     return res
 
 
 def pytest_suites() -> dict:
-    tests = ["tests/faults/test_two_writers.py", "tests/faults/test_corruption_repair.py",
-             "tests/faults/test_hygiene.py", "tests/faults/test_slurm_drain.py",
-             "tests/slurm/test_slurm.py::test_whole_array_requeue_resumes_from_commits"]
-    r = subprocess.run([sys.executable, "-m", "pytest", "-q", "-rA", "-p", "no:cacheprovider", *tests],
-                       cwd=F.REPO, capture_output=True, text=True)
+    tests = [
+        "tests/faults/test_two_writers.py",
+        "tests/faults/test_corruption_repair.py",
+        "tests/faults/test_hygiene.py",
+        "tests/faults/test_slurm_drain.py",
+        "tests/slurm/test_slurm.py::test_whole_array_requeue_resumes_from_commits",
+    ]
+    r = subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-rA", "-p", "no:cacheprovider", *tests],
+        cwd=F.REPO,
+        capture_output=True,
+        text=True,
+    )
     lines = [ln for ln in r.stdout.splitlines() if ln.startswith(("PASSED", "FAILED", "SKIPPED", "ERROR"))]
     return {"returncode": r.returncode, "results": lines, "tail": r.stdout.splitlines()[-1:]}
 
@@ -200,8 +234,12 @@ def main() -> int:
             t0 = time.monotonic()
             r = F.kill_trials(base / "kills", prepared, ref, args.kills, args.kills_per_run, seed=args.seed, log=log)
             c = r["committed_at_kill"]
-            r.update(seconds=round(time.monotonic() - t0, 1), nothing_committed=sum(x == 0 for x in c),
-                     mid_run=sum(0 < x < 20 for x in c), all_committed=sum(x == 20 for x in c))
+            r.update(
+                seconds=round(time.monotonic() - t0, 1),
+                nothing_committed=sum(x == 0 for x in c),
+                mid_run=sum(0 < x < 20 for x in c),
+                all_committed=sum(x == 20 for x in c),
+            )
             out["kills"] = r
             log("KILLS " + json.dumps(r))
         if args.disk:

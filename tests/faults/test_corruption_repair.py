@@ -14,10 +14,9 @@ from __future__ import annotations
 import json
 import shutil
 
+import faultlib as F
 import numpy as np
 import pytest
-
-import faultlib as F
 
 N_TASKS = 5
 

@@ -8,12 +8,10 @@ otherwise), and an injected ENOSPC from os.write/os.writev inside the task proce
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 
-import pytest
-
 import faultlib as F
+import pytest
 
 
 def _check_failed_attempt(run, reference):

@@ -9,7 +9,6 @@ The same child builds a tiny model under that umask (model folders used to be cr
 
 from __future__ import annotations
 
-import os
 import re
 import stat
 import subprocess
@@ -18,8 +17,12 @@ from pathlib import Path
 
 import faultlib as F
 
-SECRETS = {"HF_TOKEN": "hf_SECRETfaulttestTOKEN123", "HUGGING_FACE_HUB_TOKEN": "hf_SECRETfaulttestHUB456",
-           "AWS_SECRET_ACCESS_KEY": "awsSECRETfaulttestKEY789", "WANDB_API_KEY": "wandbSECRETfaulttest000"}
+SECRETS = {
+    "HF_TOKEN": "hf_SECRETfaulttestTOKEN123",
+    "HUGGING_FACE_HUB_TOKEN": "hf_SECRETfaulttestHUB456",
+    "AWS_SECRET_ACCESS_KEY": "awsSECRETfaulttestKEY789",
+    "WANDB_API_KEY": "wandbSECRETfaulttest000",
+}
 UMASK = 0o027
 
 CHILD = r"""
@@ -52,8 +55,13 @@ def _real_path_outside(candidate: str) -> bool:
 
 def test_no_secrets_or_foreign_paths_and_umask_honoured(tmp_path):
     env = F.child_env(**SECRETS)
-    r = subprocess.run([sys.executable, "-c", CHILD, str(Path(F.__file__).parent), str(tmp_path)], env=env,
-                       capture_output=True, text=True, timeout=900)
+    r = subprocess.run(
+        [sys.executable, "-c", CHILD, str(Path(F.__file__).parent), str(tmp_path)],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     run = tmp_path / "run"
     files = [p for p in run.rglob("*") if p.is_file()]
@@ -76,7 +84,8 @@ def test_no_secrets_or_foreign_paths_and_umask_honoured(tmp_path):
                 continue
             foreign.setdefault(s, set()).add(str(p.relative_to(run)))
     assert not foreign, "paths outside the run that the config does not name:\n" + "\n".join(
-        f"  {k}  in {sorted(v)[:3]}" for k, v in sorted(foreign.items()))
+        f"  {k}  in {sorted(v)[:3]}" for k, v in sorted(foreign.items())
+    )
 
     # 3. Every file and directory created with umask 027: files 0640 (0750 if executable), dirs 0750.
     bad = []

@@ -23,8 +23,15 @@ REPO = Path(__file__).resolve().parents[2]
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
-from tests.slurm.test_slurm import (assert_same_data, cli, make_synthetic_run, reference_run,  # noqa: E402
-                                    status, wait_for, wait_idle)
+from tests.slurm.test_slurm import (
+    assert_same_data,
+    cli,
+    make_synthetic_run,
+    reference_run,  # noqa: E402
+    status,
+    wait_for,
+    wait_idle,
+)
 
 pytestmark = pytest.mark.slurm
 
@@ -54,12 +61,18 @@ def test_node_drain_mid_array_then_resume_completes(tmp_path, capsys, synthetic_
     rc, out, err = cli(capsys, "extract", cfg)
     assert rc == 0, err
     node = node_name()
-    wait_for(lambda: (s := status(capsys, run)["tasks"])[0]["state"] == "running" and s[0]["samples_committed"] >= 1,
-             120, "task 0 running with a commit")
+    wait_for(
+        lambda: (s := status(capsys, run)["tasks"])[0]["state"] == "running" and s[0]["samples_committed"] >= 1,
+        120,
+        "task 0 running with a commit",
+    )
     drained = False
     try:
-        r = subprocess.run(["scontrol", "update", f"nodename={node}", "state=drain", "reason=eagle-batch-fault-test"],
-                           capture_output=True, text=True)
+        r = subprocess.run(
+            ["scontrol", "update", f"nodename={node}", "state=drain", "reason=eagle-batch-fault-test"],
+            capture_output=True,
+            text=True,
+        )
         if r.returncode != 0:
             pytest.skip(f"cannot drain node {node}: {r.stderr.strip()}")
         drained = True

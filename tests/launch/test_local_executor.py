@@ -34,22 +34,42 @@ def make_run(tmp_path: Path, num_tasks: int, **slurm) -> tuple[Path, Path]:
     run = tmp_path / "run"
     (run / "prepared").mkdir(parents=True)
     (run / "faults").mkdir()
-    tasks = [{"task_id": t, "rows": list(range(work.N_SAMPLES)), "num_samples": work.N_SAMPLES,
-              "num_tokens": sum(len(work.synthetic_sample(t, i)[1]) for i in range(work.N_SAMPLES))}
-             for t in range(num_tasks)]
+    tasks = [
+        {
+            "task_id": t,
+            "rows": list(range(work.N_SAMPLES)),
+            "num_samples": work.N_SAMPLES,
+            "num_tokens": sum(len(work.synthetic_sample(t, i)[1]) for i in range(work.N_SAMPLES)),
+        }
+        for t in range(num_tasks)
+    ]
     (run / "prepared" / "plan.json").write_text(json.dumps({"num_tasks": num_tasks, "tasks": tasks}))
     s = dict(executor="local", gpus_per_node=1, time_min=5, max_attempts=1)
     s.update(slurm)
     cfg = tmp_path / "run.yaml"
-    cfg.write_text(json.dumps({"run_dir": str(run), "model": {"path": str(tmp_path)}, "slurm": s,
-                               "store": {"chunk_tokens": 8, "shard_tokens": 64}}))
+    cfg.write_text(
+        json.dumps(
+            {
+                "run_dir": str(run),
+                "model": {"path": str(tmp_path)},
+                "slurm": s,
+                "store": {"chunk_tokens": 8, "shard_tokens": 64},
+            }
+        )
+    )
     return run, cfg
 
 
 def cli(*argv, env: dict, timeout: float = 240) -> subprocess.CompletedProcess:
     full = dict(os.environ, PYTHONPATH=str(REPO), **env)
-    return subprocess.run([sys.executable, "-m", "eagle_batch.cli", *map(str, argv)], capture_output=True,
-                          text=True, env=full, timeout=timeout, cwd=str(REPO))
+    return subprocess.run(
+        [sys.executable, "-m", "eagle_batch.cli", *map(str, argv)],
+        capture_output=True,
+        text=True,
+        env=full,
+        timeout=timeout,
+        cwd=str(REPO),
+    )
 
 
 def status(run: Path, env: dict) -> dict:
@@ -79,7 +99,7 @@ def test_a_killed_child_is_dead_while_it_is_a_zombie_and_a_reused_pid_is_not_it(
     ticks = proc.start_ticks(p.pid)
     assert ticks > 0 and proc.alive(p.pid, ticks)
     os.kill(p.pid, signal.SIGKILL)
-    wait_for(lambda: (Path(f"/proc/{p.pid}/stat").read_text().split(")")[1].split()[0] == "Z"), 10, "a zombie")
+    wait_for(lambda: Path(f"/proc/{p.pid}/stat").read_text().split(")")[1].split()[0] == "Z", 10, "a zombie")
     os.kill(p.pid, 0)  # the old check still finds the zombie ...
     assert not proc.alive(p.pid, ticks)  # ... the new one does not
     p.wait()
@@ -100,8 +120,11 @@ def test_visible_gpus_and_slot_plan():
     assert plan_slots(["0", "1", "2", "3"], 1, 64, 1).devices == [["0"]]  # no more slots than tasks
     cpu = plan_slots([], 8, 64, 3)
     assert cpu.devices == [[]] and "no GPU is visible" in cpu.note
-    with pytest.raises(LocalResourceError, match=r"slurm.gpus_per_node=8 asks for 8 GPUs .* has 1 \(0\); "
-                                                 r"set slurm.gpus_per_node=1"):
+    with pytest.raises(
+        LocalResourceError,
+        match=r"slurm.gpus_per_node=8 asks for 8 GPUs .* has 1 \(0\); "
+        r"set slurm.gpus_per_node=1",
+    ):
         plan_slots(["0"], 8, 64, 3)
 
 
@@ -122,8 +145,9 @@ def test_local_tasks_get_the_gpus_the_config_asks_for(tmp_path):
 
 def test_more_gpus_per_task_than_the_machine_has_is_refused_before_anything_starts(tmp_path):
     run, cfg = make_run(tmp_path, 2, gpus_per_node=2)
-    r = cli("extract", cfg, env={"EAGLE_BATCH_TEST_WORK": "tests.slurm.work:env_probe_work",
-                                 "CUDA_VISIBLE_DEVICES": "0"})
+    r = cli(
+        "extract", cfg, env={"EAGLE_BATCH_TEST_WORK": "tests.slurm.work:env_probe_work", "CUDA_VISIBLE_DEVICES": "0"}
+    )
     assert r.returncode == 1
     assert "slurm.gpus_per_node=2 asks for 2 GPUs per task but this machine has 1 (0)" in r.stderr
     assert "Nothing was submitted" in r.stderr
@@ -157,13 +181,23 @@ def test_killed_local_task_is_failed_resumable_and_wait_follows_the_new_attempt(
     env = {"EAGLE_BATCH_TEST_WORK": "tests.slurm.work:synthetic_work"}
     full = dict(os.environ, PYTHONPATH=str(REPO), **env)
     # `extract --wait` is the parent of the local job's controller: the case where a dead child was a zombie.
-    waiting = subprocess.Popen([sys.executable, "-m", "eagle_batch.cli", "extract", str(cfg), "--wait",
-                                "--interval", "0.5"], env=full, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                               text=True, cwd=str(REPO))
+    waiting = subprocess.Popen(
+        [sys.executable, "-m", "eagle_batch.cli", "extract", str(cfg), "--wait", "--interval", "0.5"],
+        env=full,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        cwd=str(REPO),
+    )
     try:
-        wait_for(lambda: (run / "state" / "task-00000.json").exists()
-                 and json.loads((run / "state" / "task-00000.json").read_text())["samples_committed"] >= 2,
-                 120, "task 0 to commit")
+        wait_for(
+            lambda: (
+                (run / "state" / "task-00000.json").exists()
+                and json.loads((run / "state" / "task-00000.json").read_text())["samples_committed"] >= 2
+            ),
+            120,
+            "task 0 to commit",
+        )
         os.kill(_task_pid(run, 0), signal.SIGKILL)
         out, err = waiting.communicate(timeout=120)  # returns once task 1 is done too; never hangs
     finally:
@@ -211,23 +245,41 @@ def test_kill_with_vllm_engine_processes_then_resume_completes(tmp_path, tiny_mo
     `resume` right after the kill reruns the task to completion with the samples committed before kept."""
     run = tmp_path / "run"
     cfg = tmp_path / "run.yaml"
-    cfg.write_text(json.dumps({
-        "run_dir": str(run),
-        "model": {"path": str(tiny_model("llama")), "max_model_len": 512, "dtype": "float32"},
-        "data": {"inputs": [str(REPO / "eagle_batch" / "demo_data" / "chat.jsonl")], "format": "messages",
-                 "max_length": 256, "limit": 80},
-        "extract": {"num_tasks": 1, "backend": "native", "engine_process": "background", "batch_samples": 1,
-                    "commit_interval_s": 0, "enforce_eager": True},
-        "store": {"chunk_tokens": 16, "shard_tokens": 64},
-        "slurm": {"executor": "local", "gpus_per_node": 0, "max_attempts": 1}}))
+    cfg.write_text(
+        json.dumps(
+            {
+                "run_dir": str(run),
+                "model": {"path": str(tiny_model("llama")), "max_model_len": 512, "dtype": "float32"},
+                "data": {
+                    "inputs": [str(REPO / "eagle_batch" / "demo_data" / "chat.jsonl")],
+                    "format": "messages",
+                    "max_length": 256,
+                    "limit": 80,
+                },
+                "extract": {
+                    "num_tasks": 1,
+                    "backend": "native",
+                    "engine_process": "background",
+                    "batch_samples": 1,
+                    "commit_interval_s": 0,
+                    "enforce_eager": True,
+                },
+                "store": {"chunk_tokens": 16, "shard_tokens": 64},
+                "slurm": {"executor": "local", "gpus_per_node": 0, "max_attempts": 1},
+            }
+        )
+    )
     env = {"VLLM_ENABLE_V1_MULTIPROCESSING": "1"}
     assert cli("prepare", cfg, "--no-progress", "--workers", "1", env=env).returncode == 0
     assert cli("extract", cfg, env=env).returncode == 0
     state = run / "state" / "task-00000.json"
     wait_for(lambda: state.exists() and json.loads(state.read_text())["samples_committed"] >= 3, 300, "commits")
     task_pid = _task_pid(run, 0)
-    engine = [int(p) for p in subprocess.run(["pgrep", "-g", str(task_pid)], capture_output=True,
-                                             text=True).stdout.split() if int(p) != task_pid]
+    engine = [
+        int(p)
+        for p in subprocess.run(["pgrep", "-g", str(task_pid)], capture_output=True, text=True).stdout.split()
+        if int(p) != task_pid
+    ]
     assert engine, "the engine should run in processes of its own (extract.engine_process=background)"
     os.kill(task_pid, signal.SIGKILL)
     row = status(run, env)["tasks"][0]

@@ -23,8 +23,14 @@ DATA = REPO / "configs" / "data" / "demo-chat.jsonl"
 
 def cli(*argv, env: dict | None = None) -> subprocess.CompletedProcess:
     full = dict(os.environ, PYTHONPATH=str(REPO), **(env or {}))
-    return subprocess.run([sys.executable, "-m", "eagle_batch.cli", *map(str, argv)], capture_output=True,
-                          text=True, env=full, timeout=600, cwd=str(REPO))
+    return subprocess.run(
+        [sys.executable, "-m", "eagle_batch.cli", *map(str, argv)],
+        capture_output=True,
+        text=True,
+        env=full,
+        timeout=600,
+        cwd=str(REPO),
+    )
 
 
 def no_traceback(r: subprocess.CompletedProcess) -> None:
@@ -38,14 +44,20 @@ def test_max_length_must_leave_room_for_the_generated_token():
     cfg = RunConfig(run_dir="/tmp/x")
     cfg.model.path = "/tmp"
     cfg.model.max_model_len, cfg.data.max_length = 2048, 2048
-    with pytest.raises(ConfigError, match=r"data.max_length=2048 must be below model.max_model_len=2048.*"
-                                          r"Set data.max_length=2047 or model.max_model_len=2049"):
+    with pytest.raises(
+        ConfigError,
+        match=r"data.max_length=2048 must be below model.max_model_len=2048.*"
+        r"Set data.max_length=2047 or model.max_model_len=2049",
+    ):
         check_values(cfg)
     cfg.data.max_length = 2047
     check_values(cfg)
     cfg.model.tensor_parallel_size, cfg.slurm.gpus_per_node = 8, 1
-    with pytest.raises(ConfigError, match=r"model.tensor_parallel_size=8 needs 8 GPUs per task but "
-                                          r"slurm.gpus_per_node=1"):
+    with pytest.raises(
+        ConfigError,
+        match=r"model.tensor_parallel_size=8 needs 8 GPUs per task but "
+        r"slurm.gpus_per_node=1",
+    ):
         check_values(cfg)
 
 
@@ -55,10 +67,13 @@ def model(tiny_model):
 
 
 def _config(tmp_path: Path, model: Path, **data) -> Path:
-    cfg = {"run_dir": str(tmp_path / "run"), "model": {"path": str(model), "max_model_len": 512, "dtype": "float32"},
-           "data": {"inputs": [str(DATA)], "format": "messages", "max_length": 256, **data},
-           "extract": {"num_tasks": 2, "backend": "hf"},
-           "slurm": {"executor": "local", "gpus_per_node": 0}}
+    cfg = {
+        "run_dir": str(tmp_path / "run"),
+        "model": {"path": str(model), "max_model_len": 512, "dtype": "float32"},
+        "data": {"inputs": [str(DATA)], "format": "messages", "max_length": 256, **data},
+        "extract": {"num_tasks": 2, "backend": "hf"},
+        "slurm": {"executor": "local", "gpus_per_node": 0},
+    }
     p = tmp_path / "run.yaml"
     p.write_text(json.dumps(cfg))
     return p
@@ -85,8 +100,10 @@ def test_extract_refuses_prepared_samples_longer_than_the_engine_takes(tmp_path,
     longest = json.loads((tmp_path / "run" / "prepared" / "summary.json").read_text())["length_percentiles"]["max"]
     r = cli("extract", cfg, f"model.max_model_len={longest}", "data.max_length=50", "--force")
     assert r.returncode == 2, r.stderr
-    assert f"holds samples of up to {longest} tokens, but model.max_model_len={longest} allows at most " \
-           f"{longest - 1}" in r.stderr
+    assert (
+        f"holds samples of up to {longest} tokens, but model.max_model_len={longest} allows at most "
+        f"{longest - 1}" in r.stderr
+    )
     no_traceback(r)
     assert not (tmp_path / "run" / "slurm").exists()  # nothing submitted
 
@@ -94,12 +111,22 @@ def test_extract_refuses_prepared_samples_longer_than_the_engine_takes(tmp_path,
 def test_commands_on_a_run_without_samples_fail_and_say_why(tmp_path, model):
     run = tmp_path / "run"
     (run / "prepared").mkdir(parents=True)
-    (run / "prepared" / "plan.json").write_text(json.dumps(
-        {"num_tasks": 2, "tasks": [{"task_id": t, "rows": [], "num_tokens": 0, "num_samples": 0} for t in range(2)]}))
+    (run / "prepared" / "plan.json").write_text(
+        json.dumps(
+            {"num_tasks": 2, "tasks": [{"task_id": t, "rows": [], "num_tokens": 0, "num_samples": 0} for t in range(2)]}
+        )
+    )
     cfg = tmp_path / "run.yaml"
-    cfg.write_text(json.dumps({"run_dir": str(run), "model": {"path": str(model)},
-                               "slurm": {"executor": "local", "gpus_per_node": 0},
-                               "train": {"steps": 2, "num_workers": 0, "tensorboard": False}}))
+    cfg.write_text(
+        json.dumps(
+            {
+                "run_dir": str(run),
+                "model": {"path": str(model)},
+                "slurm": {"executor": "local", "gpus_per_node": 0},
+                "train": {"steps": 2, "num_workers": 0, "tensorboard": False},
+            }
+        )
+    )
     env = {"EAGLE_BATCH_TEST_WORK": "tests.slurm.work:empty_work"}
     assert cli("extract", cfg, "--wait", "--interval", "0.5", env=env).returncode == 0
 

@@ -20,8 +20,14 @@ REPO = Path(__file__).resolve().parents[2]
 
 def cli(*argv) -> subprocess.CompletedProcess:
     env = dict(os.environ, PYTHONPATH=str(REPO))
-    return subprocess.run([sys.executable, "-m", "eagle_batch.cli", *map(str, argv)], capture_output=True,
-                          text=True, env=env, timeout=300, cwd=str(REPO))
+    return subprocess.run(
+        [sys.executable, "-m", "eagle_batch.cli", *map(str, argv)],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=300,
+        cwd=str(REPO),
+    )
 
 
 @pytest.fixture(scope="module")
@@ -34,15 +40,23 @@ def bad(tmp_path_factory) -> dict[str, Path]:
     paths["unknown_key"] = d / "unknown.yaml"
     paths["unknown_key"].write_text(json.dumps({"run_dir": str(d / "r1"), "model": {"path": str(d)}, "modle": {}}))
     paths["no_model"] = d / "no-model.yaml"
-    paths["no_model"].write_text(json.dumps({"run_dir": str(d / "r2"), "model": {"path": str(d / "nowhere")},
-                                             "data": {"inputs": [str(d / "nowhere.jsonl")]}}))
+    paths["no_model"].write_text(
+        json.dumps(
+            {
+                "run_dir": str(d / "r2"),
+                "model": {"path": str(d / "nowhere")},
+                "data": {"inputs": [str(d / "nowhere.jsonl")]},
+            }
+        )
+    )
     # A run directory whose files were edited by hand.
     run = d / "edited"
     (run / "prepared").mkdir(parents=True)
     (run / "state").mkdir()
     (run / "slurm").mkdir()
-    (run / "prepared" / "plan.json").write_text(json.dumps({"num_tasks": 1, "tasks": [
-        {"task_id": 0, "rows": [], "num_tokens": 0, "num_samples": 0}]}))
+    (run / "prepared" / "plan.json").write_text(
+        json.dumps({"num_tasks": 1, "tasks": [{"task_id": 0, "rows": [], "num_tokens": 0, "num_samples": 0}]})
+    )
     (run / "state" / "task-00000.json").write_text("{half a state")
     (run / "config.yaml").write_text(f"run_dir: {run}\nmodel:\n  path: {d}\n")
     paths["edited_state"] = run
@@ -54,8 +68,9 @@ def bad(tmp_path_factory) -> dict[str, Path]:
     run3 = d / "bad-submissions"
     (run3 / "prepared").mkdir(parents=True)
     (run3 / "slurm").mkdir()
-    (run3 / "prepared" / "plan.json").write_text(json.dumps({"num_tasks": 1, "tasks": [
-        {"task_id": 0, "rows": [], "num_tokens": 0, "num_samples": 0}]}))
+    (run3 / "prepared" / "plan.json").write_text(
+        json.dumps({"num_tasks": 1, "tasks": [{"task_id": 0, "rows": [], "num_tokens": 0, "num_samples": 0}]})
+    )
     (run3 / "slurm" / "submissions.jsonl").write_text('{"job_id": "1", "executor"\n')
     (run3 / "config.yaml").write_text(f"run_dir: {run3}\nmodel:\n  path: {d}\n")
     paths["bad_submissions"] = run3

@@ -92,8 +92,9 @@ def test_demo_config_and_data(monkeypatch):
     # versioned: a change there must show up here, not as a missing model at run time).
     from eagle_batch.models import smollm2
 
-    assert cfg.model.path == str(smollm2.cache_root() / "models"
-                                 / f"SmolLM2-135M-Instruct-bfloat16-{smollm2.FORMAT_VERSION}")
+    assert cfg.model.path == str(
+        smollm2.cache_root() / "models" / f"SmolLM2-135M-Instruct-bfloat16-{smollm2.FORMAT_VERSION}"
+    )
     assert cfg.model.path.startswith("/tmp/eb-cache/")
     assert cfg.model.layer_ids is None
     (inp,) = cfg.data.inputs

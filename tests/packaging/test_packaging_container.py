@@ -14,7 +14,6 @@ import subprocess
 import tomllib
 from pathlib import Path
 
-import pytest
 from packaging.requirements import Requirement
 from packaging.utils import canonicalize_name
 
@@ -56,12 +55,19 @@ def test_hadolint_does_flag_a_bad_dockerfile(tool, tmp_path):
 def test_shellcheck_passes_on_scripts_and_templates(tool):
     files = [C / "build.sh", C / "entrypoint.sh", C / "cache-env.sh"]
     files += sorted((REPO / "slurm" / "templates").iterdir())
-    r = subprocess.run([tool("shellcheck"), "--shell=bash", "--external-sources", *map(str, files)],
-                       capture_output=True, text=True, cwd=C)
+    r = subprocess.run(
+        [tool("shellcheck"), "--shell=bash", "--external-sources", *map(str, files)],
+        capture_output=True,
+        text=True,
+        cwd=C,
+    )
     assert r.returncode == 0, r.stdout + r.stderr
     # cache-env.sh is sourced by Apptainer's %environment with /bin/sh: it must be POSIX sh too.
-    r = subprocess.run([tool("shellcheck"), "--shell=sh", str(C / "cache-env.sh"), str(C / "entrypoint.sh")],
-                       capture_output=True, text=True)
+    r = subprocess.run(
+        [tool("shellcheck"), "--shell=sh", str(C / "cache-env.sh"), str(C / "entrypoint.sh")],
+        capture_output=True,
+        text=True,
+    )
     assert r.returncode == 0, r.stdout + r.stderr
 
 
@@ -124,7 +130,9 @@ def test_docker_context_contains_what_the_dockerfile_copies():
                 continue
             assert s in allowed, f"COPY {s}: excluded from the build context by Dockerfile.dockerignore"
             assert (REPO / s).exists(), s
-    for src in re.findall(r"^    (\S+) /\S+$", (C / "eagle-batch.def").read_text().split("%files")[1].split("%post")[0], re.M):
+    for src in re.findall(
+        r"^    (\S+) /\S+$", (C / "eagle-batch.def").read_text().split("%files")[1].split("%post")[0], re.M
+    ):
         assert (REPO / src).exists(), f"eagle-batch.def %files: {src} is missing"
 
 
@@ -145,11 +153,31 @@ def test_lock_resolves_for_python312_manylinux_x86_64(tool, tmp_path):
     for vLLM alone). The result must be exactly the lock: nothing missing, nothing different."""
     out = tmp_path / "relock.txt"
     env = dict(os.environ, UV_PYTHON_DOWNLOADS="never")
-    r = subprocess.run([tool("uv"), "pip", "compile", str(C / "requirements.lock"), "--no-config",
-                        "--python-version", versions()["PYTHON_VERSION"],
-                        "--python-platform", "x86_64-manylinux_2_39", "--no-build",
-                        "--index-url", "https://pypi.org/simple", "--no-header", "--no-annotate", "--quiet",
-                        "-o", str(out)], capture_output=True, text=True, env=env, timeout=600)
+    r = subprocess.run(
+        [
+            tool("uv"),
+            "pip",
+            "compile",
+            str(C / "requirements.lock"),
+            "--no-config",
+            "--python-version",
+            versions()["PYTHON_VERSION"],
+            "--python-platform",
+            "x86_64-manylinux_2_39",
+            "--no-build",
+            "--index-url",
+            "https://pypi.org/simple",
+            "--no-header",
+            "--no-annotate",
+            "--quiet",
+            "-o",
+            str(out),
+        ],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=600,
+    )
     assert r.returncode == 0, r.stderr[-3000:]
     resolved = {}
     for line in out.read_text().splitlines():
@@ -160,18 +188,36 @@ def test_lock_resolves_for_python312_manylinux_x86_64(tool, tmp_path):
 
 
 def test_cache_env_points_every_cache_at_one_folder(tmp_path):
-    env = {"PATH": os.environ["PATH"], "HOME": str(tmp_path / "home"), "EAGLE_BATCH_CACHE": "/shared/eb",
-           "TRITON_CACHE_DIR": "/local/triton"}  # a value set before wins
-    r = subprocess.run(["sh", "-c", f". {C / 'cache-env.sh'}; env"], capture_output=True, text=True, env=env,
-                       check=True)
+    env = {
+        "PATH": os.environ["PATH"],
+        "HOME": str(tmp_path / "home"),
+        "EAGLE_BATCH_CACHE": "/shared/eb",
+        "TRITON_CACHE_DIR": "/local/triton",
+    }  # a value set before wins
+    r = subprocess.run(
+        ["sh", "-c", f". {C / 'cache-env.sh'}; env"], capture_output=True, text=True, env=env, check=True
+    )
     got = dict(line.split("=", 1) for line in r.stdout.splitlines() if "=" in line)
-    for var in ("VLLM_CACHE_ROOT", "TORCHINDUCTOR_CACHE_DIR", "FLASHINFER_WORKSPACE_BASE", "CUDA_CACHE_PATH",
-                "HF_HOME", "XDG_CACHE_HOME", "TORCH_EXTENSIONS_DIR", "TVM_FFI_CACHE_DIR"):
+    for var in (
+        "VLLM_CACHE_ROOT",
+        "TORCHINDUCTOR_CACHE_DIR",
+        "FLASHINFER_WORKSPACE_BASE",
+        "CUDA_CACHE_PATH",
+        "HF_HOME",
+        "XDG_CACHE_HOME",
+        "TORCH_EXTENSIONS_DIR",
+        "TVM_FFI_CACHE_DIR",
+    ):
         assert got[var].startswith("/shared/eb/"), (var, got.get(var))
     assert got["TRITON_CACHE_DIR"] == "/local/triton"
     assert got["HF_HUB_OFFLINE"] == "1"
     # Unset, it falls back to the same default as eagle_batch.models.smollm2.cache_root().
     del env["EAGLE_BATCH_CACHE"]
-    r = subprocess.run(["sh", "-c", f". {C / 'cache-env.sh'}; echo $EAGLE_BATCH_CACHE"], capture_output=True,
-                       text=True, env=env, check=True)
+    r = subprocess.run(
+        ["sh", "-c", f". {C / 'cache-env.sh'}; echo $EAGLE_BATCH_CACHE"],
+        capture_output=True,
+        text=True,
+        env=env,
+        check=True,
+    )
     assert r.stdout.strip() == str(tmp_path / "home" / ".cache" / "eagle-batch")

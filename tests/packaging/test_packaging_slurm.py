@@ -31,7 +31,7 @@ def render(tmp_path: Path, *args: str) -> Path:
 
 
 def sbatch_lines(script: Path) -> list[str]:
-    return [ln[len("#SBATCH "):] for ln in script.read_text().splitlines() if ln.startswith("#SBATCH ")]
+    return [ln[len("#SBATCH ") :] for ln in script.read_text().splitlines() if ln.startswith("#SBATCH ")]
 
 
 @pytest.mark.parametrize("runtime", ["none", "apptainer", "pyxis"])
@@ -43,21 +43,37 @@ def test_rendered_scripts_lint_and_wrap_like_the_launcher(tmp_path, runtime, too
     extra.write_text(
         "slurm:\n  partition: gpu-b200\n  additional_sbatch: ['--mail-type=END', '#SBATCH --reservation=r1']\n"
         "  setup: ['export EAGLE_BATCH_CACHE=/shared/cache']\n"
-        f"  container:\n    runtime: {runtime}\n    image: /img/eb.sif\n    binds: ['/shared/cache:/shared/cache']\n")
+        f"  container:\n    runtime: {runtime}\n    image: /img/eb.sif\n    binds: ['/shared/cache:/shared/cache']\n"
+    )
     out = render(tmp_path, "configs/models/kimi-k2.5.yaml", str(extra), f"run_dir={run}")
     assert out == run / "slurm" / "manual"
     names = {p.name for p in out.iterdir()}
-    assert {"env.sh", "lib.sh", "cache-env.sh", "config.yaml", "prepare.sbatch", "extract.sbatch",
-            "train.sbatch", "submit.sh"} <= names
+    assert {
+        "env.sh",
+        "lib.sh",
+        "cache-env.sh",
+        "config.yaml",
+        "prepare.sbatch",
+        "extract.sbatch",
+        "train.sbatch",
+        "submit.sh",
+    } <= names
     assert (run / "config.yaml").is_file()  # the run's own config, as `eagle-batch extract` writes it
 
     # The same wrapper as submitit's path: compare with the launcher's own function.
     cfg = load_config([out / "config.yaml"])
     python, srun_args = container_wrapping(cfg, Path(cfg.run_dir))
     probe = subprocess.run(
-        ["bash", "-c", f'. {shlex.quote(str(out / "env.sh"))}; printf "%s\\n" "${{EB_PYTHON[@]}}"; echo ---; '
-                       'printf "%s\\n" "${EB_SRUN_ARGS[@]}"; echo ---; echo "$EB_CONTAINER_RUNTIME"'],
-        capture_output=True, text=True, check=True)
+        [
+            "bash",
+            "-c",
+            f'. {shlex.quote(str(out / "env.sh"))}; printf "%s\\n" "${{EB_PYTHON[@]}}"; echo ---; '
+            'printf "%s\\n" "${EB_SRUN_ARGS[@]}"; echo ---; echo "$EB_CONTAINER_RUNTIME"',
+        ],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
     py, srun, rt = probe.stdout.split("---\n")
     assert py.split() == (shlex.split(python) if python else ["python3"])
     assert srun.split() == srun_args
@@ -65,7 +81,9 @@ def test_rendered_scripts_lint_and_wrap_like_the_launcher(tmp_path, runtime, too
     if runtime == "apptainer":
         assert py.split()[:3] == ["apptainer", "exec", "--nv"] and "/img/eb.sif" in py.split()
         assert "/shared/cache:/shared/cache" in py.split()
-        assert f"{run}:{run}" in py.split() and "/models/moonshotai/Kimi-K2.5:/models/moonshotai/Kimi-K2.5" in py.split()
+        assert (
+            f"{run}:{run}" in py.split() and "/models/moonshotai/Kimi-K2.5:/models/moonshotai/Kimi-K2.5" in py.split()
+        )
     if runtime == "pyxis":
         assert "--container-image=/img/eb.sif" in srun.split()
 
@@ -76,18 +94,25 @@ def test_rendered_scripts_lint_and_wrap_like_the_launcher(tmp_path, runtime, too
     assert f"--output={run}/slurm/%A_%a/%A_%a_0_log.out" in ext
     assert not any(o.startswith("--gpus") for o in sbatch_lines(out / "prepare.sbatch"))
 
-    files = [out / n for n in ("env.sh", "lib.sh", "cache-env.sh", "prepare.sbatch", "extract.sbatch",
-                               "train.sbatch", "submit.sh")]
-    r = subprocess.run([tool("shellcheck"), "--shell=bash", "--external-sources", *map(str, files)],
-                       capture_output=True, text=True)
+    files = [
+        out / n
+        for n in ("env.sh", "lib.sh", "cache-env.sh", "prepare.sbatch", "extract.sbatch", "train.sbatch", "submit.sh")
+    ]
+    r = subprocess.run(
+        [tool("shellcheck"), "--shell=bash", "--external-sources", *map(str, files)], capture_output=True, text=True
+    )
     assert r.returncode == 0, r.stdout
 
 
 def test_render_refuses_a_run_dir_of_another_run(tmp_path):
     run = tmp_path / "run"
     render(tmp_path, "configs/demo.yaml", f"run_dir={run}")
-    r = subprocess.run([sys.executable, str(RENDER), "configs/demo.yaml", f"run_dir={run}", "data.max_length=64"],
-                       capture_output=True, text=True, cwd=REPO)
+    r = subprocess.run(
+        [sys.executable, str(RENDER), "configs/demo.yaml", f"run_dir={run}", "data.max_length=64"],
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+    )
     assert r.returncode == 2 and "already holds another run" in r.stderr
 
 
@@ -114,24 +139,37 @@ def test_templates_run_a_small_extraction_on_local_slurm(tmp_path, tiny_model):
     run = tmp_path / "run"
     site = tmp_path / "local.yaml"
     # The container switched off; the job's Python is this venv, as slurm.setup says on a real site.
-    site.write_text(json.dumps({
-        "model": {"path": str(tiny_model("llama"))},
-        "slurm": {
-            "executor": "slurm", "time_min": 20, "cpus_per_task": 1, "gpus_per_node": 0, "array_parallelism": 2,
-            "container": {"runtime": "none"},
-            "setup": [
-                f". {shlex.quote(str(Path(sys.prefix) / 'bin' / 'activate'))}",
-                "export VLLM_CPU_KVCACHE_SPACE=1 VLLM_ENABLE_V1_MULTIPROCESSING=0 HF_HUB_OFFLINE=1 "
-                "TOKENIZERS_PARALLELISM=false",
-                f"export EAGLE_BATCH_CACHE={shlex.quote(str(cache_root()))}",
-            ],
-        },
-    }))
+    site.write_text(
+        json.dumps(
+            {
+                "model": {"path": str(tiny_model("llama"))},
+                "slurm": {
+                    "executor": "slurm",
+                    "time_min": 20,
+                    "cpus_per_task": 1,
+                    "gpus_per_node": 0,
+                    "array_parallelism": 2,
+                    "container": {"runtime": "none"},
+                    "setup": [
+                        f". {shlex.quote(str(Path(sys.prefix) / 'bin' / 'activate'))}",
+                        "export VLLM_CPU_KVCACHE_SPACE=1 VLLM_ENABLE_V1_MULTIPROCESSING=0 HF_HUB_OFFLINE=1 "
+                        "TOKENIZERS_PARALLELISM=false",
+                        f"export EAGLE_BATCH_CACHE={shlex.quote(str(cache_root()))}",
+                    ],
+                },
+            }
+        )
+    )
     # The 20-chat fixture in 2 tasks (the demo itself runs 300 chats in 4).
-    out = render(tmp_path, "configs/demo.yaml", str(site), f"run_dir={run}",
-                 f"data.inputs=[{REPO / 'configs' / 'data' / 'demo-chat.jsonl'}]", "extract.num_tasks=2")
-    r = subprocess.run(["bash", str(out / "submit.sh"), "--no-train"], capture_output=True, text=True,
-                       timeout=900)
+    out = render(
+        tmp_path,
+        "configs/demo.yaml",
+        str(site),
+        f"run_dir={run}",
+        f"data.inputs=[{REPO / 'configs' / 'data' / 'demo-chat.jsonl'}]",
+        "extract.num_tasks=2",
+    )
+    r = subprocess.run(["bash", str(out / "submit.sh"), "--no-train"], capture_output=True, text=True, timeout=900)
     assert r.returncode == 0, r.stdout + r.stderr + "".join(p.read_text() for p in out.glob("prepare-*.out"))
     array = r.stdout.strip().splitlines()[-1]
     assert array.isdigit(), r.stdout
@@ -163,7 +201,7 @@ def test_templates_run_a_small_extraction_on_local_slurm(tmp_path, tiny_model):
 
 # Test-only work (EAGLE_BATCH_TEST_WORK, see eagle_batch/launch/task.py): task 0 waits for the checkpoint
 # signal on its first attempt; task 1 raises on its first attempt. Both finish on their second attempt.
-REQUEUE_WORK = '''
+REQUEUE_WORK = """
 import time
 from pathlib import Path
 
@@ -184,7 +222,7 @@ def work(ctx):
     while not ctx.should_stop() and time.time() < end:
         time.sleep(0.5)
     return False
-'''
+"""
 
 
 @pytest.mark.slurm
@@ -196,24 +234,35 @@ def test_extract_template_requeues_on_checkpoint_signal_and_on_failure(tmp_path)
     run = tmp_path / "run"
     (tmp_path / "eb_requeue_work.py").write_text(REQUEUE_WORK)
     site = tmp_path / "local.yaml"
-    site.write_text(json.dumps({
-        "model": {"path": "/nonexistent"},  # the test work loads no model
-        "slurm": {
-            "executor": "slurm", "time_min": 2, "signal_delay_s": 60, "cpus_per_task": 1, "gpus_per_node": 0,
-            "max_attempts": 3, "max_num_timeout": 2, "array_parallelism": 2,
-            "container": {"runtime": "none"},
-            "setup": [
-                f". {shlex.quote(str(Path(sys.prefix) / 'bin' / 'activate'))}",
-                f"export PYTHONPATH={shlex.quote(str(tmp_path))}",
-                "export EAGLE_BATCH_TEST_WORK=eb_requeue_work:work",
-            ],
-        },
-    }))
+    site.write_text(
+        json.dumps(
+            {
+                "model": {"path": "/nonexistent"},  # the test work loads no model
+                "slurm": {
+                    "executor": "slurm",
+                    "time_min": 2,
+                    "signal_delay_s": 60,
+                    "cpus_per_task": 1,
+                    "gpus_per_node": 0,
+                    "max_attempts": 3,
+                    "max_num_timeout": 2,
+                    "array_parallelism": 2,
+                    "container": {"runtime": "none"},
+                    "setup": [
+                        f". {shlex.quote(str(Path(sys.prefix) / 'bin' / 'activate'))}",
+                        f"export PYTHONPATH={shlex.quote(str(tmp_path))}",
+                        "export EAGLE_BATCH_TEST_WORK=eb_requeue_work:work",
+                    ],
+                },
+            }
+        )
+    )
     out = render(tmp_path, "configs/demo.yaml", str(site), f"run_dir={run}", "extract.num_tasks=2")
     (run / "prepared").mkdir(parents=True)
     (run / "prepared" / "plan.json").write_text(json.dumps({"num_tasks": 2, "tasks": []}))
-    r = subprocess.run(["bash", str(out / "submit.sh"), "--no-prepare", "--no-train"], capture_output=True,
-                       text=True, timeout=120)
+    r = subprocess.run(
+        ["bash", str(out / "submit.sh"), "--no-prepare", "--no-train"], capture_output=True, text=True, timeout=120
+    )
     assert r.returncode == 0, r.stdout + r.stderr
     array = r.stdout.strip().splitlines()[-1]
     _wait_gone(array, 600)

@@ -55,7 +55,7 @@ def block_commands(block: str) -> list[list[str]]:
             words = shlex.split(part, comments=True)
             for i, w in enumerate(words):
                 if Path(w).name == "eagle-batch":  # also `.venv/bin/eagle-batch`
-                    out.append(words[i + 1:])
+                    out.append(words[i + 1 :])
                     break
     return out
 
@@ -67,7 +67,7 @@ def table_commands(text: str) -> list[str]:
     out = []
     for cell in cells:
         m = re.search(r"\{([^}]+)\}", cell)
-        out += [cell[:m.start()] + alt + cell[m.end():] for alt in m.group(1).split(",")] if m else [cell]
+        out += [cell[: m.start()] + alt + cell[m.end() :] for alt in m.group(1).split(",")] if m else [cell]
     return out
 
 
@@ -138,18 +138,25 @@ def tiny_run(run: Path, model: Path) -> dict[str, list[str]]:
             "model.layer_ids=null",  # README: [2, 30, 58, 61] of 61 layers; the tiny model has 6 (default rule)
             "model.dtype=float32",  # README: bfloat16; bf16 matmuls are slow on the CPU (the fault suite's choice)
             # README: 4097 of Kimi's 262k positions; the tiny model has 4096
-            "model.max_model_len=4096", "data.max_length=4095",
+            "model.max_model_len=4096",
+            "data.max_length=4095",
             "extract.backend=hf",  # README: native = vLLM on GPUs; transformers on the CPU (as tests/faults)
             "slurm.executor=local",  # README's cluster file: slurm; submitit's local executor here
             "slurm.gpus_per_node=0",  # README: 8 GPUs per node; none here
             # training at toy size on the CPU: README's defaults (bf16, 32k draft vocab, full-vocab accuracy,
             # 4 loader workers, 1000 steps) take many minutes on 2 cores
-            "train.steps=2", "train.batch_tokens=512", "train.num_workers=0", "train.draft_vocab_size=256",
-            "train.accuracy_vs=draft", "train.precision=fp32",
+            "train.steps=2",
+            "train.batch_tokens=512",
+            "train.num_workers=0",
+            "train.draft_vocab_size=256",
+            "train.accuracy_vs=draft",
+            "train.precision=fp32",
         ],
         # appended where README passes these keys
-        "data.inputs": [f"data.inputs=[{F.DATA}]",  # README: /data/chat/*.jsonl; the repo's demo chats ...
-                        "data.limit=8"],  # ... 8 of them
+        "data.inputs": [
+            f"data.inputs=[{F.DATA}]",  # README: /data/chat/*.jsonl; the repo's demo chats ...
+            "data.limit=8",
+        ],  # ... 8 of them
         "extract.num_tasks": ["extract.num_tasks=2"],  # README: 64 tasks; 2 here
     }
 
@@ -176,7 +183,7 @@ def localize(argv: list[str], readme_run: str, run: Path, overrides: dict[str, l
         # README: `--after RUN` submits a Slurm job with afterok on the extraction array; without Slurm the
         # same training runs here with --local (the run is complete at this point).
         i = out.index("--after")
-        del out[i:i + 2]
+        del out[i : i + 2]
         out.append("--local")
     return out
 
@@ -190,10 +197,21 @@ def cli(capsys, argv: list[str]) -> tuple[int, str, str]:
 
 def test_readme_cluster_walkthrough_runs(tmp_path, capsys):
     steps = cluster_block()
-    assert [s[0] for s in steps] == ["prepare", "extract", "status", "resume", "aggregate", "verify", "train",
-                                     "evaluate"]
-    assert all(s[1:3] == ["configs/models/kimi-k2.5.yaml", "configs/clusters/blackwell-8gpu.yaml"]
-               for s in steps if s[0] in ("prepare", "extract", "train"))
+    assert [s[0] for s in steps] == [
+        "prepare",
+        "extract",
+        "status",
+        "resume",
+        "aggregate",
+        "verify",
+        "train",
+        "evaluate",
+    ]
+    assert all(
+        s[1:3] == ["configs/models/kimi-k2.5.yaml", "configs/clusters/blackwell-8gpu.yaml"]
+        for s in steps
+        if s[0] in ("prepare", "extract", "train")
+    )
     readme_run = next(a.split("=", 1)[1] for a in steps[0] if a.startswith("run_dir="))
     run = tmp_path / "kimi-run"
     overrides = tiny_run(run, F.tiny_llama())
@@ -231,15 +249,43 @@ def bench(capsys, *argv: str) -> dict:
 def test_bench_store_prepare_loader(tmp_path, capsys):
     # store: real SmolLM2 states (64-row pool, the minimum; cached under $EAGLE_BATCH_CACHE/bench), one
     # 64-token sample of 7168-wide rows written, committed and read back
-    r = bench(capsys, "store", "--raw-mb", "4", "--sample-tokens", "64", "--pool-rows", "64", "--reads", "5",
-              "--dir", str(tmp_path / "store"))
+    r = bench(
+        capsys,
+        "store",
+        "--raw-mb",
+        "4",
+        "--sample-tokens",
+        "64",
+        "--pool-rows",
+        "64",
+        "--reads",
+        "5",
+        "--dir",
+        str(tmp_path / "store"),
+    )
     assert r["bench"] == "store" and r["samples"] >= 1 and r["row_shape"] == [4, 7168]
     assert r["ratio"] > 1.0 and r["write_mb_s"] > 0 and r["read_samples_s"] > 0 and r["read_mb_s"] > 0
     r = bench(capsys, "prepare", "--rows", "200", "--workers", "1", "--num-tasks", "4")
     assert r["bench"] == "prepare" and r["rows"] == 200 and r["samples"] > 0
     assert r["rows_per_s"] > 0 and r["tokens_per_s"] > r["rows_per_s"]
-    r = bench(capsys, "loader", "--samples", "8", "--hidden", "64", "--num-layers", "8", "--workers", "0",
-              "--mean-tokens", "64", "--batch-tokens", "256", "--dir", str(tmp_path / "loader"))
+    r = bench(
+        capsys,
+        "loader",
+        "--samples",
+        "8",
+        "--hidden",
+        "64",
+        "--num-layers",
+        "8",
+        "--workers",
+        "0",
+        "--mean-tokens",
+        "64",
+        "--batch-tokens",
+        "256",
+        "--dir",
+        str(tmp_path / "loader"),
+    )
     assert r["bench"] == "loader" and r["store"]["samples"] == 8
     (m,) = r["loader"]
     assert m["workers"] == 0 and m["samples"] == 8 and m["samples_s"] > 0 and m["mb_s"] > 0
@@ -251,7 +297,17 @@ def test_bench_slurm(tmp_path, capsys):
 
     if not controller_answers():
         pytest.skip("sbatch is installed but no slurmctld answers `scontrol ping` (start one with .ci/slurm-up.sh)")
-    r = bench(capsys, "slurm", "--tasks", "2", "--parallelism", "2", "--timeout", "300",
-              "--folder", str(tmp_path / "submitit"))
+    r = bench(
+        capsys,
+        "slurm",
+        "--tasks",
+        "2",
+        "--parallelism",
+        "2",
+        "--timeout",
+        "300",
+        "--folder",
+        str(tmp_path / "submitit"),
+    )
     assert r["bench"] == "slurm" and r["tasks"] == 2 and r["array_job"]
     assert r["submit_s"] > 0 and r["wall_s"] >= r["submit_s"]

@@ -29,10 +29,13 @@ def _cfg(executor: str) -> RunConfig:
     return cfg
 
 
-@pytest.mark.parametrize("ping_out,ping_rc,expected", [
-    ("Slurmctld(primary) at head is UP", 0, "slurm"),
-    ("Slurmctld(primary) at head is DOWN", 1, "local"),
-])
+@pytest.mark.parametrize(
+    "ping_out,ping_rc,expected",
+    [
+        ("Slurmctld(primary) at head is UP", 0, "slurm"),
+        ("Slurmctld(primary) at head is DOWN", 1, "local"),
+    ],
+)
 def test_auto_needs_a_controller(tmp_path, monkeypatch, ping_out, ping_rc, expected):
     monkeypatch.setenv("PATH", f"{_fake_slurm_bin(tmp_path, ping_out, ping_rc)}{os.pathsep}/usr/bin:/bin")
     assert resolve_executor(_cfg("auto")) == expected

@@ -85,15 +85,28 @@ def make_synthetic_run(tmp_path: Path, name: str, num_tasks: int, **slurm) -> tu
     run = tmp_path / name
     (run / "prepared").mkdir(parents=True)
     (run / "faults").mkdir()
-    tasks = [{"task_id": t, "rows": list(range(work.N_SAMPLES)),
-              "num_tokens": sum(len(work.synthetic_sample(t, i)[1]) for i in range(work.N_SAMPLES))}
-             for t in range(num_tasks)]
+    tasks = [
+        {
+            "task_id": t,
+            "rows": list(range(work.N_SAMPLES)),
+            "num_tokens": sum(len(work.synthetic_sample(t, i)[1]) for i in range(work.N_SAMPLES)),
+        }
+        for t in range(num_tasks)
+    ]
     (run / "prepared" / "plan.json").write_text(json.dumps({"num_tasks": num_tasks, "tasks": tasks}))
     s = dict(executor="slurm", gpus_per_node=1, cpus_per_task=1, time_min=5, max_attempts=2)
     s.update(slurm)
     cfg = tmp_path / f"{name}.yaml"
-    cfg.write_text(json.dumps({"run_dir": str(run), "model": {"path": str(tmp_path)}, "slurm": s,
-                               "store": {"chunk_tokens": 8, "shard_tokens": 64}}))
+    cfg.write_text(
+        json.dumps(
+            {
+                "run_dir": str(run),
+                "model": {"path": str(tmp_path)},
+                "slurm": s,
+                "store": {"chunk_tokens": 8, "shard_tokens": 64},
+            }
+        )
+    )
     return run, cfg
 
 
@@ -122,8 +135,11 @@ def assert_same_data(run: Path, ref: Path, num_tasks: int) -> None:
             assert x["sample_id"] == y["sample_id"]
             assert np.array_equal(np.asarray(x["input_ids"]), np.asarray(y["input_ids"]))
             assert np.array_equal(np.asarray(x["loss_mask"]), np.asarray(y["loss_mask"]))
-            assert x["hidden_states"].view(dtype=__import__("torch").int16).equal(
-                y["hidden_states"].view(dtype=__import__("torch").int16)), f"task {t} sample {i} differs"
+            assert (
+                x["hidden_states"]
+                .view(dtype=__import__("torch").int16)
+                .equal(y["hidden_states"].view(dtype=__import__("torch").int16))
+            ), f"task {t} sample {i} differs"
 
 
 # -------------------------------------------------------------------------- real pipeline completes
@@ -133,15 +149,29 @@ def test_real_pipeline_array_completes_and_status_each_stage(tmp_path, capsys, t
     model = tiny_model("llama")
     run = tmp_path / "real"
     cfg = tmp_path / "real.yaml"
-    cfg.write_text(json.dumps({
-        "run_dir": str(run),
-        "model": {"path": str(model), "max_model_len": 512},
-        "data": {"inputs": [str(REPO / "configs" / "data" / "demo-chat.jsonl")], "format": "messages",
-                 "max_length": 256, "limit": 12},
-        "extract": {"num_tasks": 4, "backend": "hf", "batch_samples": 2, "commit_interval_s": 0},
-        "store": {"chunk_tokens": 16, "shard_tokens": 256},
-        "slurm": {"executor": "slurm", "gpus_per_node": 1, "cpus_per_task": 1, "time_min": 10, "max_attempts": 1},
-    }))
+    cfg.write_text(
+        json.dumps(
+            {
+                "run_dir": str(run),
+                "model": {"path": str(model), "max_model_len": 512},
+                "data": {
+                    "inputs": [str(REPO / "configs" / "data" / "demo-chat.jsonl")],
+                    "format": "messages",
+                    "max_length": 256,
+                    "limit": 12,
+                },
+                "extract": {"num_tasks": 4, "backend": "hf", "batch_samples": 2, "commit_interval_s": 0},
+                "store": {"chunk_tokens": 16, "shard_tokens": 256},
+                "slurm": {
+                    "executor": "slurm",
+                    "gpus_per_node": 1,
+                    "cpus_per_task": 1,
+                    "time_min": 10,
+                    "max_attempts": 1,
+                },
+            }
+        )
+    )
     rc, out, err = cli(capsys, "prepare", cfg, "--workers", "1", "--no-progress")
     assert rc == 0, err
     plan = json.loads((run / "prepared" / "plan.json").read_text())
@@ -239,8 +269,7 @@ def test_cancel_midway_duplicate_refused_resume_identical(tmp_path, capsys, synt
 
     rc, out, err = cli(capsys, "cancel", run, "--task", "1")
     assert rc == 0 and "cancelled" in out, err
-    st = wait_for(lambda: (s := status(capsys, run))["tasks"][1]["state"] == "cancelled" and s, 60,
-                  "task 1 cancelled")
+    st = wait_for(lambda: (s := status(capsys, run))["tasks"][1]["state"] == "cancelled" and s, 60, "task 1 cancelled")
     cancelled_at = st["tasks"][1]["tokens_committed"]
     assert 0 < cancelled_at < st["tasks"][1]["tokens_total"]
     assert st["tasks"][1]["last_error"].startswith("Slurm state CANCELLED")
@@ -355,21 +384,43 @@ def test_sbatch_resources_and_container_wrapping(tmp_path):
         ex = make_executor(cfg, cfg.run_dir, executor="slurm")
         return ex._make_submission_file_text(ex._submitit_command_str, "x")
 
-    s = script("slurm.partition=gpu", "slurm.account=proj", "slurm.qos=high", "slurm.constraint=h200",
-               "slurm.exclusive=true", "slurm.mem_gb=64", "slurm.time_min=90", "slurm.cpus_per_task=16",
-               "slurm.additional_sbatch=['--mail-type=END', '#SBATCH --reservation res1']",
-               "slurm.setup=['module load cuda']")
-    for line in ("--gpus-per-node=8", "--partition=gpu", "--account=proj", "--qos=high", "--constraint=h200",
-                 "--exclusive", "--mem=64GB", "--time=90", "--cpus-per-task=16", "--mail-type=END",
-                 "--reservation=res1", "--signal=USR2@120"):
+    s = script(
+        "slurm.partition=gpu",
+        "slurm.account=proj",
+        "slurm.qos=high",
+        "slurm.constraint=h200",
+        "slurm.exclusive=true",
+        "slurm.mem_gb=64",
+        "slurm.time_min=90",
+        "slurm.cpus_per_task=16",
+        "slurm.additional_sbatch=['--mail-type=END', '#SBATCH --reservation res1']",
+        "slurm.setup=['module load cuda']",
+    )
+    for line in (
+        "--gpus-per-node=8",
+        "--partition=gpu",
+        "--account=proj",
+        "--qos=high",
+        "--constraint=h200",
+        "--exclusive",
+        "--mem=64GB",
+        "--time=90",
+        "--cpus-per-task=16",
+        "--mail-type=END",
+        "--reservation=res1",
+        "--signal=USR2@120",
+    ):
         assert f"#SBATCH {line}" in s, (line, s)
     assert "module load cuda" in s
 
     def command(s):
         return next(ln for ln in s.splitlines() if "submitit.core._submit" in ln)
 
-    s = script("slurm.container.runtime=apptainer", "slurm.container.image=/img/eb.sif",
-               "slurm.container.binds=['/scratch:/scratch']")
+    s = script(
+        "slurm.container.runtime=apptainer",
+        "slurm.container.image=/img/eb.sif",
+        "slurm.container.binds=['/scratch:/scratch']",
+    )
     cmd = command(s)
     # No scontrol in the image: the host-side teardown does the requeues (see test_host_side_requeue...).
     assert "export EAGLE_BATCH_HOST_REQUEUE=" in s and 'scontrol requeue "$SLURM_JOB_ID"' in s
@@ -402,6 +453,7 @@ def test_whole_array_requeue_resumes_from_commits(tmp_path, capsys, synthetic):
     rc, out, err = cli(capsys, "extract", cfg)
     assert rc == 0, err
     array = json.loads((run / "slurm" / "submissions.jsonl").read_text().splitlines()[-1])["job_id"]
+
     def all_running():
         s = status(capsys, run)
         return all(r["state"] == "running" and r["samples_committed"] >= 2 for r in s["tasks"])
@@ -409,8 +461,11 @@ def test_whole_array_requeue_resumes_from_commits(tmp_path, capsys, synthetic):
     wait_for(all_running, 60, "all tasks running with commits")
     r = subprocess.run(["scontrol", "requeue", array], capture_output=True, text=True)
     assert r.returncode == 0, r.stderr
-    wait_for(lambda: any(r["state"] == "requeued" or r["attempts"] >= 2 for r in status(capsys, run)["tasks"]),
-             30, "the requeue to show")
+    wait_for(
+        lambda: any(r["state"] == "requeued" or r["attempts"] >= 2 for r in status(capsys, run)["tasks"]),
+        30,
+        "the requeue to show",
+    )
     (run / "faults" / "sleep_s").write_text("0")
     st = wait_idle(capsys, run, 120)
     assert st["totals"]["all_done"], json.dumps(st, indent=1)

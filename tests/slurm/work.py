@@ -63,8 +63,9 @@ def synthetic_work(ctx: TaskContext) -> bool:
     samples = [synthetic_sample(ctx.task_id, i) for i in range(N_SAMPLES)]
     ctx.set_totals(len(samples), sum(len(s[1]) for s in samples))
     spec = StoreSpec(layer_ids=LAYERS, hidden_size=HIDDEN, model_name="synthetic")
-    w = TaskStoreWriter.open(store_path(ctx.run_dir, ctx.task_id), spec, ctx.cfg.store, repair=ctx.repair,
-                             on_commit=ctx.report)
+    w = TaskStoreWriter.open(
+        store_path(ctx.run_dir, ctx.task_id), spec, ctx.cfg.store, repair=ctx.repair, on_commit=ctx.report
+    )
     try:
         done = set(w.committed_sample_ids)
         if w.is_complete:
@@ -84,7 +85,7 @@ def synthetic_work(ctx: TaskContext) -> bool:
 
 
 def slow_capture(ctx: TaskContext) -> bool:
-    sleep_s = _faults(ctx)
+    _faults(ctx)
     report = ctx.report
 
     def slow_report(samples: int, tokens: int) -> None:
@@ -104,8 +105,11 @@ def chained_probe(run_dir: str, out: str) -> dict:
 
     run = Path(run_dir)
     n = json.loads((run / "prepared" / "plan.json").read_text())["num_tasks"]
-    seen = {"time": _t.time(), "dataset_json": (run / "dataset.json").is_file(),
-            "states": [getattr(read_state(run, t), "status", None) for t in range(n)]}
+    seen = {
+        "time": _t.time(),
+        "dataset_json": (run / "dataset.json").is_file(),
+        "states": [getattr(read_state(run, t), "status", None) for t in range(n)],
+    }
     Path(out).write_text(json.dumps(seen))
     return seen
 
@@ -131,9 +135,10 @@ def block_work(ctx: TaskContext) -> bool:
     w = TaskStoreWriter.open(store_path(ctx.run_dir, ctx.task_id), spec, ctx.cfg.store, on_commit=ctx.report)
     try:
         for k in range(0, len(samples), 4):  # 4 samples per "engine step", one commit per step
-            step = samples[k:k + 4]
-            w.append_block([s[0] for s in step], [s[1] for s in step], [s[2] for s in step],
-                           np.concatenate([s[3] for s in step]))
+            step = samples[k : k + 4]
+            w.append_block(
+                [s[0] for s in step], [s[1] for s in step], [s[2] for s in step], np.concatenate([s[3] for s in step])
+            )
             w.commit()
         w.finalize()
         return True

@@ -3,16 +3,22 @@
 from __future__ import annotations
 
 import pytest
+from store_testlib import HIDDEN, LAYERS
 
 from eagle_batch.config import StoreConfig
 from eagle_batch.store import StoreSpec
-from store_testlib import HIDDEN, LAYERS
 
 
 @pytest.fixture
 def spec() -> StoreSpec:
-    return StoreSpec(layer_ids=LAYERS, hidden_size=HIDDEN, model_name="synthetic", model_revision="r1",
-                     tokenizer="tok", config_hash="abc123")
+    return StoreSpec(
+        layer_ids=LAYERS,
+        hidden_size=HIDDEN,
+        model_name="synthetic",
+        model_revision="r1",
+        tokenizer="tok",
+        config_hash="abc123",
+    )
 
 
 @pytest.fixture

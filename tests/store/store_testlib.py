@@ -5,6 +5,7 @@ from __future__ import annotations
 import threading
 
 import numpy as np
+
 from eagle_batch.config import StoreConfig
 from eagle_batch.store import StoreSpec
 
@@ -76,8 +77,13 @@ def writer_main(path: str, n_samples: int, commit_every: int, adaptive: bool = F
 
 def spawn_writer(path: Path, n_samples: int, commit_every: int, adaptive: bool = False) -> subprocess.Popen:
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(Path(__file__).parent), *sys.path]))
-    return subprocess.Popen([sys.executable, __file__, "write", str(path), str(n_samples), str(commit_every),
-                             str(int(adaptive))], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+    return subprocess.Popen(
+        [sys.executable, __file__, "write", str(path), str(n_samples), str(commit_every), str(int(adaptive))],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=env,
+    )
 
 
 def run_writer_to_end(path: Path, n_samples: int, commit_every: int, adaptive: bool = False) -> float:
@@ -92,9 +98,13 @@ def run_writer_to_end(path: Path, n_samples: int, commit_every: int, adaptive: b
 
 def reference_arrays(n_samples: int) -> dict[str, np.ndarray]:
     samples = [make_sample(i) for i in range(n_samples)]
-    return {"sample_ids": [s[0] for s in samples], "lengths": [len(s[1]) for s in samples],
-            "input_ids": np.concatenate([s[1] for s in samples]), "loss_mask": np.concatenate([s[2] for s in samples]),
-            "hidden_states": np.concatenate([s[3] for s in samples])}
+    return {
+        "sample_ids": [s[0] for s in samples],
+        "lengths": [len(s[1]) for s in samples],
+        "input_ids": np.concatenate([s[1] for s in samples]),
+        "loss_mask": np.concatenate([s[2] for s in samples]),
+        "hidden_states": np.concatenate([s[3] for s in samples]),
+    }
 
 
 def check_interrupted_store(path: Path, ref: dict) -> int:
@@ -112,13 +122,13 @@ def check_interrupted_store(path: Path, ref: dict) -> int:
     assert len(ds) == n
     for i in {0, n // 2, n - 1} if n else ():
         x = ds.get_arrays(i)
-        a, b = sum(ref["lengths"][:i]), sum(ref["lengths"][:i + 1])
+        a, b = sum(ref["lengths"][:i]), sum(ref["lengths"][: i + 1])
         np.testing.assert_array_equal(x["hidden_states"], ref["hidden_states"][a:b])
     # Plain zarr trusts shapes: they must never cover data that was not written (zeros).
     for name in ("hidden_states", "input_ids", "loss_mask"):
         arr = zarr.open_array(path / name, mode="r")
         assert arr.shape[0] <= t, f"{name} shape {arr.shape[0]} is ahead of the {t} committed tokens"
-        np.testing.assert_array_equal(arr[:].view(ref[name].dtype), ref[name][:arr.shape[0]])
+        np.testing.assert_array_equal(arr[:].view(ref[name].dtype), ref[name][: arr.shape[0]])
     return n
 
 
@@ -135,8 +145,9 @@ def check_final_store(path: Path, ref_store: Path, ref: dict, same_bytes: bool =
         np.testing.assert_array_equal(got.view(ref[name].dtype), ref[name])
         if same_bytes:  # deterministic compression: same shard files (crc32c list) as the uninterrupted run
             assert [s["crc32c"] for s in a["shards"][name]] == [s["crc32c"] for s in b["shards"][name]], name
-    np.testing.assert_array_equal(zarr.open_array(path / "offsets", mode="r")[:],
-                                  np.concatenate([[0], np.cumsum(ref["lengths"])]))
+    np.testing.assert_array_equal(
+        zarr.open_array(path / "offsets", mode="r")[:], np.concatenate([[0], np.cumsum(ref["lengths"])])
+    )
     assert list(zarr.open_array(path / "sample_ids", mode="r")[:]) == ref["sample_ids"]
     assert (path / "complete").is_file() and not list(path.rglob("*.partial"))
     from eagle_batch.store import verify
@@ -144,8 +155,17 @@ def check_final_store(path: Path, ref_store: Path, ref: dict, same_bytes: bool =
     assert verify(path) == []
 
 
-def kill_trials(workdir: Path, kills_per_store: int, stores: int, n_samples: int = 120, commit_every: int = 3,
-                seed: int = 0, log=print, min_kills: int = 0, adaptive: bool = False) -> dict:
+def kill_trials(
+    workdir: Path,
+    kills_per_store: int,
+    stores: int,
+    n_samples: int = 120,
+    commit_every: int = 3,
+    seed: int = 0,
+    log=print,
+    min_kills: int = 0,
+    adaptive: bool = False,
+) -> dict:
     """SIGKILL writers at random moments, resume each time, compare with an uninterrupted run.
 
     Each store gets up to `kills_per_store` kills (fewer once it is complete); stores are added until
@@ -195,4 +215,6 @@ def kill_trials(workdir: Path, kills_per_store: int, stores: int, n_samples: int
 
 if __name__ == "__main__":
     if sys.argv[1] == "write":
-        writer_main(sys.argv[2], int(sys.argv[3]), int(sys.argv[4]), bool(int(sys.argv[5])) if len(sys.argv) > 5 else False)
+        writer_main(
+            sys.argv[2], int(sys.argv[3]), int(sys.argv[4]), bool(int(sys.argv[5])) if len(sys.argv) > 5 else False
+        )

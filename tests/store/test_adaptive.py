@@ -11,10 +11,10 @@ import time
 import numpy as np
 import pytest
 import zarr
+from store_testlib import EveryOtherSlot, make_sample
 
 from eagle_batch.config import StoreConfig
 from eagle_batch.store import TaskStoreWriter, open_dataset, verify
-from store_testlib import EveryOtherSlot, make_sample
 
 
 def _write(path, spec, cfg, samples, slots, commit_every=3, reopen_after=None):
@@ -59,8 +59,10 @@ def test_raw_chunks_read_back_bit_exact_everywhere(tmp_path, spec, busy_all, mon
 
 def test_adaptive_off_or_other_codecs_always_compress(tmp_path, spec):
     samples = [make_sample(s) for s in range(12)]
-    for name, cfg in {"off": StoreConfig(chunk_tokens=8, shard_tokens=32, adaptive=False),
-                      "zstd": StoreConfig(chunk_tokens=8, shard_tokens=32, codec="zstd", adaptive=True)}.items():
+    for name, cfg in {
+        "off": StoreConfig(chunk_tokens=8, shard_tokens=32, adaptive=False),
+        "zstd": StoreConfig(chunk_tokens=8, shard_tokens=32, codec="zstd", adaptive=True),
+    }.items():
         stats = _write(tmp_path / f"{name}.zarr", spec, cfg, samples, threading.Semaphore(64))
         assert stats["stored_raw"] == 0 and stats["compressed"] > 0, name
 
@@ -126,8 +128,12 @@ def test_disk_backlog_counts_only_shards_whose_chunks_are_encoded(tmp_path, spec
     ids = [f"s{i}" for i in range(2 + TaskStoreWriter.IO_QUEUE_LIMIT + 2)]
 
     def append(sid):  # one full 32-token shard of each array
-        w.append(sid, np.arange(32, dtype=np.int32), np.ones(32, np.uint8),
-                 rng.integers(0, 1 << 16, (32, len(spec.layer_ids), spec.hidden_size), dtype=np.uint16))
+        w.append(
+            sid,
+            np.arange(32, dtype=np.int32),
+            np.ones(32, np.uint8),
+            rng.integers(0, 1 << 16, (32, len(spec.layer_ids), spec.hidden_size), dtype=np.uint16),
+        )
 
     try:
         for sid in ids[:2]:

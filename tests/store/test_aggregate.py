@@ -10,10 +10,10 @@ import time
 
 import numpy as np
 import pytest
+from store_testlib import HIDDEN, LAYERS, make_sample
 
 from eagle_batch.config import StoreConfig
 from eagle_batch.store import StoreMismatchError, StoreSpec, TaskStoreWriter, aggregate, open_dataset
-from store_testlib import HIDDEN, LAYERS, make_sample
 
 
 def build_run(run, spec, n_stores, per_store, complete=True, cfg=None):
@@ -71,8 +71,11 @@ def test_incomplete_stores_listed_and_cli(tmp_path):
     with TaskStoreWriter.open(tmp_path / "stores" / "task-00002.zarr", spec, cfg) as w:
         w.append(*make_sample(99))
         w.commit()
-    r = subprocess.run([sys.executable, "-m", "eagle_batch", "aggregate", str(tmp_path), "--require-all"],
-                       capture_output=True, text=True)
+    r = subprocess.run(
+        [sys.executable, "-m", "eagle_batch", "aggregate", str(tmp_path), "--require-all"],
+        capture_output=True,
+        text=True,
+    )
     assert r.returncode == 1 and "incomplete: stores/task-00002.zarr (1 samples committed)" in r.stderr, r.stderr
     index = json.loads((tmp_path / "dataset.json").read_text())
     assert [e["path"] for e in index["stores"]] == ["stores/task-00000.zarr", "stores/task-00001.zarr"]

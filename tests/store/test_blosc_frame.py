@@ -10,7 +10,8 @@ import pytest
 from numcodecs import Blosc
 
 from eagle_batch.config import StoreConfig
-from eagle_batch.store import StoreSpec, TaskStoreWriter, encoder as enc_mod, open_dataset, verify
+from eagle_batch.store import StoreSpec, TaskStoreWriter, open_dataset, verify
+from eagle_batch.store import encoder as enc_mod
 from eagle_batch.store.blosc_frame import FLAG_DONT_SPLIT, FLAG_MEMCPYED, HEADER, OVERHEAD, BloscFrameWriter
 from eagle_batch.store.encoder import ChunkEncoder
 from eagle_batch.store.format import Codec
@@ -22,7 +23,7 @@ def _bf16_like(rng, shape):
 
 def _frame(writer, chunk):
     out = np.full(chunk.nbytes + OVERHEAD, 0xCD, np.uint8)
-    return bytes(out[:writer.encode(chunk, out)])
+    return bytes(out[: writer.encode(chunk, out)])
 
 
 def _blocks(frame):
@@ -41,13 +42,13 @@ def _blocks(frame):
 
 
 CASES = [  # (dtype, shape or count, blocksize)
-    ("<u2", (64, 4, 96), 1 << 20),       # one block (chunk < blocksize)
-    ("<u2", (40, 4, 7168), 1 << 20),     # two full blocks and a leftover block
-    ("<u2", (64, 4, 512), 1 << 16),      # many blocks, no leftover
-    ("<u2", (3, 1, 5), 1 << 16),         # tiny
-    ("<u2", (64, 4, 96), 0),             # c-blosc's automatic blocksize
-    ("<u2", (64, 4, 7168), None),        # one block per chunk (the store's choice)
-    ("<u2", (1, 1, 50), None),           # too small for c-blosc to compress: memcpyed
+    ("<u2", (64, 4, 96), 1 << 20),  # one block (chunk < blocksize)
+    ("<u2", (40, 4, 7168), 1 << 20),  # two full blocks and a leftover block
+    ("<u2", (64, 4, 512), 1 << 16),  # many blocks, no leftover
+    ("<u2", (3, 1, 5), 1 << 16),  # tiny
+    ("<u2", (64, 4, 96), 0),  # c-blosc's automatic blocksize
+    ("<u2", (64, 4, 7168), None),  # one block per chunk (the store's choice)
+    ("<u2", (1, 1, 50), None),  # too small for c-blosc to compress: memcpyed
     ("u1", 300_001, 1 << 16),
     ("<u4", 100_003, 1 << 18),
     ("<u8", 70_001, 1 << 16),
@@ -57,13 +58,19 @@ CASES = [  # (dtype, shape or count, blocksize)
 @pytest.mark.parametrize("dtype,shape,blocksize", CASES)
 def test_frames_decode_bit_exactly_and_match_c_blosc_headers(dtype, shape, blocksize):
     rng = np.random.default_rng(0)
-    chunk = _bf16_like(rng, shape).astype(dtype) if dtype == "<u2" else \
-        (rng.standard_normal(shape) * 40).astype(np.int64).astype(dtype)
+    chunk = (
+        _bf16_like(rng, shape).astype(dtype)
+        if dtype == "<u2"
+        else (rng.standard_normal(shape) * 40).astype(np.int64).astype(dtype)
+    )
     w = BloscFrameWriter(blocksize, chunk.dtype.itemsize)
     frame = _frame(w, chunk)
     assert bytes(Blosc().decode(frame)) == chunk.tobytes()
-    ref = bytes(Blosc(cname="zstd", clevel=1, shuffle=Blosc.SHUFFLE,
-                      blocksize=chunk.nbytes if blocksize is None else blocksize).encode(chunk))
+    ref = bytes(
+        Blosc(
+            cname="zstd", clevel=1, shuffle=Blosc.SHUFFLE, blocksize=chunk.nbytes if blocksize is None else blocksize
+        ).encode(chunk)
+    )
     (flags, typesize, nbytes, bs), streams = _blocks(frame)
     assert blocksize is not None or len(streams) <= 1
     assert frame[:2] == ref[:2] and frame[3:12] == ref[3:12]  # versions, typesize, nbytes, blocksize
@@ -148,7 +155,9 @@ def test_store_falls_back_to_c_blosc_when_frames_do_not_decode(monkeypatch, tmp_
     assert "decode" in e.why_not_entropy or "Error" in e.why_not_entropy
     spec = StoreSpec(layer_ids=[1, 2], hidden_size=32, model_name="t")
     hs = _bf16_like(np.random.default_rng(5), (100, 2, 32))
-    with TaskStoreWriter.open(tmp_path / "s.zarr", spec, StoreConfig(chunk_tokens=16, shard_tokens=64, fsync=False)) as w:
+    with TaskStoreWriter.open(
+        tmp_path / "s.zarr", spec, StoreConfig(chunk_tokens=16, shard_tokens=64, fsync=False)
+    ) as w:
         info = w.encoder_info()
         w.append("a", np.arange(100), np.ones(100, np.uint8), hs)
         w.finalize()

@@ -6,7 +6,8 @@ import numpy as np
 import pytest
 
 from eagle_batch.config import StoreConfig
-from eagle_batch.store import StoreSpec, TaskStoreWriter, encoder as enc_mod, open_dataset, verify
+from eagle_batch.store import StoreSpec, TaskStoreWriter, open_dataset, verify
+from eagle_batch.store import encoder as enc_mod
 from eagle_batch.store.encoder import ChunkEncoder
 from eagle_batch.store.format import Codec, make_decoder
 
@@ -83,8 +84,9 @@ def test_uncompressed_store_checksums_verify(tmp_path):
 def _write_and_check(path, expect_direct, entropy_only, codec="blosc-zstd"):
     L, H = 2, 64
     spec = StoreSpec(layer_ids=[1, 2], hidden_size=H, model_name="t")
-    cfg = StoreConfig(chunk_tokens=16, shard_tokens=64, fsync=False, adaptive=False, entropy_only=entropy_only,
-                      codec=codec)
+    cfg = StoreConfig(
+        chunk_tokens=16, shard_tokens=64, fsync=False, adaptive=False, entropy_only=entropy_only, codec=codec
+    )
     rng = np.random.default_rng(4)
     samples = []
     with TaskStoreWriter.open(path, spec, cfg) as w:

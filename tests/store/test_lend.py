@@ -13,11 +13,11 @@ from collections import Counter
 import numpy as np
 import pytest
 import zarr
+from store_testlib import EveryOtherSlot, make_sample
 
 from eagle_batch.config import StoreConfig
 from eagle_batch.store import TaskStoreWriter, open_dataset, verify
 from eagle_batch.store.crc import crc32c_combine
-from store_testlib import EveryOtherSlot, make_sample
 
 
 @pytest.mark.parametrize("slots", ["free", "mixed", "all-busy"])
@@ -57,7 +57,9 @@ def test_lent_rows_stored_bit_exact_and_released_once_after_last_read(tmp_path, 
         assert sum(raw_chunks) > 0  # lent rows kept raw went through the IO-thread copy
     assert released == Counter(range(40))
     ref = np.concatenate([s[3] for s in samples])
-    np.testing.assert_array_equal(zarr.open_array(tmp_path / "a.zarr" / "hidden_states", mode="r")[:].view(np.uint16), ref)
+    np.testing.assert_array_equal(
+        zarr.open_array(tmp_path / "a.zarr" / "hidden_states", mode="r")[:].view(np.uint16), ref
+    )
     ds = open_dataset(tmp_path / "a.zarr")
     for i in (0, 20, 21, 39):
         np.testing.assert_array_equal(ds.get_arrays(i)["hidden_states"], samples[i][3])
@@ -166,11 +168,17 @@ def test_a_block_is_all_or_nothing(tmp_path, spec, small_cfg):
     with TaskStoreWriter.open(tmp_path / "c.zarr", spec, small_cfg) as w:
         bad_mask = s[1][2][:-1]
         with pytest.raises(ValueError, match=f"sample {s[1][0]!r}: shapes disagree"):
-            w.append_block([x[0] for x in s], [x[1] for x in s], [s[0][2], bad_mask, s[2][2]],
-                           np.concatenate([x[3] for x in s]), on_release=lambda: calls.append(1))
+            w.append_block(
+                [x[0] for x in s],
+                [x[1] for x in s],
+                [s[0][2], bad_mask, s[2][2]],
+                np.concatenate([x[3] for x in s]),
+                on_release=lambda: calls.append(1),
+            )
         with pytest.raises(ValueError, match="appears more than once"):
-            w.append_block([s[0][0], s[0][0]], [s[0][1], s[0][1]], [s[0][2], s[0][2]],
-                           np.concatenate([s[0][3], s[0][3]]))
+            w.append_block(
+                [s[0][0], s[0][0]], [s[0][1], s[0][1]], [s[0][2], s[0][2]], np.concatenate([s[0][3], s[0][3]])
+            )
         with pytest.raises(ValueError, match=r"hidden_states \("):
             w.append_block([x[0] for x in s], [x[1] for x in s], [x[2] for x in s], s[0][3])
         assert w.num_appended == 0 and w.num_tokens == 0

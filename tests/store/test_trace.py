@@ -15,8 +15,12 @@ def _write(path, n=12):
     with TaskStoreWriter.open(path, spec, cfg) as w:
         for i in range(n):
             t = 40
-            w.append(f"s{i}", rng.integers(0, 100, t), np.ones(t, np.uint8),
-                     rng.integers(0, 1 << 16, (t, 2, 32), dtype=np.uint16))
+            w.append(
+                f"s{i}",
+                rng.integers(0, 100, t),
+                np.ones(t, np.uint8),
+                rng.integers(0, 1 << 16, (t, 2, 32), dtype=np.uint16),
+            )
             if i == 5:
                 w.commit()
         w.finalize()

@@ -6,9 +6,9 @@ import subprocess
 import sys
 
 import pytest
+from store_testlib import make_sample
 
 from eagle_batch.store import TaskStoreWriter, read_record, verify
-from store_testlib import make_sample
 
 
 @pytest.fixture
@@ -98,8 +98,9 @@ def test_cli_exit_code_names_store_and_shard(store):
 
 
 def test_repair_truncates_before_the_damaged_shard_and_resume_recomputes(store, spec, small_cfg):
-    from eagle_batch.store import StoreCorruptError, open_dataset
     import numpy as np
+
+    from eagle_batch.store import StoreCorruptError, open_dataset
 
     samples = [make_sample(i) for i in range(12)]
     (store / "hidden_states" / "c" / "2" / "0" / "0").unlink()

@@ -9,14 +9,20 @@ import numpy as np
 import pytest
 import torch
 import zarr
-from hypothesis import given, settings, strategies as st
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from hypothesis.extra.numpy import arrays
+from store_testlib import HIDDEN, LAYERS, make_sample
 
 from eagle_batch.config import StoreConfig
-from eagle_batch.store import (StoreLockedError, StoreMismatchError, StoreSpec, TaskStoreWriter, open_dataset,
-                               read_record)
-
-from store_testlib import HIDDEN, LAYERS, make_sample
+from eagle_batch.store import (
+    StoreLockedError,
+    StoreMismatchError,
+    StoreSpec,
+    TaskStoreWriter,
+    open_dataset,
+    read_record,
+)
 
 
 def write_store(path, spec, cfg, samples, commit_every=3, finalize=True):
@@ -62,8 +68,20 @@ def test_every_bf16_bit_pattern_round_trips(tmp_path, spec, codec):
 
 
 def test_torch_special_values_bit_exact(tmp_path, spec, small_cfg):
-    specials = torch.tensor([float("nan"), float("inf"), float("-inf"), -0.0, 0.0, 1e-40, -1e-40, 3.0e38,
-                             torch.finfo(torch.bfloat16).tiny / 4], dtype=torch.bfloat16)
+    specials = torch.tensor(
+        [
+            float("nan"),
+            float("inf"),
+            float("-inf"),
+            -0.0,
+            0.0,
+            1e-40,
+            -1e-40,
+            3.0e38,
+            torch.finfo(torch.bfloat16).tiny / 4,
+        ],
+        dtype=torch.bfloat16,
+    )
     hs = specials.repeat(len(LAYERS) * HIDDEN * 2)[: 2 * len(LAYERS) * HIDDEN].reshape(2, len(LAYERS), HIDDEN)
     bits = hs.view(torch.uint16).clone()
     bits[0, 0, 0] = 0x7FC1  # a NaN with a payload torch would never produce
@@ -111,7 +129,9 @@ def test_resume_continues_identically(tmp_path, spec, small_cfg):
         b = zarr.open_array(tmp_path / "b.zarr" / name, mode="r")[:]
         np.testing.assert_array_equal(a.view(np.uint8), b.view(np.uint8))
     # Compression is deterministic, so the shard files are byte-identical too.
-    assert [s["crc32c"] for s in ref["shards"]["hidden_states"]] == [s["crc32c"] for s in got["shards"]["hidden_states"]]
+    assert [s["crc32c"] for s in ref["shards"]["hidden_states"]] == [
+        s["crc32c"] for s in got["shards"]["hidden_states"]
+    ]
 
 
 def test_failed_commit_keeps_previous_record(tmp_path, spec, small_cfg, monkeypatch):
@@ -165,10 +185,12 @@ def test_lock_refuses_writer_in_another_process(tmp_path, spec, small_cfg):
 
     w = TaskStoreWriter.open(tmp_path / "s.zarr", spec, small_cfg)
     try:
-        code = ("import sys; from eagle_batch.store import *; from eagle_batch.config import StoreConfig\n"
-                "try:\n TaskStoreWriter.open(sys.argv[1], StoreSpec(layer_ids=[1,3,4], hidden_size=24, model_name='synthetic',"
-                " model_revision='r1', config_hash='abc123'), StoreConfig(chunk_tokens=8, shard_tokens=32))\n"
-                "except StoreLockedError as e:\n print(e); sys.exit(3)\n")
+        code = (
+            "import sys; from eagle_batch.store import *; from eagle_batch.config import StoreConfig\n"
+            "try:\n TaskStoreWriter.open(sys.argv[1], StoreSpec(layer_ids=[1,3,4], hidden_size=24, model_name='synthetic',"
+            " model_revision='r1', config_hash='abc123'), StoreConfig(chunk_tokens=8, shard_tokens=32))\n"
+            "except StoreLockedError as e:\n print(e); sys.exit(3)\n"
+        )
         r = subprocess.run([sys.executable, "-c", code, str(tmp_path / "s.zarr")], capture_output=True, text=True)
         assert r.returncode == 3, r.stderr
         assert "being written by another process" in r.stdout
@@ -178,8 +200,9 @@ def test_lock_refuses_writer_in_another_process(tmp_path, spec, small_cfg):
 
 def test_spec_mismatch_is_refused(tmp_path, spec, small_cfg):
     write_store(tmp_path / "s.zarr", spec, small_cfg, [make_sample(0)], finalize=False)
-    other = StoreSpec(layer_ids=[1, 3, 5], hidden_size=HIDDEN, model_name="synthetic", model_revision="r1",
-                      config_hash="abc123")
+    other = StoreSpec(
+        layer_ids=[1, 3, 5], hidden_size=HIDDEN, model_name="synthetic", model_revision="r1", config_hash="abc123"
+    )
     with pytest.raises(StoreMismatchError, match="layer_ids"):
         TaskStoreWriter.open(tmp_path / "s.zarr", other, small_cfg)
 
@@ -212,8 +235,9 @@ def test_dataloader_workers(tmp_path, spec, small_cfg):
     write_store(tmp_path / "s.zarr", spec, small_cfg, samples)
     ds = open_dataset(tmp_path / "s.zarr")
     ds[0]  # opens files in the parent; workers must reopen their own
-    loader = torch.utils.data.DataLoader(ds, batch_size=None, num_workers=2, shuffle=False,
-                                         multiprocessing_context="fork")
+    loader = torch.utils.data.DataLoader(
+        ds, batch_size=None, num_workers=2, shuffle=False, multiprocessing_context="fork"
+    )
     got = {x["sample_id"]: x["hidden_states"].view(torch.uint16).numpy() for x in loader}
     for sid, _, _, hs in samples:
         np.testing.assert_array_equal(got[sid], hs)
@@ -231,18 +255,28 @@ def test_reader_sees_only_committed_samples_of_live_store(tmp_path, spec, small_
 
 
 @settings(max_examples=20, deadline=None)
-@given(lengths=st.lists(st.integers(1, 45), min_size=1, max_size=12),
-       commits=st.sets(st.integers(0, 11)),
-       chunk=st.sampled_from([1, 3, 8]), chunks_per_shard=st.sampled_from([1, 2, 5]),
-       reopen_at=st.integers(0, 12))
+@given(
+    lengths=st.lists(st.integers(1, 45), min_size=1, max_size=12),
+    commits=st.sets(st.integers(0, 11)),
+    chunk=st.sampled_from([1, 3, 8]),
+    chunks_per_shard=st.sampled_from([1, 2, 5]),
+    reopen_at=st.integers(0, 12),
+)
 def test_any_lengths_commit_points_and_layouts(tmp_path_factory, lengths, commits, chunk, chunks_per_shard, reopen_at):
     """Samples crossing chunk and shard edges anywhere, commits anywhere, one reopen: plain zarr agrees."""
     path = tmp_path_factory.mktemp("p") / "s.zarr"
     spec = StoreSpec(layer_ids=LAYERS, hidden_size=HIDDEN)
     cfg = StoreConfig(chunk_tokens=chunk, shard_tokens=chunk * chunks_per_shard, fsync=False)
     rng = np.random.default_rng(len(lengths))
-    samples = [(f"s{i}", rng.integers(0, 9, t).astype(np.int32), rng.integers(0, 2, t).astype(np.uint8),
-                rng.integers(0, 1 << 16, (t, len(LAYERS), HIDDEN)).astype(np.uint16)) for i, t in enumerate(lengths)]
+    samples = [
+        (
+            f"s{i}",
+            rng.integers(0, 9, t).astype(np.int32),
+            rng.integers(0, 2, t).astype(np.uint8),
+            rng.integers(0, 1 << 16, (t, len(LAYERS), HIDDEN)).astype(np.uint16),
+        )
+        for i, t in enumerate(lengths)
+    ]
     w = TaskStoreWriter.open(path, spec, cfg)
     for i, s in enumerate(samples):
         if i == reopen_at:  # close (dropping uncommitted samples) and resume from the record
@@ -257,4 +291,6 @@ def test_any_lengths_commit_points_and_layouts(tmp_path_factory, lengths, commit
     assert_matches(open_dataset(path), samples)
     ref = np.concatenate([s[3] for s in samples])
     np.testing.assert_array_equal(zarr.open_array(path / "hidden_states", mode="r")[:].view(np.uint16), ref)
-    np.testing.assert_array_equal(zarr.open_array(path / "offsets", mode="r")[:], np.concatenate([[0], np.cumsum(lengths)]))
+    np.testing.assert_array_equal(
+        zarr.open_array(path / "offsets", mode="r")[:], np.concatenate([[0], np.cumsum(lengths)])
+    )

@@ -34,16 +34,26 @@ def main() -> int:
     args = p.parse_args()
     t0 = time.monotonic()
     with tempfile.TemporaryDirectory(dir=args.workdir) as d:
-        result = kill_trials(Path(d), args.kills_per_store, args.stores, n_samples=args.samples, seed=args.seed,
-                             log=lambda m: print(m, flush=True), min_kills=args.min_kills)
+        result = kill_trials(
+            Path(d),
+            args.kills_per_store,
+            args.stores,
+            n_samples=args.samples,
+            seed=args.seed,
+            log=lambda m: print(m, flush=True),
+            min_kills=args.min_kills,
+        )
     c = result["committed_at_kill"]
-    summary = {"kills": result["kills"], "stores": result["stores"],
-               "killed_with_nothing_committed": sum(x == 0 for x in c),
-               "killed_mid_run": sum(0 < x < args.samples for x in c),
-               "killed_after_last_sample_committed": sum(x == args.samples for x in c),
-               "committed_at_kill": c,
-               "result": "all resumed stores identical to the uninterrupted run; no zero reads",
-               "seconds": round(time.monotonic() - t0, 1)}
+    summary = {
+        "kills": result["kills"],
+        "stores": result["stores"],
+        "killed_with_nothing_committed": sum(x == 0 for x in c),
+        "killed_mid_run": sum(0 < x < args.samples for x in c),
+        "killed_after_last_sample_committed": sum(x == args.samples for x in c),
+        "committed_at_kill": c,
+        "result": "all resumed stores identical to the uninterrupted run; no zero reads",
+        "seconds": round(time.monotonic() - t0, 1),
+    }
     print(json.dumps(summary))
     return 0
 

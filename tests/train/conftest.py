@@ -21,17 +21,34 @@ def write_fake_target(dest: Path, seed: int = 0) -> Path:
 
     dest.mkdir(parents=True, exist_ok=True)
     t = TINY
-    (dest / "config.json").write_text(json.dumps({
-        "architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": t["hidden"],
-        "intermediate_size": t["inter"], "num_hidden_layers": t["layers"], "num_attention_heads": t["heads"],
-        "num_key_value_heads": t["kv_heads"], "head_dim": t["head_dim"], "vocab_size": t["vocab"],
-        "rms_norm_eps": 1e-5, "max_position_embeddings": 1024, "rope_theta": 10000.0,
-        "tie_word_embeddings": False}))
+    (dest / "config.json").write_text(
+        json.dumps(
+            {
+                "architectures": ["LlamaForCausalLM"],
+                "model_type": "llama",
+                "hidden_size": t["hidden"],
+                "intermediate_size": t["inter"],
+                "num_hidden_layers": t["layers"],
+                "num_attention_heads": t["heads"],
+                "num_key_value_heads": t["kv_heads"],
+                "head_dim": t["head_dim"],
+                "vocab_size": t["vocab"],
+                "rms_norm_eps": 1e-5,
+                "max_position_embeddings": 1024,
+                "rope_theta": 10000.0,
+                "tie_word_embeddings": False,
+            }
+        )
+    )
     g = torch.Generator().manual_seed(seed)
-    save_file({"model.embed_tokens.weight": torch.randn(t["vocab"], t["hidden"], generator=g).to(torch.bfloat16),
-               "model.norm.weight": torch.ones(t["hidden"], dtype=torch.bfloat16),
-               "lm_head.weight": torch.randn(t["vocab"], t["hidden"], generator=g).to(torch.bfloat16)},
-              str(dest / "model.safetensors"))
+    save_file(
+        {
+            "model.embed_tokens.weight": torch.randn(t["vocab"], t["hidden"], generator=g).to(torch.bfloat16),
+            "model.norm.weight": torch.ones(t["hidden"], dtype=torch.bfloat16),
+            "lm_head.weight": torch.randn(t["vocab"], t["hidden"], generator=g).to(torch.bfloat16),
+        },
+        str(dest / "model.safetensors"),
+    )
     return dest
 
 
@@ -52,8 +69,21 @@ def tiny_dataset():
 def tiny_cfg(run_dir: Path, target: Path, *overrides: str):
     from eagle_batch.config import load_config
 
-    return load_config(None, [f"run_dir={run_dir}", f"model.path={target}", "train.steps=6",
-                              "train.batch_tokens=256", "train.num_workers=0", "train.log_every=1",
-                              "train.draft_vocab_size=128", "train.ttt_steps=3", "train.checkpoint_every=2",
-                              "train.warmup_steps=2", "train.tensorboard=false", "train.precision=fp32",
-                              *overrides])
+    return load_config(
+        None,
+        [
+            f"run_dir={run_dir}",
+            f"model.path={target}",
+            "train.steps=6",
+            "train.batch_tokens=256",
+            "train.num_workers=0",
+            "train.log_every=1",
+            "train.draft_vocab_size=128",
+            "train.ttt_steps=3",
+            "train.checkpoint_every=2",
+            "train.warmup_steps=2",
+            "train.tensorboard=false",
+            "train.precision=fp32",
+            *overrides,
+        ],
+    )

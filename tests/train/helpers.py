@@ -8,20 +8,72 @@ from __future__ import annotations
 
 import importlib
 import inspect
-from typing import Sequence
+from collections.abc import Sequence
 
 import numpy as np
 import torch
 
-MODULES = ("json", "os", "os.path", "re", "shutil", "collections", "itertools", "functools", "random",
-           "math", "string", "textwrap", "datetime", "pathlib", "subprocess", "tempfile", "csv", "heapq",
-           "bisect", "statistics", "fractions", "decimal", "copy", "pickle", "gzip", "zipfile", "tarfile",
-           "logging", "argparse", "urllib.parse", "base64", "hashlib", "hmac", "uuid", "time", "calendar",
-           "difflib", "fnmatch", "glob", "inspect", "operator", "contextlib", "threading", "queue", "socket",
-           "email.utils", "html", "xml.etree.ElementTree", "sqlite3", "unittest", "typing", "dataclasses")
+MODULES = (
+    "json",
+    "os",
+    "os.path",
+    "re",
+    "shutil",
+    "collections",
+    "itertools",
+    "functools",
+    "random",
+    "math",
+    "string",
+    "textwrap",
+    "datetime",
+    "pathlib",
+    "subprocess",
+    "tempfile",
+    "csv",
+    "heapq",
+    "bisect",
+    "statistics",
+    "fractions",
+    "decimal",
+    "copy",
+    "pickle",
+    "gzip",
+    "zipfile",
+    "tarfile",
+    "logging",
+    "argparse",
+    "urllib.parse",
+    "base64",
+    "hashlib",
+    "hmac",
+    "uuid",
+    "time",
+    "calendar",
+    "difflib",
+    "fnmatch",
+    "glob",
+    "inspect",
+    "operator",
+    "contextlib",
+    "threading",
+    "queue",
+    "socket",
+    "email.utils",
+    "html",
+    "xml.etree.ElementTree",
+    "sqlite3",
+    "unittest",
+    "typing",
+    "dataclasses",
+)
 
-QUESTIONS = ("What does the Python function {name} do?", "Explain {name} in Python.",
-             "How do I use {name}?", "Can you describe {name} from the standard library?")
+QUESTIONS = (
+    "What does the Python function {name} do?",
+    "Explain {name} in Python.",
+    "How do I use {name}?",
+    "Can you describe {name} from the standard library?",
+)
 
 
 def chat_conversations(limit: int = 300, min_chars: int = 120, max_chars: int = 1200) -> list[list[dict]]:
@@ -55,7 +107,7 @@ def tokenize(tokenizer, conv: list[dict]) -> tuple[list[int], list[int]]:
     full = tokenizer.apply_chat_template(conv, tokenize=True)
     prompt = list(prompt["input_ids"] if hasattr(prompt, "keys") else prompt)
     full = list(full["input_ids"] if hasattr(full, "keys") else full)
-    assert full[:len(prompt)] == prompt
+    assert full[: len(prompt)] == prompt
     return full, [0] * len(prompt) + [1] * (len(full) - len(prompt))
 
 
@@ -73,13 +125,20 @@ def hf_samples(model_path, n: int, layer_ids: Sequence[int], max_length: int = 2
         ids, mask = ids[:max_length], mask[:max_length]
         with torch.no_grad():
             hs = hf_hidden_states(model, ids, layer_ids).to(torch.bfloat16).cpu()
-        out.append({"input_ids": torch.tensor(ids), "loss_mask": torch.tensor(mask, dtype=torch.uint8),
-                    "hidden_states": hs, "sample_id": f"s{i}"})
+        out.append(
+            {
+                "input_ids": torch.tensor(ids),
+                "loss_mask": torch.tensor(mask, dtype=torch.uint8),
+                "hidden_states": hs,
+                "sample_id": f"s{i}",
+            }
+        )
     return out
 
 
-def random_samples(n: int, layer_ids: Sequence[int], hidden: int, vocab: int, seed: int = 0,
-                   min_len: int = 8, max_len: int = 64) -> list[dict]:
+def random_samples(
+    n: int, layer_ids: Sequence[int], hidden: int, vocab: int, seed: int = 0, min_len: int = 8, max_len: int = 64
+) -> list[dict]:
     g = np.random.default_rng(seed)
     out = []
     for i in range(n):

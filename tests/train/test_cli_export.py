@@ -10,9 +10,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from safetensors import safe_open
-
 from conftest import TINY, TINY_LAYERS, write_fake_target
+from safetensors import safe_open
 
 from eagle_batch.train.model import Eagle3Draft, draft_config_from_target, export_draft, target_head
 
@@ -38,11 +37,22 @@ def test_export_layout_matches_vllm_loader(tmp_path, fake_target):
         fc = f.get_tensor("fc.weight")
     # llama_eagle3.load_weights: "midlayer." -> "layers.0.", q/k/v and gate/up stacked, d2t ->
     # draft_id_to_target_id, t2d skipped; no embed_tokens so vLLM shares the target's embedding.
-    h, hd = TINY["hidden"], TINY["head_dim"]
+    h = TINY["hidden"]
     expected = {"fc.weight", "norm.weight", "lm_head.weight", "d2t", "t2d"} | {
-        f"midlayer.{n}.weight" for n in ("input_layernorm", "hidden_norm", "post_attention_layernorm",
-                                         "self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj",
-                                         "self_attn.o_proj", "mlp.gate_proj", "mlp.up_proj", "mlp.down_proj")}
+        f"midlayer.{n}.weight"
+        for n in (
+            "input_layernorm",
+            "hidden_norm",
+            "post_attention_layernorm",
+            "self_attn.q_proj",
+            "self_attn.k_proj",
+            "self_attn.v_proj",
+            "self_attn.o_proj",
+            "mlp.gate_proj",
+            "mlp.up_proj",
+            "mlp.down_proj",
+        )
+    }
     assert names == expected
     assert fc.shape == (h, 3 * h) and fc.dtype == torch.bfloat16
     assert d2t.dtype == torch.int64 and (torch.arange(100) + d2t).tolist() == ids.tolist()  # vLLM: base + d2t
@@ -56,8 +66,9 @@ def _write_store(run_dir: Path, n: int = 30) -> None:
     from eagle_batch.store import StoreSpec, TaskStoreWriter
 
     path = run_dir / "stores" / "task-00000.zarr"
-    w = TaskStoreWriter.open(path, StoreSpec(layer_ids=TINY_LAYERS, hidden_size=TINY["hidden"]),
-                             StoreConfig(fsync=False))
+    w = TaskStoreWriter.open(
+        path, StoreSpec(layer_ids=TINY_LAYERS, hidden_size=TINY["hidden"]), StoreConfig(fsync=False)
+    )
     for s in random_samples(n, TINY_LAYERS, TINY["hidden"], TINY["vocab"], seed=1):
         w.append(s["sample_id"], s["input_ids"].numpy().astype(np.int32), s["loss_mask"].numpy(), s["hidden_states"])
     w.commit()
@@ -71,17 +82,37 @@ def _train_config(tmp_path: Path, train: dict, **sections) -> tuple[Path, Path]:
     run_dir = tmp_path / "run"
     _write_store(run_dir)
     conf = tmp_path / "train.yaml"
-    conf.write_text(json.dumps({  # JSON is YAML
-        "run_dir": str(run_dir), "model": {"path": str(target)}, **sections,
-        "train": {"data": f"{run_dir}/stores/task-00000.zarr", "batch_tokens": 256, "draft_vocab_size": 64,
-                  "ttt_steps": 2, "precision": "fp32", **train}}))
+    conf.write_text(
+        json.dumps(
+            {  # JSON is YAML
+                "run_dir": str(run_dir),
+                "model": {"path": str(target)},
+                **sections,
+                "train": {
+                    "data": f"{run_dir}/stores/task-00000.zarr",
+                    "batch_tokens": 256,
+                    "draft_vocab_size": 64,
+                    "ttt_steps": 2,
+                    "precision": "fp32",
+                    **train,
+                },
+            }
+        )
+    )
     return run_dir, conf
 
 
 def test_train_cli_local_sweep_on_a_task_store(tmp_path):
-    run_dir, conf = _train_config(tmp_path, {
-        "steps": 3, "num_workers": 1, "prefetch_factor": 2, "tensorboard": True,
-        "sweep": [{"train.lr": 0.001}, {"train.lr": 0.003, "train.ttt_steps": 3}]})
+    run_dir, conf = _train_config(
+        tmp_path,
+        {
+            "steps": 3,
+            "num_workers": 1,
+            "prefetch_factor": 2,
+            "tensorboard": True,
+            "sweep": [{"train.lr": 0.001}, {"train.lr": 0.003, "train.ttt_steps": 3}],
+        },
+    )
     cmd = [sys.executable, "-m", "eagle_batch.cli", "train", str(conf), "train.log_every=1"]
     env = {"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin", "HOME": str(tmp_path)}
     dry = subprocess.run(cmd + ["--dry-run"], capture_output=True, text=True, env=env, cwd=ROOT)
@@ -124,11 +155,13 @@ def test_train_submits_a_slurm_array_and_it_trains(tmp_path):
     import time
 
     run_dir, conf = _train_config(
-        tmp_path, {"steps": 2, "num_workers": 0, "tensorboard": False,
-                   "sweep": [{"train.lr": 0.001}, {"train.lr": 0.002}]},
-        slurm={"executor": "slurm", "gpus_per_node": 0, "cpus_per_task": 1, "time_min": 20})
-    r = subprocess.run([sys.executable, "-m", "eagle_batch.cli", "train", str(conf)], capture_output=True,
-                       text=True, cwd=ROOT)
+        tmp_path,
+        {"steps": 2, "num_workers": 0, "tensorboard": False, "sweep": [{"train.lr": 0.001}, {"train.lr": 0.002}]},
+        slurm={"executor": "slurm", "gpus_per_node": 0, "cpus_per_task": 1, "time_min": 20},
+    )
+    r = subprocess.run(
+        [sys.executable, "-m", "eagle_batch.cli", "train", str(conf)], capture_output=True, text=True, cwd=ROOT
+    )
     assert r.returncode == 0 and "submitted 2 training task(s)" in r.stdout, r.stdout + r.stderr
     deadline = time.time() + 600
     outs = [run_dir / "train" / f"draft-{i}" / "result.json" for i in (0, 1)]

@@ -46,6 +46,8 @@ print("ok")
 
 
 def test_stream_crosses_epochs_in_plan_order():
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(HERE), str(HERE.parents[1]), os.environ.get("PYTHONPATH", "")]))
+    env = dict(
+        os.environ, PYTHONPATH=os.pathsep.join([str(HERE), str(HERE.parents[1]), os.environ.get("PYTHONPATH", "")])
+    )
     r = subprocess.run([sys.executable, "-c", CHILD], capture_output=True, text=True, env=env, cwd=HERE, timeout=300)
     assert r.returncode == 0 and r.stdout.strip().endswith("ok"), r.stdout + r.stderr

@@ -5,7 +5,6 @@ from __future__ import annotations
 import numpy as np
 import torch
 import torch.nn.functional as F
-
 from conftest import TINY, TINY_LAYERS
 
 from eagle_batch.train.data import build_vocab_map
@@ -21,7 +20,7 @@ def make_draft(target, vocab_size=128, seed=0):
     stride = max(1, TINY["vocab"] // vocab_size)  # a non-identity map where there is room for one
     m.set_vocab_map(torch.arange(0, stride * vocab_size, stride))
     with torch.no_grad():  # non-trivial norms so a wrong norm placement would show
-        for n, p in m.named_parameters():
+        for _n, p in m.named_parameters():
             if p.dim() == 1:
                 p.uniform_(0.5, 1.5)
     return m, th
@@ -68,13 +67,13 @@ def _sequential_reference(m: Eagle3Draft, aux, ids, root: int, steps: int):
     t = aux.shape[0]
     pos = torch.arange(t)[None]
     # Step 0 over the prefix 0..root: causal attention, keys cached.
-    g = m.fc(aux[None, :root + 1])
-    emb = m.embed(ids[1:root + 2][None])
+    g = m.fc(aux[None, : root + 1])
+    emb = m.embed(ids[1 : root + 2][None])
     x = torch.cat([m.midlayer.input_layernorm(emb), m.midlayer.hidden_norm(g)], -1)
     q = attn.q_proj(x).view(1, -1, c.num_attention_heads, c.head_dim).transpose(1, 2)
     k = attn.k_proj(x).view(1, -1, c.num_key_value_heads, c.head_dim).transpose(1, 2)
     v = attn.v_proj(x).view(1, -1, c.num_key_value_heads, c.head_dim).transpose(1, 2)
-    q, k = attn._rope(q, pos[:, :root + 1]), attn._rope(k, pos[:, :root + 1])
+    q, k = attn._rope(q, pos[:, : root + 1]), attn._rope(k, pos[:, : root + 1])
     rep = c.num_attention_heads // c.num_key_value_heads
     o = F.scaled_dot_product_attention(q, k.repeat_interleave(rep, 1), v.repeat_interleave(rep, 1), is_causal=True)
     o = attn.o_proj(o.transpose(1, 2).reshape(1, root + 1, -1))
@@ -82,10 +81,10 @@ def _sequential_reference(m: Eagle3Draft, aux, ids, root: int, steps: int):
     pre = m.midlayer.mlp(m.midlayer.post_attention_layernorm(r)) + r
     logits = [m.lm_head(m.norm(pre[0, root]))]
     kc, vc = k, v
-    hidden = pre[:, root:root + 1]
+    hidden = pre[:, root : root + 1]
     for s in range(1, steps):
         p = root + s
-        emb = m.embed(ids[p + 1:p + 2][None])
+        emb = m.embed(ids[p + 1 : p + 2][None])
         x = torch.cat([m.midlayer.input_layernorm(emb), m.midlayer.hidden_norm(hidden)], -1)
         q = attn.q_proj(x).view(1, 1, c.num_attention_heads, c.head_dim).transpose(1, 2)
         k = attn.k_proj(x).view(1, 1, c.num_key_value_heads, c.head_dim).transpose(1, 2)
@@ -108,7 +107,7 @@ def test_ttt_unroll_matches_sequential_decoding(fake_target):
     t, steps, h = 16, 4, TINY["hidden"]
     aux = torch.randn(t, 3 * h)
     ids = torch.randint(0, TINY["vocab"], (t + steps + 1,))
-    ids_per_step = [ids[s + 1:s + 1 + t][None] for s in range(steps)]
+    ids_per_step = [ids[s + 1 : s + 1 + t][None] for s in range(steps)]
     with torch.no_grad():
         out = m(aux[None], ids_per_step, torch.arange(t)[None])
         for root in (0, 5, 11):
@@ -138,8 +137,12 @@ def _batch(t=20, b=2, seed=0):
     h = TINY["hidden"]
     lm = torch.zeros(b, t, dtype=torch.uint8)
     lm[:, 10:15] = 1
-    return {"input_ids": torch.randint(0, TINY["vocab"], (b, t), generator=g), "loss_mask": lm,
-            "aux": torch.randn(b, t, 3 * h, generator=g), "last": torch.randn(b, t, h, generator=g)}
+    return {
+        "input_ids": torch.randint(0, TINY["vocab"], (b, t), generator=g),
+        "loss_mask": lm,
+        "aux": torch.randn(b, t, 3 * h, generator=g),
+        "last": torch.randn(b, t, h, generator=g),
+    }
 
 
 def test_loss_only_where_loss_mask(fake_target):

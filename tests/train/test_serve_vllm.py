@@ -7,7 +7,6 @@ import os
 
 import pytest
 import torch
-
 from e2e_pipeline import run as run_e2e
 from e2e_pipeline import servable_smollm2
 
@@ -40,8 +39,15 @@ def test_e2e_trained_draft_beats_untrained(tmp_path):
     64 samples / 40 steps: recorded run (docs/training.md) gave acceptance 1.157 vs 1.000 untrained. On a
     quiet 2-core machine this takes several minutes; on the shared CI VM (load ~20) it took ~20 minutes.
     EB_E2E_SAMPLES / EB_E2E_STEPS scale it up."""
-    r = run_e2e(tmp_path / "e2e", samples=int(os.environ.get("EB_E2E_SAMPLES", 64)),
-                steps=int(os.environ.get("EB_E2E_STEPS", 40)), max_length=192, k=3, num_prompts=4, max_tokens=32)
+    r = run_e2e(
+        tmp_path / "e2e",
+        samples=int(os.environ.get("EB_E2E_SAMPLES", 64)),
+        steps=int(os.environ.get("EB_E2E_STEPS", 40)),
+        max_length=192,
+        k=3,
+        num_prompts=4,
+        max_tokens=32,
+    )
     print(json.dumps({k: r[k] for k in ("untrained", "trained", "timings")}, indent=1))
     tr, base = r["trained"], r["untrained"]
     assert tr["identical_outputs"] and base["identical_outputs"]

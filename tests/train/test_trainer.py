@@ -7,7 +7,6 @@ import json
 
 import numpy as np
 import torch
-
 from conftest import tiny_cfg
 
 from eagle_batch.train.data import BatchPlan
@@ -51,8 +50,12 @@ def test_train_loss_decreases_and_metrics(tmp_path, fake_target, tiny_dataset):
 def test_kill_resume_same_data_order_and_identical_result(tmp_path, fake_target, tiny_dataset):
     def run(run_dir, *, limit=0, order=None):
         cfg = tiny_cfg(run_dir, fake_target, "train.steps=7", "train.epochs=0")
-        return train(cfg, dataset=tiny_dataset, max_steps_this_run=limit,
-                     on_step=lambda s, b: order.append((s, b["index"].tolist())) if order is not None else None)
+        return train(
+            cfg,
+            dataset=tiny_dataset,
+            max_steps_this_run=limit,
+            on_step=lambda s, b: order.append((s, b["index"].tolist())) if order is not None else None,
+        )
 
     ref_order: list = []
     ref = run(tmp_path / "a", order=ref_order)
