@@ -22,7 +22,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "aggregate": ("eagle_batch.store.cli_aggregate", "build one zero-copy view over all task stores"),
     "verify": ("eagle_batch.store.cli_verify", "re-check checksums, offsets, dtypes and values"),
     "validate": ("eagle_batch.capture.cli_validate", "compare captured states with transformers"),
-    "train": ("eagle_batch.train.cli", "train an EAGLE-3 draft on a run's hidden states"),
+    "train": ("eagle_batch.launch.cli_train", "train an EAGLE-3 draft on a run's hidden states"),
     "evaluate": ("eagle_batch.train.cli_evaluate", "serve the draft with vLLM: acceptance, identical outputs"),
     "demo": ("eagle_batch.demo", "run the whole pipeline on the embedded SmolLM2 default"),
     "bench": ("eagle_batch.bench.cli", "benchmarks that print one JSON object"),

@@ -23,6 +23,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from eagle_batch import environment
+
 DATA_FILE = Path(__file__).parent / "demo_data" / "chat.jsonl"
 
 DEMO_CONFIG = "configs/demo.yaml"  # shipped in the package: eagle_batch/configs/demo.yaml
@@ -31,7 +33,7 @@ DEMO_CONFIG = "configs/demo.yaml"  # shipped in the package: eagle_batch/configs
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--run-dir",
-        default=os.environ.get("EAGLE_BATCH_DEMO_RUN", "runs/demo"),
+        default="runs/demo",
         help="run directory (default runs/demo; an existing demo run there is replaced)",
     )
     p.add_argument(
@@ -66,12 +68,10 @@ def demo_config(run_dir: Path, model_path: Path, executor: str, extra: list[str]
 
 
 def run(args: argparse.Namespace) -> int:
-    os.environ.setdefault("HF_HUB_OFFLINE", "1")
-    os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
-    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-    # vLLM on the CPU drops torch to one thread "for serving" unless OMP_NUM_THREADS is set; the demo's
-    # tasks run one at a time (array_parallelism=1), so each may use every core. Slurm jobs inherit it.
-    os.environ.setdefault("OMP_NUM_THREADS", str(os.cpu_count() or 1))
+    # vLLM on the CPU reserves VLLM_CPU_KVCACHE_SPACE GiB of KV cache (1 is plenty for 1k-token chats) and
+    # drops torch to one thread "for serving" unless OMP_NUM_THREADS is set; the demo's tasks run one at a
+    # time (array_parallelism=1), so each may use every core. Slurm jobs inherit both.
+    environment.set_offline_defaults(VLLM_CPU_KVCACHE_SPACE="1", OMP_NUM_THREADS=str(os.cpu_count() or 1))
     t_start = time.time()
     from eagle_batch.config import check_config, save_config
     from eagle_batch.data import prepare
@@ -125,7 +125,7 @@ def run(args: argparse.Namespace) -> int:
         return 1
     _say("verify: checksums, offsets, dtypes, NaN/Inf and metadata are all right")
 
-    from eagle_batch.train.cli import run_local
+    from eagle_batch.launch.train_job import run_local
     from eagle_batch.train.serve_check import BUILTIN_PROMPTS, measure_acceptance
     from eagle_batch.train.trainer import output_dir
 

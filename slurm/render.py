@@ -36,11 +36,9 @@ TEMPLATES = HERE / "templates"
 CACHE_ENV = REPO / "container" / "cache-env.sh"
 JOB_TEMPLATES = ("prepare.sbatch", "extract.sbatch", "train.sbatch")
 
-# The per-task entry point: eagle-batch's own ExtractTask (state files, store lock, resume from the last
+# The per-task entry point: eagle-batch's own ArrayTask (state files, store lock, resume from the last
 # commit), run directly instead of through submitit's pickles.
-TASK_PY = (
-    "import sys; from eagle_batch.launch.task import ExtractTask; print(ExtractTask(sys.argv[1], int(sys.argv[2]))())"
-)
+TASK_PY = "import sys; from eagle_batch.launch.task import ArrayTask; print(ArrayTask(sys.argv[1], int(sys.argv[2]))())"
 
 
 def _sbatch_extra(lines) -> list[str]:

@@ -64,6 +64,9 @@ class DataConfig:
 class ExtractConfig:
     # Array tasks; the shard plan balances tokens across them.
     num_tasks: int = 1
+    # What each array task does (eagle_batch/launch/work.py): capture (hidden states into the task store) |
+    # regenerate (set by `eagle-batch regenerate` for its own run) | module:function (a work of your own).
+    work: str = "capture"
     # native (vLLM extract_hidden_states + our KV connector) | hooks (worker extension) | hf | auto
     backend: str = "auto"
     max_num_seqs: int = 256
@@ -78,6 +81,9 @@ class ExtractConfig:
     # in-process otherwise (CPU; hooks, whose states would travel through vLLM's RPC). An explicit
     # VLLM_ENABLE_V1_MULTIPROCESSING in the environment wins.
     engine_process: str = "auto"
+    # Bytes of the shared-memory ring the states cross when the engine runs in another process; 0 =
+    # min(8 GiB, half of the free /dev/shm). When the ring is full the engine waits for the store.
+    shm_bytes: int = 0
     # Samples handed to the engine per generate() call; a commit follows each batch.
     batch_samples: int = 512
     # Minimum seconds between commits (a commit is also forced on checkpoint / exit).

@@ -30,6 +30,7 @@ from typing import Any
 
 import numpy as np
 
+from eagle_batch import environment
 from eagle_batch.config import ConfigError, RunConfig, check_fits_model, check_values, model_info, save_config
 
 from .dataset import BAD_ROWS, PLAN, PREPARED, SAMPLES, SUMMARY
@@ -57,8 +58,7 @@ def load_tokenizer(cfg: RunConfig):
 
 
 def load_tokenizer_from(src: str, chat_template: str = "", trust_remote_code: bool = False):
-    os.environ.setdefault("HF_HUB_OFFLINE", "1")
-    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    environment.set_offline_defaults()
     from transformers import AutoTokenizer
 
     if not src or not Path(src).is_dir():

@@ -1,6 +1,13 @@
-"""Slurm orchestration: extraction arrays through submitit, per-task state, status, resume, cancel, chaining.
+"""Every job eagle-batch runs, on Slurm (submitit) or this machine: run arrays, training, chained jobs.
 
-    from eagle_batch.launch import ExtractTask, submit_tasks, submit_after, run_status
+    from eagle_batch.launch import ArrayTask, submit_tasks, submit_after, run_status
+
+- `job`: what every job does around its work (the checkpoint signal as a flag, requeue, host requeue).
+- `task.ArrayTask`: one task of a run's array; it runs the run's work (`work`: capture, regenerate, ...).
+- `train_job`: training as a Slurm array (`TrainTask`) or here (`run_local`).
+- `submit`: executors (Slurm through submitit; `local` for one machine), arrays, `afterok` chaining.
+- `state`, `status`: what each task recorded, reconciled with Slurm or the local executor.
+- `cli_*`: the extract, status, resume, cancel and train commands.
 
 See docs/slurm.md for how tasks checkpoint, requeue and resume, and what `status` shows.
 """
@@ -17,19 +24,21 @@ from .submit import (
     submit_after,
     submit_tasks,
 )
-from .task import DuplicateTaskError, ExtractTask, TaskContext, capture_work
+from .task import ArrayTask, DuplicateTaskError
+from .work import WORKS, TaskContext, TaskWork
 
 __all__ = [
+    "WORKS",
+    "ArrayTask",
     "DuplicateTaskError",
-    "ExtractTask",
     "SubmitError",
-    "afterok_dependency",
-    "pending_arrays",
     "TaskContext",
     "TaskState",
-    "capture_work",
+    "TaskWork",
+    "afterok_dependency",
     "live_tasks",
     "make_executor",
+    "pending_arrays",
     "plan_num_tasks",
     "read_state",
     "read_submissions",

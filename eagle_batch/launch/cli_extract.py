@@ -1,12 +1,10 @@
-"""`eagle-batch extract CONFIG [key=value ...] [--wait] [--then-train]`: submit the extraction array."""
+"""`eagle-batch extract CONFIG [CONFIG ...] [key=value ...] [--wait] [--then-train]`: submit the run's array."""
 
 from __future__ import annotations
 
 import argparse
-import os
-import sys
 
-from eagle_batch.cli_common import add_config_arguments, config_from_args
+from eagle_batch.cli_common import add_config_arguments, config_from_args, config_sources
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -21,45 +19,53 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--force", action="store_true", help="reuse a run_dir whose config.yaml has a different data config")
 
 
-def run(args: argparse.Namespace) -> int:
-    from eagle_batch.config import check_config, check_prepared_fits, check_values, claim_run_dir, save_config
+def check_before_submit(cfg) -> None:
+    """Everything checkable before anything is queued. The capture work needs the model and the prepared
+    samples to fit it; another work (a work of your own) gets the config's value checks."""
+    from eagle_batch.config import check_config, check_prepared_fits, check_values
     from eagle_batch.data import PreparedDataset
+
+    from .work import resolve_work
+
+    resolve_work(cfg.extract.work)  # an unknown name fails here, not in every task
+    if cfg.extract.work != "capture":
+        check_values(cfg)
+        return
+    check_config(cfg)
+    prepared = PreparedDataset(cfg.run_dir)
+    check_prepared_fits(cfg, prepared.max_sample_tokens(), str(prepared.dir))
+
+
+def run(args: argparse.Namespace) -> int:
+    from eagle_batch.config import ConfigError, claim_run_dir, save_config
 
     from .local import local_summary
     from .state import DONE, read_state
     from .submit import SubmitError, live_tasks, plan_num_tasks, resolve_executor, submit_tasks
-    from .task import TEST_WORK_ENV
+    from .work import UnknownWorkError
 
     cfg = config_from_args(args)
-    # The test-only work function needs no model; the real one gets every check before anything is queued.
-    if os.environ.get(TEST_WORK_ENV):
-        check_values(cfg)
-    else:
-        check_config(cfg)
     run_dir = cfg.run_dir
     try:
         n = plan_num_tasks(run_dir)
-        if not os.environ.get(TEST_WORK_ENV):
-            prepared = PreparedDataset(run_dir)
-            check_prepared_fits(cfg, prepared.max_sample_tokens(), str(prepared.dir))
-        live = live_tasks(run_dir)
-        if live:
-            raise SubmitError(
-                f"{run_dir} already has {len(live)} task(s) queued or running (jobs "
-                f"{', '.join(sorted(set(live.values()))[:5])}). Nothing was submitted. Follow them "
-                f"with `eagle-batch status {run_dir}`, or `eagle-batch cancel {run_dir}` first."
-            )
-        claim_run_dir(cfg, force=args.force)
-        save_config(cfg, run_dir)  # the tasks read slurm.max_attempts etc. from RUN/config.yaml
-        todo = [t for t in range(n) if (st := read_state(run_dir, t)) is None or st.status != DONE]
-        if not todo:
-            print(f"all {n} tasks of {run_dir} are done; nothing to submit.")
-            return 0
-        which = resolve_executor(cfg)
-        sub = submit_tasks(cfg, run_dir, todo, kind="extract", executor=which)
-    except SubmitError as e:
-        print(f"eagle-batch extract: {e}", file=sys.stderr)
-        return 1
+        check_before_submit(cfg)
+    except UnknownWorkError as e:
+        raise ConfigError(str(e)) from None
+    live = live_tasks(run_dir)
+    if live:
+        raise SubmitError(
+            f"{run_dir} already has {len(live)} task(s) queued or running (jobs "
+            f"{', '.join(sorted(set(live.values()))[:5])}). Nothing was submitted. Follow them "
+            f"with `eagle-batch status {run_dir}`, or `eagle-batch cancel {run_dir}` first."
+        )
+    claim_run_dir(cfg, force=args.force)
+    save_config(cfg, run_dir)  # the tasks read slurm.max_attempts etc. from RUN/config.yaml
+    todo = [t for t in range(n) if (st := read_state(run_dir, t)) is None or st.status != DONE]
+    if not todo:
+        print(f"all {n} tasks of {run_dir} are done; nothing to submit.")
+        return 0
+    which = resolve_executor(cfg)
+    sub = submit_tasks(cfg, run_dir, todo, kind="extract", executor=which)
     if which == "local":
         print(local_summary(sub))
     else:
@@ -68,20 +74,7 @@ def run(args: argparse.Namespace) -> int:
             f"at most {cfg.slurm.array_parallelism} at once; logs under {run_dir}/slurm/{sub.job_id}_*/"
         )
     if args.then_train:
-        # Exactly `eagle-batch train CONFIG [overrides] --after RUN`: the train CLI owns the training
-        # array (sweeps, one rank per GPU); it depends (afterok) on the array just submitted.
-        from eagle_batch.cli import main as cli_main
-
-        argv = ["train", args.config, *args.overrides, "--after", str(run_dir)]
-        print(f"eagle-batch {' '.join(argv)}")
-        rc = cli_main(argv)
-        if rc != 0:
-            print(
-                f"eagle-batch extract: the extraction array {sub.job_id} is queued but submitting training "
-                f"failed (exit {rc}); submit it later with `eagle-batch train {args.config} --after {run_dir}`.",
-                file=sys.stderr,
-            )
-            return rc
+        _then_train(args, cfg, sub.job_id)
     print(f"follow with: eagle-batch status {run_dir}")
     if args.wait:
         from .follow import follow
@@ -89,3 +82,20 @@ def run(args: argparse.Namespace) -> int:
         final = follow(run_dir, args.interval)
         return 0 if final["totals"]["all_done"] else 1
     return 0
+
+
+def _then_train(args: argparse.Namespace, cfg, array_job: str) -> None:
+    """The training array of `eagle-batch train CONFIG --after RUN`, depending (afterok) on this array."""
+    from .cli_train import sweep_configs
+    from .submit import SubmitError
+    from .train_job import submit_training
+
+    files, overrides = config_sources(args)
+    try:
+        sub, ids = submit_training(sweep_configs(cfg, files, overrides), after=cfg.run_dir)
+    except SubmitError as e:
+        raise SubmitError(
+            f"the extraction array {array_job} is queued but submitting training failed ({e}); submit it later "
+            f"with `eagle-batch train {' '.join(files)} --after {cfg.run_dir}`."
+        ) from None
+    print(f"submitted {len(ids)} training task(s): {', '.join(ids)} (after {sub.dependency or 'nothing'})")

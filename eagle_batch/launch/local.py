@@ -51,6 +51,8 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from eagle_batch import environment
+
 from . import proc
 from . import state as S
 
@@ -68,16 +70,9 @@ class LocalResourceError(ValueError):
 def visible_gpus(environ: dict | None = None) -> list[str]:
     """The GPUs this process may hand out: CUDA_VISIBLE_DEVICES's entries, else `nvidia-smi -L`'s (else
     the /dev/nvidiaN device files)."""
-    env = os.environ if environ is None else environ
-    cvd = env.get("CUDA_VISIBLE_DEVICES")
-    if cvd is not None:
-        # CUDA stops at the first invalid entry; "-1" (or "") hides every device.
-        out = []
-        for d in (x.strip() for x in cvd.split(",")):
-            if not d or d == "-1":
-                break
-            out.append(d)
-        return out
+    listed = environment.cuda_visible_devices(environ)
+    if listed is not None:
+        return listed
     smi = shutil.which("nvidia-smi")
     n = -1
     if smi is not None:

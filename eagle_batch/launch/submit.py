@@ -1,7 +1,7 @@
 """Build a submitit executor from `cfg.slurm` and submit extraction arrays and dependent jobs.
 
 - `make_executor(cfg, run_dir, kind)`: a Slurm executor, resources and container wrapping from the config.
-- `submit_tasks(cfg, run_dir, task_ids, kind)`: one array of `ExtractTask`s on Slurm, or the local
+- `submit_tasks(cfg, run_dir, task_ids, kind)`: one array of `ArrayTask`s on Slurm, or the local
   executor's slots (`launch.local`); records the submission in RUN/slurm/submissions.jsonl.
 - `submit_after(run_dir, fn, *args)`: one job that waits (`afterok`) for the run's unfinished extraction
   arrays, aggregates the task stores, then calls `fn(*args)` (used by `train --after RUN` and
@@ -26,10 +26,13 @@ from typing import Any
 
 import submitit
 
+from eagle_batch import environment
+
 from . import state as S
+from .job import host_requeue_setup
 from .slurm_query import controller_answers, have_slurm, is_live
 from .state import SubmitError, plan_num_tasks
-from .task import HOST_REQUEUE_ENV, ExtractTask
+from .task import ArrayTask
 
 
 def resolve_executor(cfg) -> str:
@@ -151,15 +154,11 @@ def make_executor(
     if sc.exclusive:
         params["exclusive"] = True
     setup = list(sc.setup)
-    if sc.container.runtime != "none" or os.environ.get(HOST_REQUEUE_ENV):
+    if sc.container.runtime != "none" or environment.host_requeue_requested_at_submit():
         # The task runs in a container that usually lacks `scontrol`: it leaves a request file and this
-        # batch script (on the host) requeues the job after srun returns (see task._host_requeue).
-        req = run_dir.resolve() / S.SLURM_DIR / "requeue"
-        setup.insert(0, f"export {HOST_REQUEUE_ENV}={shlex.quote(str(req))}")
-        params["teardown"] = [
-            f'if [ -f "${HOST_REQUEUE_ENV}/$SLURM_JOB_ID" ]; then rm -f "${HOST_REQUEUE_ENV}/$SLURM_JOB_ID"; '
-            'scontrol requeue "$SLURM_JOB_ID"; fi'
-        ]
+        # batch script (on the host) requeues the job after srun returns (launch.job).
+        host_setup, params["teardown"] = host_requeue_setup(run_dir.resolve() / S.SLURM_DIR / "requeue")
+        setup = host_setup + setup
     if setup:
         params["setup"] = setup
     if srun_args:
@@ -189,7 +188,7 @@ def live_tasks(run_dir: str | os.PathLike) -> dict[int, str]:
 def submit_tasks(
     cfg, run_dir: str | os.PathLike, task_ids: Sequence[int], kind: str = "extract", executor: str | None = None
 ) -> S.Submission:
-    """Submit one array of ExtractTask(run_dir, t) for t in task_ids; refuse tasks already live."""
+    """Submit one array of ArrayTask(run_dir, t) for t in task_ids; refuse tasks already live."""
     run_dir = Path(run_dir).resolve()  # the jobs may start elsewhere (another cwd, a compute node)
     task_ids = sorted(int(t) for t in task_ids)
     if not task_ids:
@@ -217,7 +216,7 @@ def submit_tasks(
         # Submit task *instances* (callables without arguments): submitit checkpoints and requeues the
         # callable it ran, which must be the Checkpointable itself. One batch = one array.
         with ex.batch():
-            pending = [ex.submit(ExtractTask(str(run_dir), t)) for t in task_ids]
+            pending = [ex.submit(ArrayTask(str(run_dir), t)) for t in task_ids]
         first = str(pending[0].job_id)
         sub = S.Submission(
             job_id=first.split("_")[0],
@@ -252,8 +251,8 @@ def submit_after(
 ) -> S.Submission:
     """Submit `fn(*args, **kwargs)` as one Slurm job that starts after the run's extraction succeeds.
 
-    For any job that needs the run's hidden states (the train CLI builds its own array with
-    `make_executor(..., dependency=afterok_dependency(RUN))`; `extract --then-train` calls that CLI):
+    For any job that needs the run's hidden states (training builds its own array with
+    `make_executor(..., dependency=afterok_dependency(RUN))`, launch.train_job):
 
         from eagle_batch.launch import submit_after
         sub = submit_after(run_dir, train_main, cfg_path, overrides, slurm_overrides=["slurm.gpus_per_node=8"])
@@ -318,6 +317,3 @@ def pending_arrays(run_dir: Path) -> list[str]:
         if s.executor == "slurm":
             out.append(s.job_id)
     return out
-
-
-_pending_arrays = pending_arrays  # the name eagle_batch/train/cli.py imports

@@ -13,6 +13,8 @@ import json
 import os
 from pathlib import Path
 
+from eagle_batch import environment
+
 from .folder import is_complete, write_model_folder
 
 GGUF_NAME = "SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -21,7 +23,7 @@ FORMAT_VERSION = "v2"
 
 
 def cache_root() -> Path:
-    return Path(os.environ.get("EAGLE_BATCH_CACHE", Path.home() / ".cache" / "eagle-batch"))
+    return environment.cache_dir()
 
 
 def gguf_path() -> Path:
@@ -43,7 +45,7 @@ def materialize(dest: str | os.PathLike | None = None, dtype: str = "bfloat16") 
     dest = Path(dest) if dest else cache_root() / "models" / f"SmolLM2-135M-Instruct-{dtype}-{FORMAT_VERSION}"
     if is_complete(dest):
         return dest
-    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    environment.set_offline_defaults()
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 

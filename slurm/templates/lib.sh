@@ -36,7 +36,7 @@ eb_exec_python() {
     esac
 }
 
-# Task status and failure count from RUN/state/task-XXXXX.json (written by ExtractTask). Parsed with
+# Task status and failure count from RUN/state/task-XXXXX.json (written by ArrayTask). Parsed with
 # grep so that it works on the host even when Python with eagle-batch lives only in the image.
 eb_task_field() {  # eb_task_field TASK_ID KEY  -> value or empty
     local f

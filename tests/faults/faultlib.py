@@ -1,4 +1,4 @@
-"""Helpers of the fault-injection suite (tests/faults): a real run (prepare -> ExtractTask with the `hf`
+"""Helpers of the fault-injection suite (tests/faults): a real run (prepare -> ArrayTask with the `hf`
 backend on a tiny random Llama in float32 on the CPU -> task store), a way to run one task in a child
 process, and a sample-by-sample, bit-exact comparison with an uninterrupted reference run.
 
@@ -83,8 +83,8 @@ def copy_run(src: Path, dst: Path, what=("config.yaml", "prepared")) -> Path:
 CHILD = r"""
 import os, sys, torch
 torch.set_num_threads(1)
-from eagle_batch.launch import ExtractTask
-out = ExtractTask(sys.argv[1], int(sys.argv[2]))()
+from eagle_batch.launch import ArrayTask
+out = ArrayTask(sys.argv[1], int(sys.argv[2]))()
 print("RESULT", out, flush=True)
 """
 
@@ -99,14 +99,14 @@ def child_env(**extra) -> dict:
         TOKENIZERS_PARALLELISM="false",
         PYTHONWARNINGS="ignore",
     )
-    for k in ("SLURM_JOB_ID", "SLURM_ARRAY_JOB_ID", "EAGLE_BATCH_TEST_WORK"):  # a local attempt, never Slurm's
+    for k in ("SLURM_JOB_ID", "SLURM_ARRAY_JOB_ID"):  # a local attempt, never Slurm's
         env.pop(k, None)
     env.update(extra)
     return env
 
 
 def spawn_task(run: Path, task_id: int = 0, **env) -> subprocess.Popen:
-    """The real ExtractTask(run, task_id)() in a child process (what a Slurm array task runs)."""
+    """The real ArrayTask(run, task_id)() in a child process (what a Slurm array task runs)."""
     return subprocess.Popen(
         [sys.executable, "-c", CHILD, str(run), str(task_id)],
         stdout=subprocess.PIPE,
@@ -201,7 +201,7 @@ def kill_at_random_point(run: Path, rng: np.random.Generator, work_s: float, tas
 # ------------------------------------------------------------------------------------ forked tasks
 # A fresh interpreter spends ~10-40 s importing torch and transformers on a loaded 2-core machine. The
 # kill trials instead fork each attempt from a parent that has imported them (and run one forward, with
-# one thread, so fork is safe): the child still runs the whole real ExtractTask (config, prepared samples,
+# one thread, so fork is safe): the child still runs the whole real ArrayTask (config, prepared samples,
 # model load, hf capture, store writer, state file), it only skips the imports.
 
 
@@ -219,24 +219,24 @@ def preload() -> None:
 
 
 def fork_task(run: Path, task_id: int = 0, env: dict | None = None) -> int:
-    """Fork a child that runs ExtractTask(run, task_id)() and exits 0 (done/checkpointed) or 1 (raised)."""
+    """Fork a child that runs ArrayTask(run, task_id)() and exits 0 (done/checkpointed) or 1 (raised)."""
     sys.stdout.flush()
     sys.stderr.flush()
     pid = os.fork()
     if pid == 0:  # child
         code = 1
         try:
-            for k in ("SLURM_JOB_ID", "SLURM_ARRAY_JOB_ID", "EAGLE_BATCH_TEST_WORK"):
+            for k in ("SLURM_JOB_ID", "SLURM_ARRAY_JOB_ID"):
                 os.environ.pop(k, None)
             os.environ.update(env or {})
-            from eagle_batch.launch import ExtractTask
+            from eagle_batch.launch import ArrayTask
 
             devnull = os.open(os.devnull, os.O_WRONLY)
             os.dup2(devnull, 1)  # the progress bars of from_pretrained
             err = os.open(str(run / f"task-{task_id}.child.err"), os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
             os.dup2(err, 2)
             sys.stderr = open(2, "w", buffering=1, closefd=False)  # not pytest's capture buffer
-            ExtractTask(str(run), task_id)()
+            ArrayTask(str(run), task_id)()
             code = 0
         except BaseException:  # noqa: BLE001 - the child reports by exit code and its stderr file
             import traceback

@@ -2,7 +2,7 @@
 
     python tests/faults/run_all.py [--kills 50] [--disk 10] [--corrupt 25] [--seed 0] [--workdir DIR] [--pytest]
 
-Every trial runs the real task (prepared demo chats -> ExtractTask -> run_capture, `hf` backend on a tiny
+Every trial runs the real task (prepared demo chats -> ArrayTask -> run_capture, `hf` backend on a tiny
 Llama in float32 on the CPU -> TaskStoreWriter), forked from this pre-imported process, and compares the
 end result with an uninterrupted reference run made in a fresh interpreter, sample by sample, bit-exact:
 - kills:   SIGKILL at random points of capture + write (and some in start-up/recovery), resume, repeat;

@@ -1,5 +1,5 @@
 """Corruption of finished task stores of a real run: `eagle-batch verify RUN` names each damage, and
-`eagle-batch resume RUN --repair` (local executor, the real ExtractTask in a new process) recomputes only
+`eagle-batch resume RUN --repair` (local executor, the real ArrayTask in a new process) recomputes only
 what the damage covers, ending with stores bit-identical to the uninterrupted run.
 
 One run, five tasks (4 demo chats each, ~4 shards per array), one fault per task:

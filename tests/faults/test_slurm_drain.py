@@ -4,7 +4,7 @@ Beyond tests/slurm/test_slurm.py (cancel, time limit, give-up after max_attempts
 resume --repair, duplicates): a drain lets the running task finish, keeps the rest of the array pending
 (nothing is lost or failed), and after `state=resume` every task completes with data identical to an
 uninterrupted run. The node state is restored in a `finally`: other tests share this Slurm.
-Uses the synthetic work of tests/slurm/work.py (real ExtractTask, state files and store writer).
+Uses the synthetic work of tests/slurm/work.py (real ArrayTask, state files and store writer).
 """
 
 from __future__ import annotations
@@ -38,7 +38,6 @@ pytestmark = pytest.mark.slurm
 
 @pytest.fixture
 def synthetic_work(monkeypatch):
-    monkeypatch.setenv("EAGLE_BATCH_TEST_WORK", "tests.slurm.work:synthetic_work")
     monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")]).rstrip(os.pathsep))
 
 

@@ -1,4 +1,4 @@
-"""Two writers on one task store, at the level of the real task: while one ExtractTask holds the store,
+"""Two writers on one task store, at the level of the real task: while one ArrayTask holds the store,
 a second one (a duplicate job) refuses, writes nothing, and leaves the state file to the holder.
 
 Store level: tests/store/test_writer_reader.py (StoreLockedError naming the holder, also across processes);

@@ -30,7 +30,9 @@ if str(REPO) not in sys.path:
 from tests.slurm import work  # noqa: E402
 
 
-def make_run(tmp_path: Path, num_tasks: int, **slurm) -> tuple[Path, Path]:
+def make_run(
+    tmp_path: Path, num_tasks: int, work_fn: str = "tests.slurm.work:synthetic_work", **slurm
+) -> tuple[Path, Path]:
     run = tmp_path / "run"
     (run / "prepared").mkdir(parents=True)
     (run / "faults").mkdir()
@@ -52,6 +54,7 @@ def make_run(tmp_path: Path, num_tasks: int, **slurm) -> tuple[Path, Path]:
             {
                 "run_dir": str(run),
                 "model": {"path": str(tmp_path)},
+                "extract": {"work": work_fn},
                 "slurm": s,
                 "store": {"chunk_tokens": 8, "shard_tokens": 64},
             }
@@ -129,8 +132,8 @@ def test_visible_gpus_and_slot_plan():
 
 
 def test_local_tasks_get_the_gpus_the_config_asks_for(tmp_path):
-    run, cfg = make_run(tmp_path, 4, gpus_per_node=2)
-    env = {"EAGLE_BATCH_TEST_WORK": "tests.slurm.work:env_probe_work", "CUDA_VISIBLE_DEVICES": "0,1,2,3"}
+    run, cfg = make_run(tmp_path, 4, work_fn="tests.slurm.work:env_probe_work", gpus_per_node=2)
+    env = {"CUDA_VISIBLE_DEVICES": "0,1,2,3"}
     r = cli("extract", cfg, "--wait", "--interval", "0.5", env=env)
     assert r.returncode == 0, r.stderr + r.stdout
     assert "slot 0: GPUs 0,1; slot 1: GPUs 2,3" in r.stdout
@@ -144,10 +147,8 @@ def test_local_tasks_get_the_gpus_the_config_asks_for(tmp_path):
 
 
 def test_more_gpus_per_task_than_the_machine_has_is_refused_before_anything_starts(tmp_path):
-    run, cfg = make_run(tmp_path, 2, gpus_per_node=2)
-    r = cli(
-        "extract", cfg, env={"EAGLE_BATCH_TEST_WORK": "tests.slurm.work:env_probe_work", "CUDA_VISIBLE_DEVICES": "0"}
-    )
+    run, cfg = make_run(tmp_path, 2, work_fn="tests.slurm.work:env_probe_work", gpus_per_node=2)
+    r = cli("extract", cfg, env={"CUDA_VISIBLE_DEVICES": "0"})
     assert r.returncode == 1
     assert "slurm.gpus_per_node=2 asks for 2 GPUs per task but this machine has 1 (0)" in r.stderr
     assert "Nothing was submitted" in r.stderr
@@ -157,8 +158,8 @@ def test_more_gpus_per_task_than_the_machine_has_is_refused_before_anything_star
 
 # ------------------------------------------------------------------------------------------ progress
 def test_status_counts_block_appends(tmp_path):
-    run, cfg = make_run(tmp_path, 2, gpus_per_node=0)
-    env = {"EAGLE_BATCH_TEST_WORK": "tests.slurm.work:block_work"}
+    run, cfg = make_run(tmp_path, 2, work_fn="tests.slurm.work:block_work", gpus_per_node=0)
+    env = {}
     r = cli("extract", cfg, "--wait", "--interval", "0.5", env=env)
     assert r.returncode == 0, r.stderr
     st = status(run, env)
@@ -176,9 +177,9 @@ def _task_pid(run: Path, t: int) -> int:
 
 
 def test_killed_local_task_is_failed_resumable_and_wait_follows_the_new_attempt(tmp_path):
-    run, cfg = make_run(tmp_path, 2, gpus_per_node=0)
+    run, cfg = make_run(tmp_path, 2, work_fn="tests.slurm.work:synthetic_work", gpus_per_node=0)
     (run / "faults" / "sleep_s").write_text("0.3")  # ~4 s per task
-    env = {"EAGLE_BATCH_TEST_WORK": "tests.slurm.work:synthetic_work"}
+    env = {}
     full = dict(os.environ, PYTHONPATH=str(REPO), **env)
     # `extract --wait` is the parent of the local job's controller: the case where a dead child was a zombie.
     waiting = subprocess.Popen(
@@ -224,9 +225,9 @@ def test_killed_local_task_is_failed_resumable_and_wait_follows_the_new_attempt(
 
 
 def test_cancel_stops_a_local_job_and_its_tasks_are_resumable(tmp_path):
-    run, cfg = make_run(tmp_path, 2, gpus_per_node=0)
+    run, cfg = make_run(tmp_path, 2, work_fn="tests.slurm.work:synthetic_work", gpus_per_node=0)
     (run / "faults" / "sleep_s").write_text("0.5")
-    env = {"EAGLE_BATCH_TEST_WORK": "tests.slurm.work:synthetic_work"}
+    env = {}
     assert cli("extract", cfg, env=env).returncode == 0
     wait_for(lambda: status(run, env)["tasks"][0]["state"] == "running", 120, "task 0 to run")
     r = cli("cancel", run, env=env)

@@ -122,13 +122,13 @@ def test_commands_on_a_run_without_samples_fail_and_say_why(tmp_path, model):
             {
                 "run_dir": str(run),
                 "model": {"path": str(model)},
+                "extract": {"work": "tests.slurm.work:empty_work"},
                 "slurm": {"executor": "local", "gpus_per_node": 0},
                 "train": {"steps": 2, "num_workers": 0, "tensorboard": False},
             }
         )
     )
-    env = {"EAGLE_BATCH_TEST_WORK": "tests.slurm.work:empty_work"}
-    assert cli("extract", cfg, "--wait", "--interval", "0.5", env=env).returncode == 0
+    assert cli("extract", cfg, "--wait", "--interval", "0.5").returncode == 0
 
     expected = {
         ("verify", run): "the 2 store(s) hold no committed samples",

@@ -32,7 +32,7 @@ def test_report_plots_every_tasks_throughput_history(tmp_path, monkeypatch):
                     rng.integers(0, 2**15, (n, 2, 8)).astype(np.uint16),
                 )
             w.finalize()
-        # what ExtractTask records at its commits: (time, tokens committed), the attempt's start first
+        # what ArrayTask records at its commits: (time, tokens committed), the attempt's start first
         S.write_state(
             run, S.TaskState(task_id=t, status=S.DONE, extra={"history": [[100.0, 0], [101.0, 50], [103.5, 90]]})
         )

@@ -199,7 +199,7 @@ def test_templates_run_a_small_extraction_on_local_slurm(tmp_path, tiny_model):
     assert status["totals"]["done"] == n, status
 
 
-# Test-only work (EAGLE_BATCH_TEST_WORK, see eagle_batch/launch/task.py): task 0 waits for the checkpoint
+# A work of the test's own (extract.work, see eagle_batch/launch/work.py): task 0 waits for the checkpoint
 # signal on its first attempt; task 1 raises on its first attempt. Both finish on their second attempt.
 REQUEUE_WORK = """
 import time
@@ -238,6 +238,7 @@ def test_extract_template_requeues_on_checkpoint_signal_and_on_failure(tmp_path)
         json.dumps(
             {
                 "model": {"path": "/nonexistent"},  # the test work loads no model
+                "extract": {"work": "eb_requeue_work:work"},
                 "slurm": {
                     "executor": "slurm",
                     "time_min": 2,
@@ -251,7 +252,6 @@ def test_extract_template_requeues_on_checkpoint_signal_and_on_failure(tmp_path)
                     "setup": [
                         f". {shlex.quote(str(Path(sys.prefix) / 'bin' / 'activate'))}",
                         f"export PYTHONPATH={shlex.quote(str(tmp_path))}",
-                        "export EAGLE_BATCH_TEST_WORK=eb_requeue_work:work",
                     ],
                 },
             }

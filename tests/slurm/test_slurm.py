@@ -8,8 +8,8 @@
 - a task that raises on every attempt gives up after slurm.max_attempts, is reported with its error and
   log path, and is the only task `resume` resubmits.
 
-Apart from the first, the tests use `tests/slurm/work.py:synthetic_work` (EAGLE_BATCH_TEST_WORK): the
-real ExtractTask, state files, Slurm and store writer, with deterministic states instead of a model, so
+Apart from the first, the tests use `tests/slurm/work.py:synthetic_work` (as `extract.work`): the
+real ArrayTask, state files, Slurm and store writer, with deterministic states instead of a model, so
 faults can be timed and the suite stays within a few minutes on 2 cores.
 """
 
@@ -75,13 +75,14 @@ def wait_idle(capsys, run: Path, timeout: float) -> dict:
 
 @pytest.fixture
 def synthetic(monkeypatch):
-    monkeypatch.setenv("EAGLE_BATCH_TEST_WORK", "tests.slurm.work:synthetic_work")
     # Jobs inherit the environment at sbatch time: they must import tests.slurm.work too.
     monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")]).rstrip(os.pathsep))
 
 
-def make_synthetic_run(tmp_path: Path, name: str, num_tasks: int, **slurm) -> tuple[Path, Path]:
-    """A run directory with a plan for synthetic tasks, and its config file."""
+def make_synthetic_run(
+    tmp_path: Path, name: str, num_tasks: int, work_fn: str = "tests.slurm.work:synthetic_work", **slurm
+) -> tuple[Path, Path]:
+    """A run directory with a plan for synthetic tasks (`work_fn` runs them), and its config file."""
     run = tmp_path / name
     (run / "prepared").mkdir(parents=True)
     (run / "faults").mkdir()
@@ -102,6 +103,7 @@ def make_synthetic_run(tmp_path: Path, name: str, num_tasks: int, **slurm) -> tu
             {
                 "run_dir": str(run),
                 "model": {"path": str(tmp_path)},
+                "extract": {"work": work_fn},
                 "slurm": s,
                 "store": {"chunk_tokens": 8, "shard_tokens": 64},
             }
@@ -112,14 +114,14 @@ def make_synthetic_run(tmp_path: Path, name: str, num_tasks: int, **slurm) -> tu
 
 def reference_run(tmp_path: Path, num_tasks: int) -> Path:
     """The same tasks run uninterrupted, in-process (no Slurm): what every Slurm run must equal."""
-    from eagle_batch.launch import ExtractTask
+    from eagle_batch.launch import ArrayTask
 
     run, cfg = make_synthetic_run(tmp_path, "reference", num_tasks)
     from eagle_batch.config import load_config, save_config
 
     save_config(load_config(cfg), run)
     for t in range(num_tasks):
-        ExtractTask(run, t)()
+        ArrayTask(run, t)()
     return run
 
 
@@ -145,7 +147,6 @@ def assert_same_data(run: Path, ref: Path, num_tasks: int) -> None:
 # -------------------------------------------------------------------------- real pipeline completes
 @pytest.mark.slow
 def test_real_pipeline_array_completes_and_status_each_stage(tmp_path, capsys, tiny_model, monkeypatch):
-    monkeypatch.delenv("EAGLE_BATCH_TEST_WORK", raising=False)
     model = tiny_model("llama")
     run = tmp_path / "real"
     cfg = tmp_path / "real.yaml"
@@ -222,8 +223,7 @@ def test_real_pipeline_array_completes_and_status_each_stage(tmp_path, capsys, t
 # ------------------------------------------------------------------------- GPUs Slurm assigned
 def test_extraction_tasks_see_the_gpus_slurm_assigned(tmp_path, capsys, monkeypatch, synthetic):
     """slurm.gpus_per_node reaches sbatch, and the task process sees exactly the GPUs Slurm gave its job."""
-    monkeypatch.setenv("EAGLE_BATCH_TEST_WORK", "tests.slurm.work:env_probe_work")
-    run, cfg = make_synthetic_run(tmp_path, "gpus", 2, gpus_per_node=4)
+    run, cfg = make_synthetic_run(tmp_path, "gpus", 2, work_fn="tests.slurm.work:env_probe_work", gpus_per_node=4)
     rc, out, err = cli(capsys, "extract", cfg, "--wait", "--interval", "1")
     assert rc == 0, err + out
     for t in range(2):
@@ -238,7 +238,7 @@ def test_extraction_tasks_see_the_gpus_slurm_assigned(tmp_path, capsys, monkeypa
 # ------------------------------------------------------------- cancel mid-way, duplicate, resume
 def test_cancel_midway_duplicate_refused_resume_identical(tmp_path, capsys, synthetic):
     from eagle_batch.config import load_run_config
-    from eagle_batch.launch import ExtractTask, make_executor
+    from eagle_batch.launch import ArrayTask, make_executor
 
     n = 4
     ref = reference_run(tmp_path, n)
@@ -265,7 +265,7 @@ def test_cancel_midway_duplicate_refused_resume_identical(tmp_path, capsys, synt
 
     # A raw duplicate job of task 0 (bypassing the CLI check) is refused by the store lock.
     ex = make_executor(load_run_config(run), run, kind="dup", executor="slurm")
-    dup = ex.submit(ExtractTask(str(run), 0))
+    dup = ex.submit(ArrayTask(str(run), 0))
 
     rc, out, err = cli(capsys, "cancel", run, "--task", "1")
     assert rc == 0 and "cancelled" in out, err

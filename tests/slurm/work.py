@@ -1,4 +1,4 @@
-"""Test-only work functions for `EAGLE_BATCH_TEST_WORK=tests.slurm.work:NAME` (never used in production).
+"""Work functions of the tests (`extract.work=tests.slurm.work:NAME`, see eagle_batch/launch/work.py).
 
 Faults are driven by files in RUN/faults/, so a test can arm and disarm them while jobs are queued
 (environment variables are frozen at sbatch time):
@@ -20,8 +20,9 @@ from pathlib import Path
 
 import numpy as np
 
+from eagle_batch.launch.capture_work import capture_work
 from eagle_batch.launch.state import store_path
-from eagle_batch.launch.task import TaskContext, capture_work
+from eagle_batch.launch.work import TaskContext
 
 N_SAMPLES = 12
 LAYERS = [1, 2]

@@ -3,7 +3,7 @@
     PYTHONPATH=. python tests/train/e2e_pipeline.py WORKDIR [--samples 300] [--steps 80]
 
 Used by test_e2e_acceptance.py (and runnable by hand to record numbers). Every stage is the real
-eagle-batch piece: `eagle_batch.data.prepare`, `ExtractTask` (vLLM capture into the Zarr store),
+eagle-batch piece: `eagle_batch.data.prepare`, `ArrayTask` (vLLM capture into the Zarr store),
 `eagle_batch.store.aggregate`, `eagle_batch.train.trainer.train`, `serve_check.measure_acceptance`.
 The chat data are Python docstrings as assistant answers (helpers.chat_conversations): offline, real text.
 """
@@ -131,7 +131,7 @@ def run(
                 [
                     sys.executable,
                     "-c",
-                    "import sys; from eagle_batch.launch.task import ExtractTask; print(ExtractTask(sys.argv[1], 0)())",
+                    "import sys; from eagle_batch.launch.task import ArrayTask; print(ArrayTask(sys.argv[1], 0)())",
                     str(run_dir),
                 ],
                 env=env,

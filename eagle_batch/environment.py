@@ -1,0 +1,145 @@
+"""The process environment, read in one place.
+
+eagle-batch's settings live in the config (`eagle_batch.config`); the environment only carries what the
+scheduler, the launcher or the machine tells a process about itself:
+
+- Slurm (`SLURM_JOB_ID`, `SLURM_ARRAY_JOB_ID`, `SLURM_ARRAY_TASK_ID`, `SLURM_RESTART_COUNT`): which job
+  this process is, set by Slurm in every job step.
+- torch.distributed ranks (`RANK`, `WORLD_SIZE`, `LOCAL_RANK`): set by submitit's
+  `TorchDistributedEnvironment`, torchrun, or `launch.train_job.run_local` for its ranks.
+- `EAGLE_BATCH_DIST_INIT`: the file rendezvous `run_local` hands its ranks (a `file://` URL).
+- `EAGLE_BATCH_HOST_REQUEUE`: set by the batch script launch.submit writes for container runtimes; the
+  folder where a task inside the container asks the host to requeue its job (no `scontrol` inside).
+- `EAGLE_BATCH_CACHE`: where converted models and benchmark inputs are cached (default
+  ~/.cache/eagle-batch); the shipped configs read it too, through omegaconf's `oc.env`.
+- `CUDA_VISIBLE_DEVICES`: the GPUs this process may use (the local executor hands them out).
+- `VLLM_ENABLE_V1_MULTIPROCESSING`, `VLLM_USE_V2_MODEL_RUNNER`: vLLM's own switches (engine core in a
+  separate process; which model runner), set before an engine starts unless the user set them.
+
+Nothing else in the package reads `os.environ` for a setting of its own.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+
+DIST_INIT = "EAGLE_BATCH_DIST_INIT"
+HOST_REQUEUE = "EAGLE_BATCH_HOST_REQUEUE"
+CACHE = "EAGLE_BATCH_CACHE"
+
+
+def _env(environ: Mapping[str, str] | None) -> Mapping[str, str]:
+    return os.environ if environ is None else environ
+
+
+@dataclass(frozen=True)
+class SlurmJob:
+    """What Slurm says about this process (all empty outside a Slurm job)."""
+
+    job_id: str = ""
+    array_job_id: str = ""
+    array_task_id: str = ""
+    restart_count: int = 0
+
+    @property
+    def inside(self) -> bool:
+        return bool(self.job_id or self.array_job_id)
+
+    @property
+    def task_job_id(self) -> str:
+        """The id `sacct` shows for this task: ARRAY_INDEX for array tasks, else the job id."""
+        if self.array_job_id:
+            return f"{self.array_job_id}_{self.array_task_id or '0'}"
+        return self.job_id
+
+
+def slurm_job(environ: Mapping[str, str] | None = None) -> SlurmJob:
+    e = _env(environ)
+    return SlurmJob(
+        job_id=e.get("SLURM_JOB_ID", ""),
+        array_job_id=e.get("SLURM_ARRAY_JOB_ID", ""),
+        array_task_id=e.get("SLURM_ARRAY_TASK_ID", ""),
+        restart_count=int(e.get("SLURM_RESTART_COUNT", "0") or 0),
+    )
+
+
+@dataclass(frozen=True)
+class DistRanks:
+    rank: int = 0
+    world_size: int = 1
+    local_rank: int = 0
+    init_method: str = ""  # a file:// rendezvous (run_local), else "" for env:// (torchrun, Slurm)
+
+
+def dist_ranks(environ: Mapping[str, str] | None = None) -> DistRanks:
+    e = _env(environ)
+    return DistRanks(
+        rank=int(e.get("RANK", 0)),
+        world_size=int(e.get("WORLD_SIZE", 1)),
+        local_rank=int(e.get("LOCAL_RANK", 0)),
+        init_method=e.get(DIST_INIT, ""),
+    )
+
+
+def rank_environment(rank: int, world_size: int, rendezvous: str) -> dict[str, str]:
+    """The variables `run_local` sets in each of its rank processes (read back by `dist_ranks`)."""
+    return {
+        "RANK": str(rank),
+        "WORLD_SIZE": str(world_size),
+        "LOCAL_RANK": str(rank),
+        DIST_INIT: f"file://{rendezvous}",
+    }
+
+
+def host_requeue_dir(environ: Mapping[str, str] | None = None) -> Path | None:
+    """The folder to leave a requeue request in when the batch script (on the host) requeues, else None."""
+    e = _env(environ)
+    d = e.get(HOST_REQUEUE, "")
+    return Path(d) if d and e.get("SLURM_JOB_ID") else None
+
+
+def host_requeue_requested_at_submit(environ: Mapping[str, str] | None = None) -> bool:
+    """True when the submitting shell asks for host-side requeues even without a container (tests)."""
+    return bool(_env(environ).get(HOST_REQUEUE))
+
+
+def cache_dir(environ: Mapping[str, str] | None = None) -> Path:
+    return Path(_env(environ).get(CACHE) or Path.home() / ".cache" / "eagle-batch")
+
+
+def cuda_visible_devices(environ: Mapping[str, str] | None = None) -> list[str] | None:
+    """The entries of CUDA_VISIBLE_DEVICES up to the first invalid one (as CUDA reads it); None if unset."""
+    cvd = _env(environ).get("CUDA_VISIBLE_DEVICES")
+    if cvd is None:
+        return None
+    out = []
+    for d in (x.strip() for x in cvd.split(",")):
+        if not d or d == "-1":  # CUDA stops at the first invalid entry; "-1" (or "") hides every device
+            break
+        out.append(d)
+    return out
+
+
+def vllm_multiprocessing(environ: Mapping[str, str] | None = None) -> bool:
+    """vLLM's engine core in a process of its own (its default) unless VLLM_ENABLE_V1_MULTIPROCESSING is off."""
+    return _env(environ).get("VLLM_ENABLE_V1_MULTIPROCESSING", "1") not in ("0", "false", "False")
+
+
+def set_vllm_multiprocessing_default(enabled: bool) -> None:
+    """Choose where vLLM runs its engine core, unless the user set VLLM_ENABLE_V1_MULTIPROCESSING (wins)."""
+    os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "1" if enabled else "0")
+
+
+def use_v1_model_runner() -> None:
+    """vLLM's V1 model runner (where the hooks backend reads the batch layout), unless the user chose."""
+    os.environ.setdefault("VLLM_USE_V2_MODEL_RUNNER", "0")
+
+
+def set_offline_defaults(**extra: str) -> None:
+    """Defaults for processes that load tokenizers or models: never reach a model hub, no tokenizer thread
+    pool fighting the data workers; `extra` adds more (a user's own setting of any of them wins)."""
+    for key, value in {"HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false", **extra}.items():
+        os.environ.setdefault(key, value)

@@ -1,0 +1,100 @@
+"""`eagle-batch train CONFIG [CONFIG ...] [key=value ...]`: train EAGLE-3 drafts, here or as a Slurm array.
+
+- One task per entry of `train.sweep` (a list of override dicts; none = one task). Each task writes to
+  RUN/train/<train.name> (sweep tasks get `<name>-<i>` unless the entry sets train.name).
+- `--local`, or no Slurm (`slurm.executor`, as `extract` chooses): the tasks run one after another here;
+  `--nproc N` runs each with N DDP ranks.
+- Slurm: one array (`launch.train_job`); `--after RUN` adds `afterok` on RUN's unfinished extraction
+  arrays, and the first task to start aggregates the stores.
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import json
+import sys
+
+from eagle_batch.cli_common import add_config_arguments, config_from_args, config_sources
+from eagle_batch.config import RunConfig
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    add_config_arguments(p)
+    p.add_argument("--local", action="store_true", help="run here instead of submitting to Slurm")
+    p.add_argument("--nproc", type=int, default=1, help="--local: DDP ranks per task (default 1)")
+    p.add_argument(
+        "--after",
+        metavar="RUN",
+        default="",
+        help="Slurm: start after RUN's extraction arrays succeed (afterok); aggregates first",
+    )
+    p.add_argument("--dry-run", action="store_true", help="print the task configurations and exit")
+
+
+def _flatten(d: dict, prefix: str = "") -> list[str]:
+    out = []
+    for k, v in d.items():
+        key = f"{prefix}{k}"
+        if isinstance(v, dict):
+            out += _flatten(v, key + ".")
+        else:
+            out.append(f"{key}={json.dumps(v) if isinstance(v, (list, bool)) or v is None else v}")
+    return out
+
+
+def sweep_configs(base: RunConfig, files: list[str], overrides: list[str]) -> list[RunConfig]:
+    """One resolved RunConfig per entry of base.train.sweep (the sweep itself cleared in each)."""
+    from eagle_batch.config import load_config
+
+    sweep = list(base.train.sweep or [])
+    if not sweep:
+        return [copy.deepcopy(base)]
+    out = []
+    for i, entry in enumerate(sweep):
+        ov = _flatten(dict(entry))
+        if not any(o.startswith("train.name=") for o in ov):
+            ov.append(f"train.name={base.train.name}-{i}")
+        out.append(load_config(files, list(overrides) + ov + ["train.sweep=[]"]))
+    return out
+
+
+def task_configs(args: argparse.Namespace) -> list[RunConfig]:
+    files, overrides = config_sources(args)
+    return sweep_configs(config_from_args(args), files, overrides)
+
+
+def run(args: argparse.Namespace) -> int:
+    from .submit import resolve_executor
+
+    cfgs = task_configs(args)
+    if args.dry_run:
+        for c in cfgs:
+            row = {"name": c.train.name, "run_dir": c.run_dir, "lr": c.train.lr, "ttt_steps": c.train.ttt_steps}
+            print(json.dumps(row | {"steps": c.train.steps}))
+        return 0
+    use_slurm = not args.local and resolve_executor(cfgs[0]) == "slurm"
+    if args.after and not use_slurm:
+        print(
+            "eagle-batch train: --after needs Slurm (sbatch on PATH with a controller that answers, "
+            "slurm.executor=slurm or auto); without it, run `eagle-batch train` once the extraction has finished.",
+            file=sys.stderr,
+        )
+        return 2
+    if use_slurm:
+        from .train_job import submit_training
+
+        _, ids = submit_training(cfgs, after=args.after)
+        print(
+            f"submitted {len(ids)} training task(s): {', '.join(ids)}"
+            + (f" (after {args.after})" if args.after else "")
+        )
+        return 0
+    from .train_job import run_local
+
+    rc = 0
+    for c in cfgs:
+        r = run_local(c, args.nproc)
+        print(json.dumps(r))
+        rc = rc or (0 if r.get("status") == "done" else 1)
+    return rc
