@@ -71,6 +71,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         help="TP=1 on CUDA: where the engine runs for plain and eagle-batch (default both, best reported)",
     )
     p.add_argument("--no-fsync", action="store_true", help="store.fsync=false for the eagle-batch phase")
+    p.add_argument("--shm-bytes", type=int, default=0, help="extract.shm_bytes (the shared ring; 0 = default)")
     p.add_argument(
         "--codec",
         default="",
@@ -121,6 +122,7 @@ def _cfg(args, path: Path, layer_ids: list[int], run_dir: str):
         "extract.commit_interval_s=1e9",
         f"store.fsync={'false' if args.no_fsync else 'true'}",
         f"store.adaptive={'false' if args.no_adaptive else 'true'}",
+        f"extract.shm_bytes={args.shm_bytes}",
     ]
     if args.codec:
         over.append(f"store.codec={args.codec}")
@@ -157,7 +159,7 @@ def _du(path: Path) -> int:
 
 
 def _phase_plain(args, cfg, samples, warm) -> dict:
-    from eagle_batch.capture.engine import VllmBackend
+    from eagle_batch.capture.backend import VllmBackend
 
     b = VllmBackend(cfg, cfg.model.layer_ids)
     b._start()
@@ -280,7 +282,7 @@ def _eagle_run(cfg, samples, backend, work: Path, opts: dict[str, str], keep: bo
 
 
 def _phase_eagle(args, cfg, samples, warm, work: Path) -> dict:
-    from eagle_batch.capture.engine import make_backend
+    from eagle_batch.capture import make_backend
 
     runs = parse_sweep(args.sweep) if args.sweep else [("default", {})]
     backend = make_backend(cfg)
@@ -313,7 +315,7 @@ def _phase_stock(args, cfg, samples, warm, work: Path) -> dict:
     if not torch.cuda.is_available():
         return dict(skipped="vLLM's ExampleHiddenStatesConnector creates torch.cuda streams/events: CUDA only")
     from eagle_batch.capture import vllm_compat as compat
-    from eagle_batch.capture.engine import VllmBackend
+    from eagle_batch.capture.backend import VllmBackend
 
     files = work / "stock-files"
     shutil.rmtree(files, ignore_errors=True)
@@ -417,6 +419,8 @@ def _run_phase(args, name: str, path: Path, work: Path, mp: str) -> dict:
         str(args.max_num_batched_tokens),
         "--gpu-memory-utilization",
         str(args.gpu_memory_utilization),
+        "--shm-bytes",
+        str(args.shm_bytes),
         "--layer-ids",
         ",".join(map(str, _layer_ids(args, path))),
     ]

@@ -175,7 +175,7 @@ def _child(args) -> int:
     """One (model, TP) cell in a fresh process: capture, then the transformers reference, compare."""
     import torch
 
-    from eagle_batch.capture.engine import make_backend
+    from eagle_batch.capture import make_backend
     from eagle_batch.capture.hf import hf_hidden_states, load_hf_model
     from eagle_batch.capture.validate import LayerAccumulator
 

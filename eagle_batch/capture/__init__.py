@@ -3,13 +3,24 @@
     from eagle_batch.capture import run_capture, open_backend
     stats = run_capture(cfg, samples, writer, should_stop=...)
 
-Modules: `engine` (backends, run_capture), `connector` (our vLLM KV connector), `hooks` (fallback),
-`hf` (reference), `writer` (checks + the store-writer thread), `layers` (layer-id semantics),
-`vllm_compat` (everything vLLM-version-dependent), `validate` / `cli_validate` (`eagle-batch validate`).
-vLLM is imported only when an engine starts.
+Modules: `engine` (run_capture), `backend` (the backend protocol, registry, vLLM engine settings),
+`native` + `connector` (our vLLM KV connector) + `shm` (the shared-memory ring), `hooks` (fallback), `hf`
+(reference), `sink` (the hand-over types), `writer` (checks + the store-writer thread), `layers`
+(layer-id semantics), `vllm_compat` (everything vLLM-version-dependent), `validate` / `cli_validate`
+(`eagle-batch validate`). vLLM is imported only when an engine starts.
 """
 
-from .engine import BACKENDS, CaptureStats, make_backend, open_backend, run_capture
+from .backend import BACKENDS, CaptureBackend, make_backend, open_backend
+from .engine import CaptureStats, run_capture
 from .writer import CaptureError, check_captured
 
-__all__ = ["BACKENDS", "CaptureError", "CaptureStats", "check_captured", "make_backend", "open_backend", "run_capture"]
+__all__ = [
+    "BACKENDS",
+    "CaptureBackend",
+    "CaptureError",
+    "CaptureStats",
+    "check_captured",
+    "make_backend",
+    "open_backend",
+    "run_capture",
+]

@@ -25,8 +25,9 @@ prompt token):
 
 Because items are handed over in step k, before the step's outputs reach the client, every request
 that `LLM.generate` returned is already in the Sink: no extra engine step, no lock file, no file per
-request. Where the Sink lives is decided in `register_kv_caches`: in-process registry or the
-shared-memory transport to the driver process (`eagle_batch.capture.shm`).
+request. Where the Sink lives is decided in `register_kv_caches`, which picks the step transport
+(`sink.StepTransport`): the in-process sink from the registry, or the shared-memory ring to the driver
+process (`eagle_batch.capture.shm`).
 """
 
 from __future__ import annotations
@@ -101,7 +102,7 @@ class EagleBatchConnector(KVConnectorBase_V1, SupportsHMA):
         self._kv: torch.Tensor | None = None
         self._layout = "LBH"  # [blocks, L, block_size, H]; "BLH" = [blocks, block_size, L, H]
         self._rank0 = True
-        self._sink = None
+        self._transport: sink_registry.StepTransport | None = None
         self._stream = None
         self._inflight: dict[str, Any] = {}  # req_id -> cuda event (or None when nothing to wait for)
         self._finished: set[str] = set()
@@ -173,17 +174,18 @@ class EagleBatchConnector(KVConnectorBase_V1, SupportsHMA):
         self._kv = kv
         if not self._rank0:
             return
-        if self._sink_key:
-            self._sink = sink_registry.lookup(self._sink_key)
-        if self._sink is None:
-            if not self._shm_spec:
-                raise RuntimeError(
-                    "EagleBatchConnector: no sink in this process and no shared-memory "
-                    "transport configured (start it through eagle_batch.capture.engine)"
-                )
+        sink = sink_registry.lookup(self._sink_key) if self._sink_key else None
+        if sink is not None:
+            self._transport = sink_registry.InProcessTransport(sink)
+        elif self._shm_spec:
             from .shm import ShmProducer
 
-            self._sink = ShmProducer(self._shm_spec)
+            self._transport = ShmProducer(self._shm_spec)
+        else:
+            raise RuntimeError(
+                "EagleBatchConnector: no sink in this process and no shared-memory transport configured "
+                "(start the engine through eagle_batch.capture.native.NativeBackend)"
+            )
         if kv.is_cuda:
             self._stream = torch.cuda.Stream(device=kv.device)
 
@@ -216,7 +218,7 @@ class EagleBatchConnector(KVConnectorBase_V1, SupportsHMA):
 
     def _groups(self, items: list[ExtractItem]) -> list[list[ExtractItem]]:
         """A step's items in runs of at most the transport's record size (all of them in-process)."""
-        cap = getattr(self._sink, "max_record_bytes", None)
+        cap = self._transport.max_record_bytes
         if cap is None:
             return [items]
         row = len(self.layer_ids) * int(self._kv.shape[-1]) * self._kv.element_size()
@@ -247,19 +249,16 @@ class EagleBatchConnector(KVConnectorBase_V1, SupportsHMA):
             self._save_group(group)
 
     def _save_group(self, items: list[ExtractItem]) -> None:
-        kv = self._kv
-        shm = hasattr(self._sink, "alloc_host")  # cross-process: copy straight into the shared ring
-        done = finite = where = None
+        kv, transport = self._kv, self._transport
+        done = finite = None
         if kv.is_cuda:
             ready = torch.cuda.Event()
             ready.record()  # after this step's draft forward wrote the cache
             self._stream.wait_event(ready)
             with torch.cuda.stream(self._stream):
                 rows = self._gather(items)
-                if shm:
-                    host, where = self._sink.alloc_host(rows.shape, rows.dtype, pin=True)
-                else:
-                    host = torch.empty(rows.shape, dtype=rows.dtype, pin_memory=True)
+                # Straight into the transport's pinned host memory (the shared ring across processes).
+                host, where = transport.alloc_host(rows.shape, rows.dtype, pin=True)
                 host.copy_(rows, non_blocking=True)
                 # NaN/Inf check on the device, one flag per token: the writer reads flags instead of scanning.
                 finite = torch.empty(len(rows), dtype=torch.bool, pin_memory=True)
@@ -267,34 +266,14 @@ class EagleBatchConnector(KVConnectorBase_V1, SupportsHMA):
                 done = torch.cuda.Event()
                 done.record(self._stream)
         else:
-            host = self._gather(items)  # advanced indexing copies: safe after the blocks are reused
-            if shm:
-                rows, (host, where) = host, self._sink.alloc_host(host.shape, host.dtype, pin=False)
-                host.copy_(rows)
+            rows = self._gather(items)  # advanced indexing copies: safe after the blocks are reused
+            host, where = transport.alloc_host(rows.shape, rows.dtype, pin=False)
+            host.copy_(rows)
         for it in items:
             self._inflight[it.req_id] = done
         wait = None if done is None else done.synchronize
-        if shm:
-            self._sink.put_rows(
-                [(it.sample_id, it.req_id, it.token_ids, it.num_tokens) for it in items], host, where, wait, finite
-            )
-            return
-        off = 0
-        for it in items:
-            n = it.num_tokens
-            self._sink.put(
-                sink_registry.CapturedRequest(
-                    it.sample_id,
-                    it.req_id,
-                    np.asarray(it.token_ids, dtype=np.int64),
-                    host[off : off + n],
-                    wait,
-                    None if finite is None else finite[off : off + n],
-                    block=host if host.dtype == torch.bfloat16 else None,
-                    row0=off,
-                )
-            )
-            off += n
+        requests = [(it.sample_id, it.req_id, it.token_ids, it.num_tokens) for it in items]
+        transport.put_rows(requests, host, where, wait, finite)
 
     def get_finished(self, finished_req_ids: set[str]):
         self._finished.update(finished_req_ids)
@@ -313,6 +292,5 @@ class EagleBatchConnector(KVConnectorBase_V1, SupportsHMA):
         return (done or None), None
 
     def shutdown(self):
-        s = self._sink
-        if s is not None and hasattr(s, "close"):
-            s.close()
+        if self._transport is not None:
+            self._transport.close()

@@ -1,39 +1,24 @@
-"""Capture engines and `run_capture`, the entry point the Slurm task calls.
+"""`run_capture`, the loop an array task's capture work runs: samples -> backend -> writer thread -> store.
 
-    with open_backend(cfg) as backend:                       # engine start: once per task
-        stats = run_capture(cfg, samples, writer, should_stop=task.should_stop, backend=backend)
+    stats = run_capture(cfg, samples, writer, should_stop=task.should_stop)
 
-Backends (`extract.backend`):
-- `native`: vLLM's `extract_hidden_states` speculative method + our `EagleBatchConnector`
-  (`connector.py`); states go from the worker straight to the `WriterThread` (`writer.py`).
-- `hooks`: a vLLM worker extension with forward hooks on the decoder layers (`hooks.py`); for models
-  or versions where native fails. Forces enforce_eager (hooks never fire under torch.compile).
-- `hf`: transformers forward (`hf.py`); the reference, slow.
-- `auto`: native, falling back to hooks with the reason logged when native cannot start.
-
-Engine settings always applied: prompts as token ids (TokensPrompt), max_tokens=1, prefix caching OFF
-(it would skip the tokens whose states we need), one SamplingParams per request carrying its sample id.
+The backend (`backend.py`: native, hooks or hf) runs batches of `extract.batch_samples`; every captured
+request reaches the `WriterThread` (`writer.py`), which checks it and appends it to the task's store
+writer. Commits happen on the writer thread between batches, so the engine keeps computing.
 """
 
 from __future__ import annotations
 
 import contextlib
-import logging
-import os
 import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from eagle_batch.config import RunConfig, model_info, resolve_layer_ids
+from eagle_batch.config import RunConfig
 
-from . import vllm_compat as compat
-from .sink import Sink, register, unregister
+from .backend import make_backend
 from .writer import CaptureError, WriterThread
-
-log = logging.getLogger(__name__)
-
-BACKENDS = ("native", "hooks", "hf", "auto")
 
 
 def _check_lengths(cfg: RunConfig, samples: Sequence[Any]) -> None:
@@ -55,192 +40,6 @@ def _chunks(seq: Sequence[Any], n: int) -> Iterator[Sequence[Any]]:
     n = max(1, int(n))
     for i in range(0, len(seq), n):
         yield seq[i : i + n]
-
-
-class _SinkProxy(Sink):
-    """Registered once per engine; forwards to the sink of the batch being run."""
-
-    def __init__(self):
-        self.target: Sink | None = None
-
-    def put(self, item) -> None:
-        if self.target is None:
-            raise RuntimeError(f"captured sample {item.sample_id} arrived while no capture was running")
-        self.target.put(item)
-
-
-class VllmBackend:
-    """Shared engine construction of the native and hooks backends."""
-
-    name = "?"
-
-    def __init__(self, cfg: RunConfig, layer_ids: list[int] | None = None):
-        self.cfg = cfg
-        self.info = model_info(cfg.model.path)
-        self.layer_ids = list(layer_ids) if layer_ids is not None else resolve_layer_ids(cfg.model, self.info)
-        self.hidden_size = self.info.hidden_size
-        self.llm = None
-
-    def engine_kwargs(self) -> dict[str, Any]:
-        m, e = self.cfg.model, self.cfg.extract
-        kw: dict[str, Any] = dict(
-            model=m.path,
-            tokenizer=m.tokenizer or m.path,
-            dtype=m.dtype,
-            tensor_parallel_size=m.tensor_parallel_size,
-            max_model_len=m.max_model_len,
-            gpu_memory_utilization=e.gpu_memory_utilization,
-            enable_prefix_caching=False,
-            enable_chunked_prefill=e.enable_chunked_prefill,
-            max_num_seqs=e.max_num_seqs,
-            max_num_batched_tokens=e.max_num_batched_tokens,
-            enforce_eager=e.enforce_eager,
-            trust_remote_code=m.trust_remote_code,
-            skip_tokenizer_init=True,  # prompts are token ids; lets random-vocab models run without a tokenizer
-        )
-        if m.revision:
-            kw["revision"] = m.revision
-        kw.update(dict(self.cfg.extract.extra_engine_args or {}))
-        return kw
-
-    def _sampling_params(self, sample_id: str):
-        from vllm import SamplingParams
-
-        return SamplingParams(
-            max_tokens=1,
-            temperature=0.0,
-            detokenize=False,
-            extra_args={"kv_transfer_params": {"eb_sample_id": str(sample_id)}},
-        )
-
-    def _prompts(self, samples):
-        return [compat.tokens_prompt([int(t) for t in s.input_ids]) for s in samples]
-
-    def _start(self, **extra) -> None:
-        from vllm import LLM
-
-        kw = self.engine_kwargs()
-        kw.update(extra)
-        self._place_engine()
-        log.info(
-            "starting vLLM %s (%s backend): %s",
-            compat.vllm_version(),
-            self.name,
-            {k: v for k, v in kw.items() if k not in ("speculative_config", "kv_transfer_config")},
-        )
-        self.llm = LLM(**kw)
-
-    def _place_engine(self) -> None:
-        """TP=1: run the engine where extract.engine_process says (vLLM reads the variable when the engine
-        starts). setdefault: a user's explicit VLLM_ENABLE_V1_MULTIPROCESSING wins."""
-        if self.cfg.model.tensor_parallel_size == 1:
-            os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "1" if self._engine_in_background() else "0")
-
-    def _engine_in_background(self) -> bool:
-        """extract.engine_process for TP=1 (see ExtractConfig): True = vLLM's engine-core process."""
-        mode = str(getattr(self.cfg.extract, "engine_process", "auto"))
-        if mode not in ("auto", "in-process", "background"):
-            raise CaptureError(f"extract.engine_process={mode!r}: choose auto, in-process or background")
-        if mode != "auto":
-            return mode == "background"
-        if self.name != "native":
-            return False
-        import torch
-
-        return torch.cuda.is_available()
-
-    def close(self) -> None:
-        llm, self.llm = self.llm, None
-        if llm is not None:
-            with contextlib.suppress(Exception):
-                llm.llm_engine.engine_core.shutdown()
-            del llm
-            import gc
-
-            gc.collect()
-
-
-class NativeBackend(VllmBackend):
-    name = "native"
-
-    def __init__(self, cfg: RunConfig, layer_ids: list[int] | None = None):
-        super().__init__(cfg, layer_ids)
-        reason = compat.native_unsupported_reason()
-        if reason:
-            raise RuntimeError(reason)
-        self._proxy = _SinkProxy()
-        self._key = register(self._proxy)
-        self._shm = None
-        extra: dict[str, Any] = {"eb_sink": self._key}
-        self._place_engine()  # before deciding on the transport, which depends on it
-        if self.cfg.model.tensor_parallel_size > 1 or compat.multiprocessing_enabled():
-            # The worker (TP rank 0) will be another process: it sends states through shared memory.
-            from .shm import ShmReceiver
-
-            self._shm = ShmReceiver(self._proxy)
-            extra["eb_shm"] = self._shm.spec()
-        try:
-            self._start(
-                speculative_config=compat.speculative_config(self.layer_ids),
-                kv_transfer_config=compat.kv_transfer_config(
-                    "EagleBatchConnector", "eagle_batch.capture.connector", extra
-                ),
-            )
-        except BaseException:
-            self.close()
-            raise
-
-    def run_batch(self, samples: Sequence[Any], sink: Sink) -> None:
-        self._proxy.target = sink
-        try:
-            start = self._shm.received if self._shm is not None else 0
-            self.llm.generate(
-                self._prompts(samples), [self._sampling_params(s.sample_id) for s in samples], use_tqdm=False
-            )
-            if self._shm is not None:  # records from another process may still be in flight
-                self._shm.wait_for(len(samples), start)
-        finally:
-            self._proxy.target = None
-
-    def close(self) -> None:
-        super().close()
-        if self._shm is not None:
-            self._shm.close()
-            self._shm = None
-        unregister(self._key)
-
-
-def make_backend(cfg: RunConfig, backend: str | None = None, layer_ids: list[int] | None = None):
-    """Start the engine of `backend` (default cfg.extract.backend); `auto` falls back native -> hooks."""
-    name = backend or cfg.extract.backend
-    if name not in BACKENDS:
-        raise CaptureError(f"extract.backend={name!r}: choose one of {', '.join(BACKENDS)}")
-    if name == "native":
-        return NativeBackend(cfg, layer_ids)
-    if name == "hooks":
-        from .hooks import HooksBackend
-
-        return HooksBackend(cfg, layer_ids)
-    if name == "hf":
-        from .hf import HFBackend
-
-        return HFBackend(cfg, layer_ids)
-    try:
-        return NativeBackend(cfg, layer_ids)
-    except Exception as e:  # noqa: BLE001 - logged with the reason, then the fallback
-        log.warning("native capture backend unavailable (%s: %s); falling back to hooks", type(e).__name__, e)
-        from .hooks import HooksBackend
-
-        return HooksBackend(cfg, layer_ids)
-
-
-@contextlib.contextmanager
-def open_backend(cfg: RunConfig, backend: str | None = None, layer_ids: list[int] | None = None):
-    b = make_backend(cfg, backend, layer_ids)
-    try:
-        yield b
-    finally:
-        b.close()
 
 
 @dataclass

@@ -25,8 +25,10 @@ from typing import Any
 import numpy as np
 import torch
 
+from eagle_batch import environment
+
 from . import vllm_compat as compat
-from .engine import VllmBackend
+from .backend import VllmBackend
 from .layers import residual_stream, validate_layer_ids
 from .sink import CapturedRequest, Sink
 
@@ -121,9 +123,7 @@ class HooksBackend(VllmBackend):
         super().__init__(cfg, layer_ids)
         # The hooks read the V1 model runner's batch layout (vllm_compat.current_batch_layout); vLLM's
         # "model runner V2" (default on GPUs when Triton is present) keeps it elsewhere.
-        import os
-
-        os.environ.setdefault("VLLM_USE_V2_MODEL_RUNNER", "0")
+        environment.use_v1_model_runner()
         try:
             self._start(enforce_eager=True, worker_extension_cls="eagle_batch.capture.hooks.HooksWorkerExtension")
             res = self.llm.collective_rpc("eb_install_hooks", args=(self.layer_ids,))

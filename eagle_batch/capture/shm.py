@@ -20,7 +20,7 @@ single consumer (the driver's receiver thread):
   of records, so the producer never overwrites bytes still being read.
 
 When the ring is full the producer waits (back-pressure on the engine): size it to absorb bursts
-(`EAGLE_BATCH_SHM_BYTES`, default min(8 GiB, half of free /dev/shm)).
+(`extract.shm_bytes`, default min(8 GiB, half of free /dev/shm)).
 """
 
 from __future__ import annotations
@@ -70,9 +70,7 @@ def _recv(f) -> Any:
 
 
 def default_ring_bytes() -> int:
-    env = os.environ.get("EAGLE_BATCH_SHM_BYTES")
-    if env:
-        return int(env)
+    """extract.shm_bytes=0: min(8 GiB, half of the free /dev/shm), at least 256 MiB."""
     try:
         free = shutil.disk_usage("/dev/shm").free
     except OSError:
@@ -259,7 +257,7 @@ class ShmProducer(Sink):
         if int(err) != 0:
             raise RuntimeError(
                 f"cudaHostRegister of the {self.size >> 20} MiB shared ring failed ({err}); "
-                "lower EAGLE_BATCH_SHM_BYTES, or with TP=1 set extract.engine_process=in-process"
+                "lower extract.shm_bytes, or with TP=1 set extract.engine_process=in-process"
             )
         self._registered = True
 
@@ -279,7 +277,7 @@ class ShmProducer(Sink):
         if span > self.size:
             raise RuntimeError(
                 f"one request needs {nbytes >> 20} MiB, more than the {self.size >> 20} MiB shared "
-                "ring; raise EAGLE_BATCH_SHM_BYTES"
+                "ring; raise extract.shm_bytes"
             )
         pos = self._produced % self.size
         if pos + span > self.size:  # do not wrap inside a record: skip to the ring's start

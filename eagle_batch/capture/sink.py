@@ -14,11 +14,12 @@ from __future__ import annotations
 import os
 import threading
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
+import torch
 
 
 @dataclass
@@ -54,8 +55,73 @@ class Sink:
         raise NotImplementedError
 
 
-# key -> (pid that registered it, sink). A forked worker inherits a copy of this dict: the pid check
-# keeps it from feeding a copy of the sink that nobody reads (it must use the shared-memory transport).
+# One finished request of a step record: (sample id, vLLM request id, prompt token ids, rows).
+RequestRows = tuple[str, str, Sequence[int], int]
+
+
+class StepTransport(Protocol):
+    """How the connector (in a vLLM worker) hands one engine step's rows to the capture process.
+
+    `alloc_host` gives the host tensor the connector copies a step's rows into (`where` locates it for the
+    transport); `put_rows` hands over the requests whose rows lie back to back in it, `ready()` blocking
+    until the copy is done; records are at most `max_record_bytes` (None: any size). Implementations:
+    `InProcessTransport` (the sink is in the worker's process) and `shm.ShmProducer` (shared ring)."""
+
+    @property
+    def max_record_bytes(self) -> int | None: ...
+
+    def alloc_host(self, shape: Sequence[int], dtype: torch.dtype, pin: bool) -> tuple[torch.Tensor, Any]: ...
+
+    def put_rows(
+        self,
+        requests: list[RequestRows],
+        rows: torch.Tensor,
+        where: Any,
+        ready: Callable[[], None] | None = None,
+        finite_rows: torch.Tensor | None = None,
+    ) -> None: ...
+
+    def close(self) -> None: ...
+
+
+class InProcessTransport:
+    """The worker runs in the capture process (TP=1, engine in-process): each request goes to the sink as a
+    CapturedRequest viewing its rows of the step's host block; nothing is copied again or serialized."""
+
+    max_record_bytes = None
+
+    def __init__(self, sink: Sink):
+        self.sink = sink
+
+    def alloc_host(self, shape: Sequence[int], dtype: torch.dtype, pin: bool) -> tuple[torch.Tensor, Any]:
+        return torch.empty(tuple(shape), dtype=dtype, pin_memory=pin), None
+
+    def put_rows(
+        self,
+        requests: list[RequestRows],
+        rows: torch.Tensor,
+        where: Any,
+        ready: Callable[[], None] | None = None,
+        finite_rows: torch.Tensor | None = None,
+    ) -> None:
+        block = rows if rows.dtype == torch.bfloat16 else None
+        off = 0
+        for sample_id, req_id, token_ids, n in requests:
+            finite = None if finite_rows is None else finite_rows[off : off + n]
+            ids = np.asarray(token_ids, dtype=np.int64)
+            self.sink.put(
+                CapturedRequest(sample_id, req_id, ids, rows[off : off + n], ready, finite, block=block, row0=off)
+            )
+            off += n
+
+    def close(self) -> None:
+        return None
+
+
+# key -> (pid that registered it, sink). vLLM constructs the connector itself from a config dict, so an
+# in-process worker can only find the capture's sink by a key: this registry is the one piece of module
+# state capture keeps. A forked worker inherits a copy of this dict: the pid check keeps it from feeding a
+# copy of the sink that nobody reads (it must use the shared-memory transport).
 _REGISTRY: dict[str, tuple[int, Sink]] = {}
 _LOCK = threading.Lock()
 

@@ -91,12 +91,13 @@ def test_bench_capture_background_engine_through_a_small_ring(tmp_path):
             "0.5",
             "--work-dir",
             str(tmp_path / "w"),
+            "--shm-bytes",
+            str(1 << 20),  # 1 MiB; one sample's fp32 states are 288 KiB
             "--json",
         ],
         tmp_path,
         timeout=600,
-        EAGLE_BATCH_SHM_BYTES=str(1 << 20),
-    )  # 1 MiB; one sample's fp32 states are 288 KiB
+    )
     out = json.loads(p.stdout[p.stdout.index("{") :])
     eb = out["phases"]["eagle-batch"]
     assert eb["engine_process"] == "background" and eb["samples"] == 24 and eb["commits"] >= 1

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 import torch
 
-from eagle_batch.capture.engine import make_backend, run_capture
+from eagle_batch.capture import make_backend, run_capture
 from eagle_batch.config import load_config
 
 pytestmark = pytest.mark.vllm

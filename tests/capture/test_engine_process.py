@@ -3,8 +3,8 @@
 import pytest
 import torch
 
-from eagle_batch.capture.engine import NativeBackend
 from eagle_batch.capture.hooks import HooksBackend
+from eagle_batch.capture.native import NativeBackend
 from eagle_batch.capture.writer import CaptureError
 from eagle_batch.config import load_config
 

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 import torch
 
-from eagle_batch.capture import engine as engine_mod
+from eagle_batch.capture import backend as backend_mod
 from eagle_batch.capture.engine import run_capture
 from eagle_batch.capture.sink import CapturedRequest
 from eagle_batch.capture.writer import CaptureError, WriterThread, check_captured
@@ -170,14 +170,15 @@ def test_auto_backend_falls_back_to_hooks_with_reason(tmp_path, monkeypatch, cap
         raise RuntimeError("MLA verifiers are unsupported")
 
     import eagle_batch.capture.hooks as hooks_mod
+    import eagle_batch.capture.native as native_mod
 
-    monkeypatch.setattr(engine_mod, "NativeBackend", broken)
+    monkeypatch.setattr(native_mod, "NativeBackend", broken)
     monkeypatch.setattr(hooks_mod, "HooksBackend", lambda cfg, ids: "hooks-backend")
     with caplog.at_level("WARNING"):
-        assert engine_mod.make_backend(cfg) == "hooks-backend"
+        assert backend_mod.make_backend(cfg) == "hooks-backend"
     assert "native capture backend unavailable (RuntimeError: MLA verifiers are unsupported)" in caplog.text
     with pytest.raises(CaptureError, match="extract.backend='gpu'"):
-        engine_mod.make_backend(cfg, "gpu")
+        backend_mod.make_backend(cfg, "gpu")
 
 
 def test_writer_thread_hands_consecutive_rows_of_one_record_over_as_one_block(fake_writer_cls, samples_factory):
