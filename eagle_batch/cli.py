@@ -14,6 +14,7 @@ import sys
 
 # name -> (module, one-line help), in data-flow order.
 COMMANDS: dict[str, tuple[str, str]] = {
+    "regenerate": ("eagle_batch.regenerate.cli", "the target writes the answers of a chat dataset itself"),
     "prepare": ("eagle_batch.data.cli", "chat datasets -> token ids, loss masks and a shard plan"),
     "extract": ("eagle_batch.launch.cli_extract", "submit the hidden-state extraction array"),
     "status": ("eagle_batch.launch.cli_status", "show every task of a run"),

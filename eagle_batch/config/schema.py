@@ -121,6 +121,36 @@ class StoreConfig:
 
 
 @dataclass
+class RegenerateConfig:
+    """`eagle-batch regenerate`: the target writes the assistant turns of the data itself (on-policy data,
+    what a draft learns most from). Reads data.inputs like prepare; TP, dtype and max_model_len from model."""
+
+    # The regeneration job's own run directory (plan, task states, logs, output/); default RUN/regenerate.
+    run_dir: str = ""
+    num_tasks: int = 1
+    # all: every assistant turn, each generated given the regenerated history before it (assistant turns
+    # that carry tool calls are kept as they are: the tool results after them answer those calls) |
+    # last: only the final assistant turn (the answer to the last user turn).
+    turns: str = "all"
+    # Sampling: greedy by default (reproducible, resumes byte for byte); set the temperature you will serve
+    # with to train on the distribution the draft will see.
+    temperature: float = 0.0
+    top_p: float = 1.0
+    top_k: int = -1
+    max_tokens: int = 1024
+    seed: int = 0
+    # Passed to the chat template when rendering prompts (e.g. {enable_thinking: false}); default: the same
+    # as data.chat_template_kwargs, so prepare later renders the conversations the way they were generated.
+    chat_template_kwargs: dict[str, Any] | None = None
+    # Conversations per engine call; their results are committed together as one output shard.
+    batch_conversations: int = 256
+    # An answer that hit max_tokens (finish reason "length") lacks its end: counted as cut_off, and kept
+    # (the conversation ends with it) only when true.
+    keep_cut_off: bool = False
+    gpu_memory_utilization: float = 0.85
+
+
+@dataclass
 class ContainerConfig:
     # none | apptainer | pyxis
     runtime: str = "none"
@@ -207,3 +237,4 @@ class RunConfig:
     store: StoreConfig = field(default_factory=StoreConfig)
     slurm: SlurmConfig = field(default_factory=SlurmConfig)
     train: TrainConfig = field(default_factory=TrainConfig)
+    regenerate: RegenerateConfig = field(default_factory=RegenerateConfig)

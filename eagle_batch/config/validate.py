@@ -19,6 +19,7 @@ ENUMS = {
     "data.on_bad_row": ("skip", "error"),
     "data.non_prefix_stable": ("error", "per_turn"),
     "data.empty_assistant_turns": ("mask", "skip", "keep"),
+    "regenerate.turns": ("all", "last"),
     "extract.backend": ("auto", "native", "hooks", "hf"),
     "store.codec": ("blosc-zstd", "zstd", "none"),
     "slurm.executor": ("auto", "slurm", "local"),
@@ -49,6 +50,9 @@ def check_values(cfg: RunConfig) -> None:
         "store.shard_tokens",
         "slurm.max_attempts",
         "data.max_length",
+        "regenerate.num_tasks",
+        "regenerate.max_tokens",
+        "regenerate.batch_conversations",
     )
     for key in positive:
         if _get(cfg, key) <= 0:

@@ -29,6 +29,7 @@ BAD_ROW_REASONS = {
     "empty_content": "a user, tool or assistant turn has empty content",
     "bad_tool_calls": "an assistant's tool_calls are not a list of {function: {name, arguments}}",
     "no_assistant_turn": "the conversation has no assistant turn to train on",
+    "no_user_turn": "the conversation has no user turn for the target to answer (regenerate)",
     "template_error": "the chat template failed or rendered the conversation inconsistently",
     "not_prefix_stable": "the template rewrites earlier turns (data.non_prefix_stable=error)",
     "empty_assistant_turn": "an assistant turn renders to nothing but end-of-turn markers, e.g. a tool call the "
@@ -199,8 +200,9 @@ def normalize_message(m: Any, turn: int, sharegpt: bool) -> dict | None:
     return msg
 
 
-def row_to_conversation(row: Any, data_cfg) -> tuple[list[dict], list | None]:
-    """A dataset row -> (messages, tools or None). Raises BadRow."""
+def row_to_conversation(row: Any, data_cfg, require_assistant: bool = True) -> tuple[list[dict], list | None]:
+    """A dataset row -> (messages, tools or None). Raises BadRow (also for a conversation without an
+    assistant turn unless `require_assistant=False`: prompts for regeneration need none)."""
     if not isinstance(row, dict):
         raise BadRow("not_an_object", f"row is {type(row).__name__}, not an object")
     fmt = data_cfg.format
@@ -231,7 +233,7 @@ def row_to_conversation(row: Any, data_cfg) -> tuple[list[dict], list | None]:
         messages = [m for m in normalized if m is not None]
     else:
         raise ValueError(f"data.format={fmt!r}; use auto, messages, sharegpt or prompt_response")
-    if not any(m["role"] == "assistant" for m in messages):
+    if require_assistant and not any(m["role"] == "assistant" for m in messages):
         raise BadRow("no_assistant_turn", "the conversation has no assistant turn")
     tools = row.get("tools")
     if isinstance(tools, str):

@@ -36,7 +36,7 @@ from eagle_batch.config import ConfigError, RunConfig, check_fits_model, check_v
 from .dataset import BAD_ROWS, PLAN, PREPARED, SAMPLES, SUMMARY
 from .formats import BadRow, row_to_conversation
 from .plan import plan_lpt
-from .readers import JSONL_SUFFIXES, RawRecord, ReadProblem, count_rows, iter_records, json_error_detail, resolve_inputs
+from .readers import JSONL_SUFFIXES, RawRecord, count_rows, decode_record, iter_records, resolve_inputs
 from .tally import BadRowError, NothingToPrepare, Sample, Tally  # noqa: F401 - the errors prepare raises
 from .template import (
     EmptyAssistantTurn,
@@ -121,21 +121,6 @@ class _DataView:
         self.__dict__.update(d)
 
 
-def _decode_record(rec: RawRecord) -> Any:
-    if rec.raw is not None:
-        try:
-            text = rec.raw.decode("utf-8")
-        except UnicodeDecodeError as e:
-            raise BadRow("undecodable_bytes", f"invalid UTF-8 at byte {e.start} of the line") from None
-        try:  # without the line break: a string left open at the end of the line is "unterminated"
-            return json.loads(text.rstrip("\r\n"))
-        except json.JSONDecodeError as e:
-            raise BadRow("invalid_json", json_error_detail(e, line=False)) from None
-    if isinstance(rec.row, ReadProblem):
-        raise BadRow(rec.row.reason, rec.row.detail)
-    return rec.row
-
-
 def process_chunk(records: list[RawRecord]) -> list[RowResult]:
     tok, data = _W["tok"], _W["data"]
     kwargs = dict(data.chat_template_kwargs or {})
@@ -146,7 +131,7 @@ def process_chunk(records: list[RawRecord]) -> list[RowResult]:
         results.append(res)
         row = None
         try:
-            row = _decode_record(rec)
+            row = decode_record(rec)
             messages, tools = row_to_conversation(row, data)
             kw = dict(kwargs, tools=tools) if tools else kwargs
             rendered = render_samples(

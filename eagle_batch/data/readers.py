@@ -139,6 +139,24 @@ def iter_records(path: Path) -> Iterator[RawRecord]:
                 i += 1
 
 
+def decode_record(rec: RawRecord) -> Any:
+    """The row of a record, decoding JSON Lines bytes here; BadRow for what cannot be read."""
+    from .formats import BadRow
+
+    if rec.raw is not None:
+        try:
+            text = rec.raw.decode("utf-8")
+        except UnicodeDecodeError as e:
+            raise BadRow("undecodable_bytes", f"invalid UTF-8 at byte {e.start} of the line") from None
+        try:  # without the line break: a string left open at the end of the line is "unterminated"
+            return json.loads(text.rstrip("\r\n"))
+        except json.JSONDecodeError as e:
+            raise BadRow("invalid_json", json_error_detail(e, line=False)) from None
+    if isinstance(rec.row, ReadProblem):
+        raise BadRow(rec.row.reason, rec.row.detail)
+    return rec.row
+
+
 def _iter_jsonl(path: Path) -> Iterator[RawRecord]:
     name = str(path)
     with open(path, "rb") as f:

@@ -133,44 +133,9 @@ class Tally:
     def _write(self, obj: dict) -> None:
         self.bad_rows.write(json.dumps(obj) + "\n")
 
-    # ------------------------------------------------------------------------------------- whole files
     def file_warnings(self) -> list[str]:
         """What is wrong with whole input files (empty, nothing usable, probably not UTF-8)."""
-        out = []
-        for name, ft in self.files.items():
-            if ft.rows == 0:
-                out.append(f"{name}: no rows (the file is empty)")
-                continue
-            bad_utf8 = ft.skipped.get("undecodable_bytes", 0)
-            if bad_utf8 >= min(NOT_UTF8_MIN_ROWS, ft.rows) and bad_utf8 >= NOT_UTF8_FRACTION * ft.rows:
-                out.append(
-                    f"{name}: {bad_utf8} of {ft.rows} rows are not valid UTF-8: the file is probably in "
-                    "another encoding (Latin-1, Windows-1252, ...); convert it, e.g. `iconv -f latin1 -t "
-                    "utf-8 IN > OUT`, and point data.inputs at the converted file"
-                )
-            elif ft.kept == 0:
-                out.append(
-                    f"{name}: none of its {ft.rows} rows could be used ({_reasons(ft.skipped)})" + self._field_hint(ft)
-                )
-        return out
-
-    def _field_hint(self, ft: FileTally) -> str:
-        if not ft.fields:
-            return ""
-        names = [k for k, _ in ft.fields.most_common(12)]
-        chat = next((k for k in names if _CHAT_LIKE.search(k)), None)
-        d = self.d
-        return (
-            f". Its rows have the fields {', '.join(names)}; eagle-batch looked for "
-            f"'{d.messages_field}' (data.messages_field), '{d.conversations_field}' (data.conversations_field) "
-            f"or '{d.prompt_field}' + '{d.response_field}' (data.prompt_field, data.response_field)"
-            + (
-                f": if '{chat}' holds the turns, set data.messages_field={chat} ({{role, content}} turns) or "
-                f"data.conversations_field={chat} ({{from, value}} turns)"
-                if chat
-                else ""
-            )
-        )
+        return file_warnings(self.files, self.d)
 
     def nothing_kept(self, n_files: int) -> NothingToPrepare:
         lines = [
@@ -184,6 +149,46 @@ class Tally:
             lines.append("  first bad rows:")
             lines += [f"    {e}" for e in self.examples]
         return NothingToPrepare("\n".join(lines))
+
+
+# ----------------------------------------------------------------------------------------- whole files
+def file_warnings(files: dict[str, FileTally], data_cfg) -> list[str]:
+    """What is wrong with whole input files (empty, nothing usable, probably not UTF-8), one line each."""
+    out = []
+    for name, ft in files.items():
+        if ft.rows == 0:
+            out.append(f"{name}: no rows (the file is empty)")
+            continue
+        bad_utf8 = ft.skipped.get("undecodable_bytes", 0)
+        if bad_utf8 >= min(NOT_UTF8_MIN_ROWS, ft.rows) and bad_utf8 >= NOT_UTF8_FRACTION * ft.rows:
+            out.append(
+                f"{name}: {bad_utf8} of {ft.rows} rows are not valid UTF-8: the file is probably in "
+                "another encoding (Latin-1, Windows-1252, ...); convert it, e.g. `iconv -f latin1 -t "
+                "utf-8 IN > OUT`, and point data.inputs at the converted file"
+            )
+        elif ft.kept == 0:
+            out.append(
+                f"{name}: none of its {ft.rows} rows could be used ({_reasons(ft.skipped)})" + _field_hint(ft, data_cfg)
+            )
+    return out
+
+
+def _field_hint(ft: FileTally, d) -> str:
+    if not ft.fields:
+        return ""
+    names = [k for k, _ in ft.fields.most_common(12)]
+    chat = next((k for k in names if _CHAT_LIKE.search(k)), None)
+    return (
+        f". Its rows have the fields {', '.join(names)}; eagle-batch looked for "
+        f"'{d.messages_field}' (data.messages_field), '{d.conversations_field}' (data.conversations_field) "
+        f"or '{d.prompt_field}' + '{d.response_field}' (data.prompt_field, data.response_field)"
+        + (
+            f": if '{chat}' holds the turns, set data.messages_field={chat} ({{role, content}} turns) or "
+            f"data.conversations_field={chat} ({{from, value}} turns)"
+            if chat
+            else ""
+        )
+    )
 
 
 def _reasons(c: Counter) -> str:

@@ -1,0 +1,153 @@
+"""`eagle-batch regenerate CONFIG [CONFIG ...] [key=value ...] [--wait] [--then-prepare]`: the target answers.
+
+Plans RUN/regenerate (the conversations of data.inputs, balanced over regenerate.num_tasks) and submits one
+array task per plan task, on Slurm or the local executor, exactly as `extract` does: `eagle-batch status
+RUN/regenerate`, `resume` and `cancel` work on it. Running it again submits only what is not done. The
+output, RUN/regenerate/output/, is a JSON Lines folder in the messages format. `--then-prepare` runs
+`prepare` on it (data.inputs=[RUN/regenerate/output], data.format=messages) and submits the extraction:
+on Slurm as a job that starts after the array succeeds (afterok); on the local executor once the array is
+done (it waits).
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import json
+import sys
+from pathlib import Path
+
+from eagle_batch.cli_common import add_config_arguments, config_from_args
+from eagle_batch.config import ConfigError, RunConfig
+
+from .plan import PLAN, PREPARED, regenerate_dir
+
+# The sections that decide what a regeneration run writes: a plan made under other values is not reused.
+IDENTITY = ("model", "data", "regenerate")
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    add_config_arguments(p)
+    p.add_argument("--wait", action="store_true", help="follow the array to the end, then print the summary")
+    p.add_argument("--interval", type=float, default=5.0, help="seconds between progress updates (--wait)")
+    p.add_argument(
+        "--then-prepare",
+        action="store_true",
+        help="then prepare RUN from the output and submit the extraction (Slurm: afterok; local: after --wait)",
+    )
+    p.add_argument("--force", action="store_true", help="plan again although RUN/regenerate has another plan")
+
+
+def regeneration_config(cfg: RunConfig) -> RunConfig:
+    """The config the regeneration tasks run with: the user's, with its own run directory and work."""
+    rcfg = copy.deepcopy(cfg)
+    rdir = str(regenerate_dir(cfg).resolve())
+    rcfg.run_dir = rcfg.regenerate.run_dir = rdir
+    rcfg.extract.work = "regenerate"
+    rcfg.extract.num_tasks = cfg.regenerate.num_tasks
+    return rcfg
+
+
+def extraction_config(cfg: RunConfig) -> RunConfig:
+    """The user's config reading the regenerated output, rendered as it was generated."""
+    from .plan import template_kwargs
+
+    xcfg = copy.deepcopy(cfg)
+    xcfg.data.inputs = [str(regenerate_dir(cfg).resolve() / "output")]
+    xcfg.data.format = "messages"
+    xcfg.data.chat_template_kwargs = template_kwargs(cfg)
+    return xcfg
+
+
+def prepare_and_extract(cfg: RunConfig) -> dict:
+    """prepare RUN from the regenerated output, then submit its extraction array (a job of its own on Slurm)."""
+    from eagle_batch.data import prepare
+    from eagle_batch.launch.cli_extract import check_before_submit
+    from eagle_batch.launch.submit import submit_tasks
+
+    xcfg = extraction_config(cfg)
+    summary = prepare(xcfg, progress=False)
+    check_before_submit(xcfg)
+    sub = submit_tasks(xcfg, xcfg.run_dir, list(range(summary["tasks"]["num_tasks"])), kind="extract")
+    return {"prepared_samples": summary["samples"], "extraction": sub.job_id}
+
+
+def _claim(rcfg: RunConfig, force: bool) -> None:
+    """Plan the run unless RUN/regenerate already holds this run's plan (then it is resumed)."""
+    from eagle_batch.config import config_hash, load_run_config
+
+    from .plan import plan_regeneration
+
+    run_dir = Path(rcfg.run_dir)
+    if (run_dir / PREPARED / PLAN).is_file():
+        if config_hash(load_run_config(run_dir), IDENTITY) == config_hash(rcfg, IDENTITY):
+            return
+        if not force:
+            raise ConfigError(
+                f"{run_dir} holds a regeneration planned with other model, data or regenerate settings; use a "
+                "new regenerate.run_dir, or pass --force to plan again (refused once output exists)."
+            )
+    s = plan_regeneration(rcfg)
+    skipped = f" ({s['skipped_by_reason']})" if s["skipped_by_reason"] else ""
+    for w in s["file_warnings"]:
+        print(f"eagle-batch regenerate: warning: {w}", file=sys.stderr)
+    print(
+        f"planned {run_dir}: {s['conversations']} conversations ({s['turns_to_write']} turns to write) from "
+        f"{s['rows_read']} rows, {s['rows_skipped']} skipped{skipped}, {s['tasks']} task(s)"
+    )
+
+
+def run(args: argparse.Namespace) -> int:
+    from eagle_batch.config import check_config, save_config
+    from eagle_batch.launch.local import local_summary
+    from eagle_batch.launch.state import DONE, read_state
+    from eagle_batch.launch.submit import live_tasks, resolve_executor, submit_after, submit_tasks
+
+    cfg = config_from_args(args)
+    check_config(cfg)
+    rcfg = regeneration_config(cfg)
+    run_dir = Path(rcfg.run_dir)
+    _claim(rcfg, args.force)
+    save_config(rcfg, run_dir)
+    n = rcfg.extract.num_tasks
+    live = live_tasks(run_dir)
+    todo = [t for t in range(n) if t not in live and ((st := read_state(run_dir, t)) is None or st.status != DONE)]
+    which = resolve_executor(rcfg)
+    if todo:
+        sub = submit_tasks(rcfg, run_dir, todo, kind="extract", executor=which)
+        where = local_summary(sub) if which == "local" else f"Slurm array {sub.job_id}"
+        print(f"submitted {len(todo)} regeneration task(s) of {n}: {where}")
+    else:
+        print(f"all {n} regeneration tasks of {run_dir} are done or running; nothing to submit.")
+    print(f"follow with: eagle-batch status {run_dir}")
+    if args.then_prepare and which == "slurm":
+        chained_cfg = copy.deepcopy(rcfg)
+        chained_cfg.slurm.gpus_per_node = 0  # prepare needs no GPU; the extraction it submits asks its own
+        chained = submit_after(run_dir, prepare_and_extract, cfg, name="prepare", aggregate=False, cfg=chained_cfg)
+        after = chained.dependency or "nothing: the regeneration is done"
+        print(
+            f"submitted job {chained.job_id}: prepare {cfg.run_dir} from the output, then its extraction (after {after})"
+        )
+    if not (args.wait or (args.then_prepare and which != "slurm")):
+        return 0
+    return _follow_and_finish(args, cfg, run_dir, chain=args.then_prepare and which != "slurm")
+
+
+def _follow_and_finish(args: argparse.Namespace, cfg: RunConfig, run_dir: Path, chain: bool) -> int:
+    from eagle_batch.launch.follow import follow
+
+    from .summary import regeneration_summary, summary_lines
+
+    final = follow(run_dir, args.interval)
+    summary = regeneration_summary(run_dir)
+    (run_dir / "summary.json").write_text(json.dumps(summary, indent=1) + "\n")
+    print("\n".join(summary_lines(summary)))
+    if not final["totals"]["all_done"]:
+        return 1
+    if chain:
+        r = prepare_and_extract(cfg)
+        print(
+            f"prepared {cfg.run_dir} ({r['prepared_samples']} samples); extraction {r['extraction']} submitted: "
+            f"`eagle-batch status {cfg.run_dir}`"
+        )
+    return 0
