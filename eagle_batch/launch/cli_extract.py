@@ -19,38 +19,40 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--force", action="store_true", help="reuse a run_dir whose config.yaml has a different data config")
 
 
-def check_before_submit(cfg) -> None:
-    """Everything checkable before anything is queued. The capture work needs the model and the prepared
-    samples to fit it; another work (a work of your own) gets the config's value checks."""
-    from eagle_batch.config import check_config, check_prepared_fits, check_values
+def check_before_submit(cfg) -> int:
+    """Everything checkable before anything is queued; returns the plan's number of tasks. The capture work
+    needs the model, and the prepared samples must fit it; another work (a work of your own) gets the
+    config's value checks."""
+    from eagle_batch.config import ConfigError, check_config, check_prepared_fits, check_values
     from eagle_batch.data import PreparedDataset
 
-    from .work import resolve_work
+    from .state import plan_num_tasks
+    from .work import UnknownWorkError, resolve_work
 
-    resolve_work(cfg.extract.work)  # an unknown name fails here, not in every task
+    try:
+        resolve_work(cfg.extract.work)  # an unknown name fails here, not in every task
+    except UnknownWorkError as e:
+        raise ConfigError(str(e)) from None
     if cfg.extract.work != "capture":
         check_values(cfg)
-        return
+        return plan_num_tasks(cfg.run_dir)
     check_config(cfg)
+    n = plan_num_tasks(cfg.run_dir)
     prepared = PreparedDataset(cfg.run_dir)
     check_prepared_fits(cfg, prepared.max_sample_tokens(), str(prepared.dir))
+    return n
 
 
 def run(args: argparse.Namespace) -> int:
-    from eagle_batch.config import ConfigError, claim_run_dir, save_config
+    from eagle_batch.config import claim_run_dir, save_config
 
     from .local import local_summary
     from .state import DONE, read_state
-    from .submit import SubmitError, live_tasks, plan_num_tasks, resolve_executor, submit_tasks
-    from .work import UnknownWorkError
+    from .submit import SubmitError, live_tasks, resolve_executor, submit_tasks
 
     cfg = config_from_args(args)
     run_dir = cfg.run_dir
-    try:
-        n = plan_num_tasks(run_dir)
-        check_before_submit(cfg)
-    except UnknownWorkError as e:
-        raise ConfigError(str(e)) from None
+    n = check_before_submit(cfg)
     live = live_tasks(run_dir)
     if live:
         raise SubmitError(
