@@ -13,9 +13,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--wait", action="store_true", help="follow until no task is queued or running")
 
 
-def _fmt_eta(s) -> str:
+def _fmt_eta(s, state: str = "") -> str:
     if s is None:
-        return "-"
+        return "estimating" if state == "running" else "-"
     return time.strftime("%H:%M:%S", time.gmtime(s)) if s < 86400 else f"{s / 86400:.1f}d"
 
 
@@ -33,7 +33,7 @@ def run(args: argparse.Namespace) -> int:
         return 0
     jw = max([12] + [len(r["job_id"]) for r in st["tasks"]])
     hdr = (
-        f"{'task':>5} {'state':<13} {'job':<{jw}} {'samples':>13} {'progress':>8} {'tok/s':>9} {'eta':>8} {'att':>3}"
+        f"{'task':>5} {'state':<13} {'job':<{jw}} {'samples':>13} {'progress':>8} {'tok/s':>9} {'eta':>10} {'att':>3}"
         "  log / last error"
     )
     print(hdr)
@@ -41,7 +41,7 @@ def run(args: argparse.Namespace) -> int:
         samples = f"{r['samples_committed']}/{r['samples_total']}"
         line = (
             f"{r['task_id']:>5} {r['state']:<13} {r['job_id']:<{jw}} {samples:>13} {r['progress'] * 100:7.1f}% "
-            f"{r['tok_s']:>9.0f} {_fmt_eta(r['eta_s']):>8} {r['attempts']:>3}  {r['log']}"
+            f"{r['tok_s']:>9.0f} {_fmt_eta(r['eta_s'], r['state']):>10} {r['attempts']:>3}  {r['log']}"
         )
         print(line)
         if r["last_error"] and r["state"] != "done":

@@ -91,8 +91,9 @@ class TaskState:
     tokens_total: int = 0
     samples_committed: int = 0
     tokens_committed: int = 0
-    # tokens committed by the current attempt and its duration: tok/s of this attempt only, since
-    # a resumed attempt skips what earlier attempts committed.
+    # tokens committed by the current attempt, and its rate from its first commit on (0 until a second
+    # commit: the engine's start-up would make an earlier rate meaningless); a resumed attempt's rate counts
+    # only its own commits.
     attempt_tokens: int = 0
     tok_s: float = 0.0
     updated: float = 0.0

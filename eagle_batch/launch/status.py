@@ -238,7 +238,10 @@ def totals(rows: list[TaskRow]) -> dict:
         by_state[r.state] = by_state.get(r.state, 0) + 1
     tc = sum(r.tokens_committed for r in rows)
     tt = sum(r.tokens_total for r in rows)
-    rate = sum(r.tok_s for r in rows if r.state == "running")
+    running = [r for r in rows if r.state == "running"]
+    rate = sum(r.tok_s for r in running)
+    # Until every running task has a measured rate, an ETA would be a guess: "estimating".
+    estimating = any(r.tok_s <= 0 for r in running)
     return {
         "tasks": len(rows),
         "states": dict(sorted(by_state.items())),
@@ -249,7 +252,8 @@ def totals(rows: list[TaskRow]) -> dict:
         "tokens_total": tt,
         "progress": round(tc / tt, 4) if tt else round(by_state.get("done", 0) / max(1, len(rows)), 4),
         "tok_s": round(rate, 1),
-        "eta_s": round((tt - tc) / rate, 1) if rate > 0 and tt else None,
+        "eta_s": round((tt - tc) / rate, 1) if rate > 0 and tt and not estimating else None,
+        "estimating": estimating,
         "all_done": bool(rows) and all(r.state == "done" for r in rows),
         # A task whose data is done can still be exiting in Slurm; `--wait` and chaining wait for that too.
         "active": sum(1 for r in rows if r.state in ACTIVE or is_live(r.slurm_state)),
@@ -265,7 +269,7 @@ def run_status(run_dir: str | os.PathLike) -> dict:
 def progress_line(status: dict) -> str:
     t = status["totals"]
     states = " ".join(f"{k}={v}" for k, v in t["states"].items())
-    eta = f" eta {t['eta_s']:.0f}s" if t["eta_s"] is not None else ""
+    eta = f" eta {t['eta_s']:.0f}s" if t["eta_s"] is not None else (" eta estimating" if t.get("estimating") else "")
     return (
         f"{t['done']}/{t['tasks']} tasks done | {t['progress'] * 100:5.1f}% tokens "
         f"({t['tokens_committed']}/{t['tokens_total']}) | {t['tok_s']:.0f} tok/s{eta} | {states}"

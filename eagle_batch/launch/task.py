@@ -55,6 +55,9 @@ class _AttemptRecord:
         self.attempt = attempt
         self.started = False
         self.base_tokens: int | None = None  # tokens already committed when this attempt started
+        # (time, tokens) of this attempt's first commit: its rate is measured from there, not from its start,
+        # so the engine's start-up (a minute or more) does not make the first estimates several times too slow.
+        self.anchor: tuple[float, int] | None = None
 
     def start(self) -> None:
         if self.started:
@@ -72,20 +75,24 @@ class _AttemptRecord:
         st.status, st.attempt_tokens, st.tok_s = S.RUNNING, 0, 0.0
 
     def report(self, samples: int, tokens: int) -> None:
-        """After a commit: committed totals, this attempt's rate, and a (time, tokens) point for plots."""
+        """After a commit (and once when the work opened its output): committed totals, this attempt's steady
+        rate, and a (time, tokens) point for the throughput plot."""
         self.start()
-        st = self.st
+        st, now = self.st, time.time()
         hist = st.extra.setdefault("history", [])
-        if self.base_tokens is None:  # the attempt's first point is where it started
+        if self.base_tokens is None:  # the open: the attempt's first point is where it started
             hist.append([self.attempt.started, st.tokens_committed])
             self.base_tokens = tokens
-        hist.append([time.time(), tokens])
+        elif self.anchor is None and tokens > self.base_tokens:
+            self.anchor = (now, tokens)
+        hist.append([now, tokens])
         if len(hist) > HISTORY_POINTS:
             hist[:] = hist[::2]
         st.attempt_tokens = tokens - self.base_tokens
         st.samples_committed, st.tokens_committed = samples, tokens
-        elapsed = time.time() - self.attempt.started
-        st.tok_s = st.attempt_tokens / elapsed if elapsed > 0 else 0.0
+        # 0 = not known yet (fewer than two commits with progress): `status` says "estimating".
+        if self.anchor is not None and now > self.anchor[0] and tokens > self.anchor[1]:
+            st.tok_s = (tokens - self.anchor[1]) / (now - self.anchor[0])
         S.write_state(self.run_dir, st)
 
     def set_totals(self, samples: int, tokens: int) -> None:
