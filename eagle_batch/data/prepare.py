@@ -16,7 +16,6 @@ to disk before planning (not implemented).
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import json
 import multiprocessing as mp
 import os
@@ -24,175 +23,19 @@ import shutil
 import sys
 import time
 from collections.abc import Iterable, Iterator
-from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 
-from eagle_batch import environment
 from eagle_batch.config import ConfigError, RunConfig, check_fits_model, check_values, model_info, save_config
 
 from .dataset import BAD_ROWS, PLAN, PREPARED, SAMPLES, SUMMARY
-from .formats import BadRow, row_to_conversation
 from .plan import plan_lpt
-from .readers import JSONL_SUFFIXES, RawRecord, count_rows, decode_record, iter_records, resolve_inputs
+from .readers import JSONL_SUFFIXES, RawRecord, count_rows, iter_records, resolve_inputs
+from .rows import DataView, init_worker, load_tokenizer, process_chunk
 from .tally import BadRowError, NothingToPrepare, Sample, Tally  # noqa: F401 - the errors prepare raises
-from .template import (
-    EmptyAssistantTurn,
-    TemplateError,
-    TemplateNotPrefixStable,
-    render_samples,
-    template_info,
-    tokenize_rendered,
-)
 
 CHUNK_ROWS = 256
-
-
-def load_tokenizer(cfg: RunConfig):
-    """The run's tokenizer (model.tokenizer or model.path) with model.chat_template applied if set."""
-    return load_tokenizer_from(
-        cfg.model.tokenizer or cfg.model.path, cfg.model.chat_template, cfg.model.trust_remote_code
-    )
-
-
-def load_tokenizer_from(src: str, chat_template: str = "", trust_remote_code: bool = False):
-    environment.set_offline_defaults()
-    from transformers import AutoTokenizer
-
-    if not src or not Path(src).is_dir():
-        raise ConfigError(
-            f"model.path / model.tokenizer = {src!r} is not a local folder; point it at a "
-            "Hugging Face model or tokenizer folder (nothing is downloaded)."
-        )
-    tok = AutoTokenizer.from_pretrained(src, trust_remote_code=trust_remote_code)
-    if chat_template:
-        p = Path(chat_template)
-        if not p.is_file():
-            raise ConfigError(f"model.chat_template={p}: no such file; give a Jinja template file or leave it empty.")
-        tok.chat_template = p.read_text()
-    if not getattr(tok, "chat_template", None):
-        raise ConfigError(f"the tokenizer in {src} has no chat template; set model.chat_template to a Jinja file.")
-    return tok
-
-
-def sample_id(ids: np.ndarray, mask: np.ndarray) -> str:
-    """Content hash of the tokenized sample: the same conversation always gets the same id."""
-    h = hashlib.blake2b(ids.astype(np.int32, copy=False).tobytes(), digest_size=10)
-    h.update(mask.astype(np.uint8, copy=False).tobytes())
-    return h.hexdigest()
-
-
-@dataclass
-class RowResult:
-    file: str
-    index: int
-    line_kind: str
-    bad: tuple[str, str] | None = None
-    samples: list[tuple[str, np.ndarray, np.ndarray]] = field(default_factory=list)  # (id, ids, mask)
-    dropped: list[str] = field(default_factory=list)  # per-sample drop reasons
-    truncated: int = 0
-    split: bool = False  # the template was not prefix-stable: more than one sample for this row
-    unrendered: tuple[str, ...] = ()  # message fields the template left out (e.g. reasoning in ChatML)
-    empty_turns_masked: int = 0  # assistant turns left out of the loss for rendering empty
-    keys: tuple[str, ...] = ()  # the row's fields, when it was skipped for its shape (what the file holds)
-
-
-# Worker state (set once per process by _init_worker; the main process uses it too when workers=1).
-_W: dict[str, Any] = {}
-
-
-def _init_worker(model: dict, data: dict, tokenizer=None) -> None:
-    _W["tok"] = (
-        tokenizer
-        if tokenizer is not None
-        else load_tokenizer_from(
-            model["tokenizer"] or model["path"], model["chat_template"], model["trust_remote_code"]
-        )
-    )
-    _W["data"] = _DataView(data)
-
-
-class _DataView:
-    """Attribute access to the data section (picklable, no omegaconf in the hot loop)."""
-
-    def __init__(self, d: dict):
-        self.__dict__.update(d)
-
-
-def process_chunk(records: list[RawRecord]) -> list[RowResult]:
-    tok, data = _W["tok"], _W["data"]
-    kwargs = dict(data.chat_template_kwargs or {})
-    results: list[RowResult] = []
-    rendered_all = []  # (result index, RenderedSample)
-    for rec in records:
-        res = RowResult(rec.file, rec.index, rec.line_kind)
-        results.append(res)
-        row = None
-        try:
-            row = decode_record(rec)
-            messages, tools = row_to_conversation(row, data)
-            kw = dict(kwargs, tools=tools) if tools else kwargs
-            rendered = render_samples(
-                tok, messages, non_prefix_stable=data.non_prefix_stable, empty_turns=data.empty_assistant_turns, **kw
-            )
-        except BadRow as e:
-            res.bad = (e.reason, e.detail)
-            if isinstance(row, dict):
-                res.keys = tuple(sorted(str(k) for k in row)[:40])
-            continue
-        except TemplateNotPrefixStable as e:
-            res.bad = ("not_prefix_stable", str(e))
-            continue
-        except EmptyAssistantTurn as e:
-            res.bad = ("empty_assistant_turn", str(e))
-            continue
-        except TemplateError as e:
-            res.bad = ("template_error", str(e))
-            continue
-        except ValueError as e:  # render_samples: no trainable assistant turn (e.g. only at position 0)
-            res.bad = ("no_assistant_turn", str(e))
-            continue
-        res.split = len(rendered) > 1
-        res.unrendered = _unrendered_fields(messages, rendered)
-        trained = {t for r in rendered for t in r.turns}
-        res.empty_turns_masked = sum(
-            1 for i, m in enumerate(messages) if m["role"] == "assistant" and i > 0 and i not in trained
-        )
-        rendered_all.extend((len(results) - 1, r) for r in rendered)
-    if rendered_all:
-        info = template_info(tok, **kwargs)
-        encoded = tokenize_rendered(tok, [r for _, r in rendered_all], info)
-        for (ri, _), (ids, mask) in zip(rendered_all, encoded):
-            res = results[ri]
-            if data.max_length and len(ids) > data.max_length:
-                ids, mask = ids[: data.max_length], mask[: data.max_length]
-                res.truncated += 1
-            if int(mask.sum()) < max(1, data.min_loss_tokens):
-                res.dropped.append("too_few_loss_tokens")
-                continue
-            res.samples.append((sample_id(ids, mask), ids, mask))
-    return results
-
-
-def _unrendered_fields(messages: list[dict], rendered) -> tuple[str, ...]:
-    """Fields present in the data that the chat template does not write (so they are not trained on).
-
-    Not an error: many templates ignore reasoning or tool calls, but the summary should say so.
-    """
-    text = "".join(r.text for r in rendered)
-    missing = set()
-    for m in messages:
-        if m["role"] != "assistant":
-            continue
-        reasoning = m.get("reasoning_content")
-        if reasoning and reasoning.strip() not in text:
-            missing.add("reasoning_content")
-        for call in m.get("tool_calls") or ():
-            if call["function"]["name"] not in text:
-                missing.add("tool_calls")
-    return tuple(sorted(missing))
 
 
 def _chunks(records: Iterable[RawRecord], n: int) -> Iterator[list[RawRecord]]:
@@ -352,7 +195,7 @@ def _prepare_into(
         open(out / BAD_ROWS, "w") as bad_f,
         _row_results(cfg_dict, tok, _records(files, d.limit, consumed), workers) as results,
     ):
-        tally = Tally(_DataView(cfg_dict["data"]), bad_f, [str(f) for f in files])
+        tally = Tally(DataView(cfg_dict["data"]), bad_f, [str(f) for f in files])
         for chunk in results:
             for res in chunk:
                 tally.add(res)
@@ -378,7 +221,7 @@ def _records(files: list[Path], limit: int, consumed: list[int]) -> Iterator[Raw
 @contextlib.contextmanager
 def _row_results(cfg_dict: dict, tok, records: Iterator[RawRecord], workers: int) -> Iterator[Iterator[list]]:
     """RowResults of `records` in input order, chunk by chunk, from `workers` processes (or this one)."""
-    _init_worker(cfg_dict["model"], cfg_dict["data"], tokenizer=tok)
+    init_worker(cfg_dict["model"], cfg_dict["data"], tokenizer=tok)
     if workers <= 1:
         yield map(process_chunk, _chunks(records, CHUNK_ROWS))
         return
@@ -390,7 +233,7 @@ def _row_results(cfg_dict: dict, tok, records: Iterator[RawRecord], workers: int
         pool = mp.get_context("fork").Pool(workers)
     else:
         pool = mp.get_context("spawn").Pool(
-            workers, initializer=_init_worker, initargs=(cfg_dict["model"], cfg_dict["data"])
+            workers, initializer=init_worker, initargs=(cfg_dict["model"], cfg_dict["data"])
         )
     try:
         yield pool.imap(process_chunk, _chunks(records, CHUNK_ROWS), chunksize=1)

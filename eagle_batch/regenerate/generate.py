@@ -110,7 +110,7 @@ class Generator:
     def __init__(self, cfg: RunConfig):
         from vllm import LLM
 
-        from eagle_batch.data.prepare import load_tokenizer
+        from eagle_batch.data.rows import load_tokenizer
 
         m, rg = cfg.model, cfg.regenerate
         self.cfg, self.rg = cfg, rg

@@ -88,7 +88,7 @@ def _first_prompt_tokens(tok, script: list, tools, kwargs: dict) -> int:
 def plan_regeneration(cfg: RunConfig, tokenizer=None) -> dict:
     """Read data.inputs, write RUN/regenerate/prepared/ and RUN/regenerate/config.yaml; return the summary."""
     from eagle_batch.config import check_values
-    from eagle_batch.data.prepare import load_tokenizer
+    from eagle_batch.data.rows import load_tokenizer
 
     check_values(cfg)
     rg, out_run = cfg.regenerate, regenerate_dir(cfg)
