@@ -98,6 +98,11 @@ def on_cpu_platform() -> bool:
 
 
 def speculative_config(layer_ids: list[int]) -> dict[str, Any]:
+    # vLLM's models append aux hidden states while walking their layers (0.26 and 0.32: llama.py,
+    # deepseek_v2.py ...), so the cache-only layer holds them in ascending id order whatever order the
+    # config lists; a store labels its columns with `layer_ids`, so they must ascend.
+    if list(layer_ids) != sorted(layer_ids):
+        raise ValueError(f"layer ids {list(layer_ids)} must ascend: vLLM returns the layers' states in layer order")
     return {
         "method": "extract_hidden_states",
         "num_speculative_tokens": 1,
