@@ -52,7 +52,7 @@ def tiny_config_dict(kind: str, vocab_size: int, **overrides: Any) -> dict[str, 
             mlp_only_layers=[],
         )
     elif kind == "deepseek_v3":
-        # Real MLA head dims and routing method are required by vLLM (see FINDINGS section 1).
+        # vLLM's MLA kernels need the real head dims (qk_nope 128, qk_rope 64, v 128, kv_lora_rank 512); noaux_tc routing.
         d = dict(
             common,
             architectures=["DeepseekV3ForCausalLM"],
