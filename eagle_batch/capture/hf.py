@@ -10,10 +10,12 @@ architecture in config.json): the capture is text-only, and transformers may not
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
 import re
+import tempfile
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -80,6 +82,22 @@ def text_backbone_config(spec: TextBackbone, text_config: dict):
     return AutoConfig.for_model(spec.model_types.get(mt, mt), **d)
 
 
+def _write_dequantized(path: str | os.PathLike, dest: str | os.PathLike, dtype) -> None:
+    """A copy of the checkpoint's weights with INT4 expert triplets replaced by dequantized `.weight`s, for
+    transformers, which has no loader for compressed-tensors experts in its fused MoE layout. Holds every
+    tensor in memory: for tiny and small checkpoints, not for the real 600 GB one."""
+    from safetensors.torch import load_file, save_file
+
+    from eagle_batch.models.int4 import dequantize_experts
+
+    state: dict[str, torch.Tensor] = {}
+    for f in sorted(Path(path).glob("*.safetensors")):
+        state.update(load_file(str(f)))
+    save_file(dequantize_experts(state, dtype), str(Path(dest) / "model.safetensors"), metadata={"format": "pt"})
+    gen = Path(path) / "generation_config.json"  # transformers 5.19 fails on a folder without one
+    (Path(dest) / gen.name).write_text(gen.read_text() if gen.is_file() else "{}\n")
+
+
 def load_hf_model(path: str, dtype: str = "float32", device: str | None = None, trust_remote_code: bool = False):
     from transformers import AutoModelForCausalLM
 
@@ -90,6 +108,11 @@ def load_hf_model(path: str, dtype: str = "float32", device: str | None = None, 
         model = AutoModelForCausalLM.from_pretrained(path, **kw)
         return model.to(device).eval()
     spec, tc = backbone
+    from eagle_batch.models import int4
+
+    packed = int4.is_pack_quantized(tc)
+    if packed:  # INT4 experts: the reference runs the dequantized weights (q * scale), see _write_dequantized
+        tc = {k: v for k, v in tc.items() if k != "quantization_config"}
     kw.update(
         config=text_backbone_config(spec, tc),
         key_mapping={"^" + re.escape(spec.weight_prefix): ""},
@@ -101,7 +124,12 @@ def load_hf_model(path: str, dtype: str = "float32", device: str | None = None, 
     level = hf_logging.get_verbosity()
     hf_logging.set_verbosity_error()  # its load report lists every vision weight as unexpected
     try:
-        model, info = AutoModelForCausalLM.from_pretrained(path, **kw)
+        with contextlib.ExitStack() as stack:
+            src = path
+            if packed:
+                src = stack.enter_context(tempfile.TemporaryDirectory(prefix="eagle-batch-dequant-"))
+                _write_dequantized(path, src, kw["dtype"])
+            model, info = AutoModelForCausalLM.from_pretrained(src, **kw)
     finally:
         hf_logging.set_verbosity(level)
     # A wrong prefix would leave the text model randomly initialised: refuse rather than compare noise.

@@ -17,7 +17,7 @@ What matches the real checkpoint (and why it matters):
   per-expert `mlp.experts.E.{gate,up,down}_proj.weight`, `vision_tower.encoder.blocks.N.{wqkv,wo,norm0,
   norm1,mlp.fc0,mlp.fc1}`, `vision_tower.patch_embed.{proj,pos_emb}`, `mm_projector.{pre_norm,proj.0,
   proj.2}`), so vLLM's own loader (`hf_to_vllm_mapper` of kimi_k25.py) takes it as it takes the real one.
-  Routed experts are bf16 here; the real ones are INT4 compressed-tensors (docs/gpu-validation.md).
+  Routed experts are bf16, or with `--int4-experts` INT4 compressed-tensors as the real ones (`int4.py`).
 - Tokenizer: the SmolLM2 BPE vocabulary (no hub download) plus Kimi's special tokens (`<|im_user|>`,
   `<|im_assistant|>`, `<|im_middle|>`, `<|im_end|>`, `<|media_pad|>`, ...) and a Kimi-K2.5-style chat
   template written for this project (system default, role markers, a `<think>` block driven by the
@@ -328,8 +328,12 @@ def build_kimi_model(
     init_std: float = 0.02,
     text: dict | None = None,
     vision: dict | None = None,
+    int4_experts: bool = False,
 ) -> Path:
     """Build (once; `.complete` marker) the checkpoint folder and return its path.
+
+    `int4_experts`: store the routed experts as INT4 compressed-tensors (pack-quantized, group 32) with the
+    real checkpoint's `quantization_config`, as Kimi-K2.5 ships them (`int4.py`).
 
     `text` / `vision`: overrides of TEXT_DEFAULTS / VISION_DEFAULTS (e.g. `{"num_hidden_layers": 4}`).
     `init_std`: std of the random matrices (0.02 = DeepSeek-V3's initializer_range, which keeps a 1024-wide
@@ -351,6 +355,10 @@ def build_kimi_model(
     cfg = kimi_config_dict(_round_up(len(tok), 64), ids, text, vision)
     torch_dtype = getattr(torch, dtype)
     cfg["dtype"] = dtype
+    if int4_experts:  # the real config carries it at both levels; vLLM 0.26 copies text_config's up anyway
+        from .int4 import QUANT_CONFIG
+
+        cfg["quantization_config"] = cfg["text_config"]["quantization_config"] = QUANT_CONFIG
 
     def write(tmp: Path) -> None:
         state, gen_cfg = _text_weights(cfg["text_config"], torch_dtype, init_std, seed, fixed_route, tmp / "text")
@@ -358,6 +366,10 @@ def build_kimi_model(
         state.update(
             _vision_weights(cfg["vision_config"], cfg["text_config"]["hidden_size"], torch_dtype, init_std, gen)
         )
+        if int4_experts:
+            from .int4 import quantize_experts
+
+            state = quantize_experts(state)
         for f in (tmp / "text").iterdir():
             f.unlink()
         (tmp / "text").rmdir()
@@ -369,7 +381,8 @@ def build_kimi_model(
         tok.save_pretrained(tmp)
 
     routing = "fixed-route" if fixed_route else "free routing"
-    return write_model_folder(dest, write, f"tiny {ARCHITECTURE} ({routing}) seed={seed} init_std={init_std}")
+    experts = ", INT4 experts" if int4_experts else ""
+    return write_model_folder(dest, write, f"tiny {ARCHITECTURE} ({routing}{experts}) seed={seed} init_std={init_std}")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -384,6 +397,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--experts", type=int, default=TEXT_DEFAULTS["n_routed_experts"], help="routed experts")
     ap.add_argument("--top-k", type=int, default=TEXT_DEFAULTS["num_experts_per_tok"], help="experts per token")
     ap.add_argument("--rope", choices=["yarn", "default"], default="yarn", help="yarn = the real model's rope")
+    ap.add_argument("--int4-experts", action="store_true", help="routed experts as INT4 compressed-tensors")
     ap.add_argument("--tokenizer", default=None, help="base tokenizer folder (default: the real SmolLM2's)")
     ap.add_argument("--dtype", default="bfloat16")
     ap.add_argument("--seed", type=int, default=0)
@@ -394,7 +408,9 @@ def main(argv: list[str] | None = None) -> int:
     )
     if a.rope == "default":
         text.update(rope_parameters={"rope_type": "default", "rope_theta": 50000.0}, max_position_embeddings=4096)
-    path = build_kimi_model(a.dest, a.fixed_route, a.dtype, a.seed, a.tokenizer, a.init_std, text=text)
+    path = build_kimi_model(
+        a.dest, a.fixed_route, a.dtype, a.seed, a.tokenizer, a.init_std, text=text, int4_experts=a.int4_experts
+    )
     print(path)
     return 0
 
