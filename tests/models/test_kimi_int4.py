@@ -12,6 +12,16 @@ import torch
 from eagle_batch.models import int4, kimi
 
 
+def test_packing_layout():
+    """Value j of a group of eight sits in bits 4j..4j+3 as q + 8 (compressed-tensors' pack-quantized)."""
+    q = torch.tensor([[0, 1, 2, 3, 4, 5, 6, 7, -8, -7, -6, -5, -4, -3, -2, -1]], dtype=torch.int8)
+    packed = int4.pack(q)
+    # 0..7 -> nibbles 8..f from the lowest bits up: 0xfedcba98 (negative as int32); -8..-1 -> 0x76543210
+    assert packed.tolist() == [[0xFEDCBA98 - (1 << 32), 0x76543210]]
+    assert torch.equal(int4.unpack(packed, 16), q)
+
+
+@pytest.mark.slow  # importing compressed-tensors alone takes 10-100 s on the 2-core box
 def test_packing_matches_compressed_tensors():
     """vLLM's loader reads compressed-tensors' layout; ours must be bit-identical to the library's."""
     helpers = pytest.importorskip("compressed_tensors.compressors.pack_quantized.helpers")
