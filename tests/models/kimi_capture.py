@@ -28,7 +28,7 @@ LENGTHS = [40, 97, 13, 150]
 
 
 def main(model: str, backend: str, out: str) -> None:
-    from eagle_batch.capture.engine import make_backend
+    from eagle_batch.capture import make_backend
     from eagle_batch.config import load_config
 
     cfg = load_config(
