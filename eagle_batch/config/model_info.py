@@ -70,13 +70,9 @@ def default_layer_ids(num_hidden_layers: int) -> list[int]:
     """EAGLE-3's low/mid/high aux layers plus the last layer (verifier's last hidden state)."""
     n = num_hidden_layers
     ids = [2, n // 2, n - 3, n]
-    # Tiny models (n < 6) would produce duplicates or negatives; keep order, drop repeats, clamp.
-    out: list[int] = []
-    for i in ids:
-        i = min(max(i, 0), n)
-        if i not in out:
-            out.append(i)
-    return out
+    # Tiny models (n < 6) would produce duplicates, negatives or a descending pair (n=4: 2 then 1): clamp,
+    # drop repeats, ascending (check_layer_ids says why).
+    return sorted({min(max(i, 0), n) for i in ids})
 
 
 def check_layer_ids(ids: list[int], n: int, key: str = "layer_ids") -> list[int]:
@@ -94,6 +90,14 @@ def check_layer_ids(ids: list[int], n: int, key: str = "layer_ids") -> list[int]
         )
     if len(set(ids)) != len(ids):
         raise ConfigError(f"{key}={ids} repeats ids; list each layer once.")
+    if ids != sorted(ids):
+        # vLLM's models append the aux hidden states while walking their layers, so the native capture and
+        # an EAGLE-3 draft served by vLLM both see them in layer order; a store labelled in another order
+        # would name every column wrongly (seen on Kimi-K2.5 with [2, 1, 4]: native and hooks disagreed).
+        raise ConfigError(
+            f"{key}={ids}: list the ids in ascending order ({sorted(ids)}); vLLM returns the layers' "
+            "hidden states in layer order."
+        )
     return ids
 
 

@@ -52,7 +52,7 @@ def tiny_config_dict(kind: str, vocab_size: int, **overrides: Any) -> dict[str, 
             mlp_only_layers=[],
         )
     elif kind == "deepseek_v3":
-        # Real MLA head dims and routing method are required by vLLM (see FINDINGS section 1).
+        # vLLM's MLA kernels need the real head dims (qk_nope 128, qk_rope 64, v 128, kv_lora_rank 512); noaux_tc routing.
         d = dict(
             common,
             architectures=["DeepseekV3ForCausalLM"],
@@ -80,6 +80,30 @@ def tiny_config_dict(kind: str, vocab_size: int, **overrides: Any) -> dict[str, 
         raise ValueError(f"unknown tiny model kind {kind!r}; choose one of {KINDS}")
     d.update(overrides)
     return d
+
+
+def fix_expert_routing(model) -> int:
+    """Make a random DeepSeek-V3-style router pick the same experts for every token; return how many
+    routers were set.
+
+    A random router's scores for different experts are nearly alike, so bf16 rounding (vLLM's bf16 gate
+    GEMM vs transformers' fp32 router) flips top-k choices that sit near a tie, and a flipped token
+    differs in every later layer although both engines are right (H200: dense layer cos 0.99998, MoE
+    layers min 0.76). Scaling the gate does not help: relative rounding error scales with it and sigmoid
+    scoring saturates. noaux_tc selects on sigmoid(logit) + e_score_correction_bias but weighs by
+    sigmoid(logit) alone, so a bias spaced 1.0 apart (more than sigmoid's whole range) fixes the choice
+    for every token (experts 0..top_k-1) while the weights stay token-dependent: MLA, the shared expert,
+    the fused MoE kernels, grouped top-k and the routing weights all still run.
+    """
+    import torch
+
+    n = 0
+    with torch.no_grad():
+        for name, b in model.named_buffers():
+            if name.endswith("mlp.gate.e_score_correction_bias"):
+                b.copy_(torch.arange(b.numel(), 0, -1, dtype=b.dtype))
+                n += 1
+    return n
 
 
 def build_tiny_model(

@@ -84,7 +84,16 @@ def test_save_and_reload_round_trip(tmp_path):
 def test_default_layer_ids_follow_eagle3_rule():
     assert default_layer_ids(61) == [2, 30, 58, 61]  # Kimi-K2.5 / DeepSeek-V3
     assert default_layer_ids(30) == [2, 15, 27, 30]  # SmolLM2
-    assert default_layer_ids(4) == [2, 1, 4]  # tiny: duplicates dropped, order kept
+    assert default_layer_ids(4) == [1, 2, 4]  # tiny: duplicates dropped, ascending (vLLM's layer order)
+
+
+def test_layer_ids_must_ascend(tmp_path):
+    m = fake_model(tmp_path, layers=6)
+    cfg = load_config(None, [f"run_dir={tmp_path}/r", f"model.path={m}", "model.layer_ids=[2,1,6]"])
+    with pytest.raises(
+        ConfigError, match=r"model\.layer_ids=\[2, 1, 6\]: list the ids in ascending order \(\[1, 2, 6\]\)"
+    ):
+        resolve_layer_ids(cfg.model)
 
 
 def test_layer_ids_out_of_range(tmp_path):
