@@ -21,6 +21,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--device", default=None, help="torch device for the reference (default: cuda if available)")
     p.add_argument("--dtype", default=None, help="reference dtype (default: model.dtype of the run)")
     p.add_argument("--json", action="store_true", help="print the report as JSON")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar (there is none outside a terminal)")
 
 
 def _datasets(run_dir: Path):
@@ -34,10 +35,18 @@ def _datasets(run_dir: Path):
     return [open_dataset(p) for p in stores]
 
 
-def validate_run(run_dir: str | Path, k: int, seed: int = 0, device: str | None = None, dtype: str | None = None):
+def validate_run(
+    run_dir: str | Path,
+    k: int,
+    seed: int = 0,
+    device: str | None = None,
+    dtype: str | None = None,
+    show_progress: bool = True,
+):
     import numpy as np
 
     from eagle_batch.config import load_run_config, model_info, resolve_layer_ids
+    from eagle_batch.progress import progress
     from eagle_batch.store import StoreError
 
     from .hf import hf_hidden_states, load_hf_model
@@ -56,7 +65,7 @@ def validate_run(run_dir: str | Path, k: int, seed: int = 0, device: str | None 
     picks = sorted(rng.choice(len(index), size=min(k, len(index)), replace=False).tolist())
     model = load_hf_model(cfg.model.path, dtype or cfg.model.dtype, device, cfg.model.trust_remote_code)
     acc = LayerAccumulator(layer_ids)
-    for p in picks:
+    for p in progress(picks, desc="validate", unit="sample", enabled=show_progress):
         d, i = index[p]
         rec = dss[d][i]
         ref = hf_hidden_states(model, rec["input_ids"], layer_ids).cpu()
@@ -65,7 +74,7 @@ def validate_run(run_dir: str | Path, k: int, seed: int = 0, device: str | None 
 
 
 def run(args: argparse.Namespace) -> int:
-    rep = validate_run(args.run_dir, args.samples, args.seed, args.device, args.dtype)
+    rep = validate_run(args.run_dir, args.samples, args.seed, args.device, args.dtype, not args.no_progress)
     print(json.dumps(rep.as_dict(), indent=2) if args.json else rep.table())
     return 0 if rep.passed else 1
 
