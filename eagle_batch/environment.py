@@ -13,8 +13,9 @@ scheduler, the launcher or the machine tells a process about itself:
 - `EAGLE_BATCH_CACHE`: where converted models and benchmark inputs are cached (default
   ~/.cache/eagle-batch); the shipped configs read it too, through omegaconf's `oc.env`.
 - `CUDA_VISIBLE_DEVICES`: the GPUs this process may use (the local executor hands them out).
-- `VLLM_ENABLE_V1_MULTIPROCESSING`, `VLLM_USE_V2_MODEL_RUNNER`: vLLM's own switches (engine core in a
-  separate process; which model runner), set before an engine starts unless the user set them.
+- `VLLM_ENABLE_V1_MULTIPROCESSING`, `VLLM_USE_V2_MODEL_RUNNER`, `VLLM_CPU_KVCACHE_SPACE`: vLLM's own
+  switches (engine core in a separate process; which model runner; a CPU engine's KV cache), set before an
+  engine starts unless the user set them.
 
 Nothing else in the package reads `os.environ` for a setting of its own.
 """
@@ -131,6 +132,32 @@ def vllm_multiprocessing(environ: Mapping[str, str] | None = None) -> bool:
 def set_vllm_multiprocessing_default(enabled: bool) -> None:
     """Choose where vLLM runs its engine core, unless the user set VLLM_ENABLE_V1_MULTIPROCESSING (wins)."""
     os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "1" if enabled else "0")
+
+
+# vLLM on the CPU sizes its KV cache from VLLM_CPU_KVCACHE_SPACE (GiB); unset, it asks for
+# gpu_memory_utilization of the machine's whole memory (0.85 by default), which fails at start, or gets the
+# engine OOM-killed later, whenever anything else runs beside it. Capture prompts need little KV cache.
+CPU_KV_CACHE_MAX_GIB = 4
+CPU_KV_CACHE_SHARE = 0.25
+
+
+def cpu_kv_cache_gib(available_bytes: int) -> int:
+    """The KV cache eagle-batch gives a CPU engine: a quarter of the available memory, 1 to 4 GiB."""
+    return int(max(1, min(CPU_KV_CACHE_MAX_GIB, CPU_KV_CACHE_SHARE * available_bytes / (1 << 30))))
+
+
+def set_cpu_kv_cache_default(on_gpu: bool) -> str | None:
+    """Before a vLLM engine starts on the CPU: VLLM_CPU_KVCACHE_SPACE unless the user set it. Returns what
+    was set (for the log), or None when nothing was (a GPU, or the user's own value)."""
+    if on_gpu or os.environ.get("VLLM_CPU_KVCACHE_SPACE"):
+        return None
+    try:
+        available = os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    except (ValueError, OSError):
+        available = 4 << 30
+    gib = str(cpu_kv_cache_gib(available))
+    os.environ["VLLM_CPU_KVCACHE_SPACE"] = gib
+    return gib
 
 
 def use_v1_model_runner() -> None:

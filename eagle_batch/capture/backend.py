@@ -114,6 +114,7 @@ class VllmBackend:
         kw = self.engine_kwargs()
         kw.update(extra)
         self._place_engine()
+        start_engine_defaults(self.name)
         log.info(
             "starting vLLM %s (%s backend): %s",
             compat.vllm_version(),
@@ -150,6 +151,15 @@ class VllmBackend:
             import gc
 
             gc.collect()
+
+
+def start_engine_defaults(what: str) -> None:
+    """What every vLLM engine eagle-batch starts needs from the environment (a CPU engine's KV cache)."""
+    import torch
+
+    gib = environment.set_cpu_kv_cache_default(torch.cuda.is_available())
+    if gib is not None:
+        log.info("%s engine on the CPU: VLLM_CPU_KVCACHE_SPACE=%s GiB (set it to choose)", what, gib)
 
 
 def make_backend(cfg: RunConfig, backend: str | None = None, layer_ids: list[int] | None = None) -> CaptureBackend:

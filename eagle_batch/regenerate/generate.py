@@ -29,6 +29,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from eagle_batch.capture import vllm_compat as compat
+from eagle_batch.capture.backend import start_engine_defaults
 from eagle_batch.config import RunConfig
 from eagle_batch.launch.work import TaskContext
 
@@ -130,6 +131,7 @@ class Generator:
         if m.revision:
             kw["revision"] = m.revision
         kw.update(dict(cfg.extract.extra_engine_args or {}))
+        start_engine_defaults("regenerate")
         self.llm = LLM(**kw)
 
     def _sampling(self, conv_id: str, turn: int):
