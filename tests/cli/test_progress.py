@@ -5,8 +5,17 @@ from __future__ import annotations
 import io
 import os
 import pty
+import select
 
 from eagle_batch.progress import progress
+
+
+def _read_all(fd: int) -> str:
+    """Everything written to the pty so far (several reads: the bar is drawn in pieces)."""
+    out = b""
+    while select.select([fd], [], [], 0.5)[0]:
+        out += os.read(fd, 65536)
+    return out.decode(errors="replace")
 
 
 def test_a_bar_on_a_terminal():
@@ -15,7 +24,7 @@ def test_a_bar_on_a_terminal():
         with os.fdopen(slave, "w", closefd=False) as tty:
             assert list(progress(range(5), desc="verify", unit="shard", stream=tty)) == list(range(5))
             tty.flush()
-        out = os.read(master, 65536).decode(errors="replace")
+        out = _read_all(master)
     finally:
         os.close(master)
         os.close(slave)
@@ -32,7 +41,7 @@ def test_nothing_in_a_log_or_pipe_and_nothing_when_disabled():
             list(progress(range(3), desc="verify", stream=tty, enabled=False))  # --no-progress
             tty.write("end\n")
             tty.flush()
-        assert os.read(master, 65536).decode().strip() == "end"
+        assert _read_all(master).strip() == "end"
     finally:
         os.close(master)
         os.close(slave)
