@@ -100,7 +100,9 @@ def draft_config_from_target(
         aux_layer_ids=list(aux_layer_ids),
         last_layer_id=int(last_layer_id),
         rope=rope,
-        hidden_act=str(tc.get("hidden_act", "silu")),
+        # The draft's MLP is vLLM's LlamaMLP (SiluAndMul, which rejects any other activation) whatever the
+        # target's own activation: the training MLP is silu too (DraftMLP).
+        hidden_act="silu",
         target_architecture=(raw.get("architectures") or ["LlamaForCausalLM"])[0],
     )
 

@@ -131,6 +131,8 @@ def ttt_loss(
         loss_sum[s] = per_tok.detach().sum()
         correct[s] = (d2t_ids[lg_v.argmax(-1)] == ta).float().sum()
         count[s] = valid.sum()
+    if not total.requires_grad:  # no loss token in the batch: keep the graph so backward (and DDP) runs
+        total = total + 0.0 * sum(lg.float().sum() for lg in logits)
     return total, {"loss_sum": loss_sum, "correct": correct, "count": count}
 
 
@@ -232,7 +234,12 @@ def output_dir(cfg) -> Path:
 
 
 def resolve_layers(cfg, stored_layer_ids: list[int]) -> tuple[list[int], int]:
-    """(aux layer ids, last layer id N): aux = stored ids other than N, or train.aux_layer_ids."""
+    """(aux layer ids in ascending order, last layer id N): aux = stored ids other than N, or
+    train.aux_layer_ids.
+
+    Ascending because that is the order in which vLLM hands the aux states to the draft's fc, whatever the
+    order of `eagle_aux_hidden_state_layer_ids` (0.32 sorts the set; 0.26 appends each as its layer loop
+    passes it): fc trained on another order would see its input blocks swapped at serving time."""
     from eagle_batch.config import model_info
 
     n = model_info(cfg.model.path).num_hidden_layers
@@ -242,7 +249,12 @@ def resolve_layers(cfg, stored_layer_ids: list[int]) -> tuple[list[int], int]:
             f"the training data has layers {stored_layer_ids} but not the last layer {n} "
             "(its states give the training targets); re-extract with it in model.layer_ids."
         )
-    return aux, n
+    if len(set(aux)) != len(aux) or n in aux:
+        raise ValueError(
+            f"train.aux_layer_ids={aux}: list each layer once and leave out the last layer {n} (its state "
+            "gives the targets; vLLM never feeds it to the draft)"
+        )
+    return sorted(aux), n
 
 
 def train(

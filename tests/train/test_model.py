@@ -168,7 +168,7 @@ def test_loss_only_where_loss_mask(fake_target):
     b4 = {k: v.clone() for k, v in batch.items()}
     b4["loss_mask"].zero_()
     loss4, st4 = ttt_loss(m, head, b4, 3, 0.8, autocast=False)
-    assert float(loss4) == 0.0 and st4["count"].sum() == 0
+    assert float(loss4.detach()) == 0.0 and st4["count"].sum() == 0
 
 
 def test_target_distribution_and_accuracy(fake_target):
@@ -192,3 +192,36 @@ def test_target_head_draft_only_argmax(fake_target):
     (lp1, _), (lp2, a2) = full(last), cheap(last)
     torch.testing.assert_close(lp1, lp2)
     assert a2.tolist() == m.draft_to_target[lp1.argmax(-1)].tolist()
+
+
+def test_batch_without_loss_tokens_still_steps(fake_target):
+    """A batch with no loss token (e.g. samples whose answer max_length cut off) gives loss 0 and zero
+    gradients instead of failing in backward (the loss used to be a constant without a graph)."""
+    m, th = make_draft(fake_target)
+    head = TargetHead(th["norm"], th["lm_head"].float(), 1e-5, m.draft_to_target)
+    batch = _batch()
+    batch["loss_mask"].zero_()
+    loss, st = ttt_loss(m, head, batch, 3, 0.8, autocast=False)
+    loss.backward()
+    assert float(loss.detach()) == 0.0 and st["count"].sum() == 0
+    assert all(p.grad is None or p.grad.abs().max() == 0 for p in m.parameters())
+
+
+def test_draft_activation_is_silu_whatever_the_target(tmp_path):
+    """vLLM serves the draft with LlamaMLP, which accepts only silu (and the training MLP is silu): a target
+    with another activation (Gemma's gelu) must not leak its hidden_act into the exported config."""
+    import json
+
+    from conftest import write_fake_target
+
+    from eagle_batch.train.model import export_draft
+
+    target = write_fake_target(tmp_path / "t")
+    conf = json.loads((target / "config.json").read_text())
+    conf["hidden_act"] = "gelu_pytorch_tanh"
+    (target / "config.json").write_text(json.dumps(conf))
+    cfg = draft_config_from_target(target, TINY_LAYERS[:3], TINY_LAYERS[3], 64)
+    m = Eagle3Draft(cfg, target_head(target)["embed"])
+    m.set_vocab_map(torch.arange(64))
+    out = export_draft(m, tmp_path / "export")
+    assert json.loads((out / "config.json").read_text())["hidden_act"] == "silu"

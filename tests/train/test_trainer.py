@@ -4,6 +4,7 @@ and ends bit-identical to an uninterrupted run; the batch plan shards and budget
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import numpy as np
 import torch
@@ -73,3 +74,28 @@ def test_kill_resume_same_data_order_and_identical_result(tmp_path, fake_target,
     for k in a["model"]:
         torch.testing.assert_close(a["model"][k], b["model"][k], rtol=0, atol=0)
     assert a["scheduler"]["last_epoch"] == b["scheduler"]["last_epoch"] == 7
+
+
+def test_aux_layers_reach_fc_in_ascending_order(tmp_path, fake_target):
+    """vLLM hands the aux states to the draft's fc in ascending layer order (0.32 sorts them, 0.26 appends
+    them as its layer loop passes them), whatever order the config lists: training must concatenate them
+    the same way, or fc's input blocks are swapped when the draft is served."""
+    from conftest import TINY
+    from helpers import random_samples
+
+    from eagle_batch.train.data import InMemoryDataset, TrainSamples
+    from eagle_batch.train.trainer import resolve_layers
+
+    stored = [4, 2, 6, 3]  # a store extracted with model.layer_ids in this order
+    ds = InMemoryDataset(random_samples(30, stored, TINY["hidden"], TINY["vocab"]), stored)
+    for extra in ([], ["train.aux_layer_ids=[4,3,2]"]):
+        cfg = tiny_cfg(tmp_path / "run", fake_target, *extra)
+        aux, last = resolve_layers(cfg, stored)
+        assert (aux, last) == ([2, 3, 4], 6)
+    x = TrainSamples(ds, aux, last)[0]
+    hs = ds[0]["hidden_states"]
+    want = torch.cat([hs[:, stored.index(i)] for i in (2, 3, 4)], dim=-1)
+    assert torch.equal(x["aux"], want) and torch.equal(x["last"], hs[:, stored.index(6)])
+    r = train(tiny_cfg(tmp_path / "run", fake_target, "train.steps=1", "train.aux_layer_ids=[4,3,2]"), dataset=ds)
+    conf = json.loads((Path(r["export_dir"]) / "config.json").read_text())
+    assert conf["eagle_aux_hidden_state_layer_ids"] == [2, 3, 4]
