@@ -189,6 +189,15 @@ class TrainConfig:
     # Top-1 accuracy against the target's argmax over its full vocabulary (full) or only over the draft
     # vocabulary (draft: skips V x H target logits per token; an upper bound; for CPU runs).
     accuracy_vs: str = "full"
+    # Progress on stderr (rank 0): a bar on a terminal, else one line per logged step; false: neither
+    # (`eagle-batch train --no-progress`). metrics.jsonl is written either way.
+    progress: bool = True
+    # torch.compile the loss's memory-bound passes over [tokens, draft_vocab] (the largest cost of a GPU step
+    # after the lm_head matmul); falls back to eager, with a warning, if compiling fails.
+    compile: bool = False
+    # TTT attention: merged (causal SDPA over the context + the chain's diagonal terms merged exactly; fused
+    # kernels, O(T^2)) or masked (one SDPA over all steps' keys with a mask; O(steps x T^2); the reference).
+    ttt_attention: str = "merged"
 
 
 @dataclass

@@ -39,6 +39,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         help="Slurm: start after RUN's extraction arrays succeed (afterok); aggregates first",
     )
     p.add_argument("--dry-run", action="store_true", help="print the task configurations and exit")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar or lines (= train.progress=false)")
 
 
 def _flatten(d: dict, prefix: str = "") -> list[str]:
@@ -211,6 +212,7 @@ def submit(cfgs: list[Any], after: str = "") -> list[str]:
 
 
 def run(args: argparse.Namespace) -> int:
+    args.overrides = list(args.overrides) + (["train.progress=false"] if args.no_progress else [])
     cfgs = task_configs(args)
     if args.dry_run:
         for c in cfgs:

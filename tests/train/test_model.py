@@ -3,13 +3,15 @@
 from __future__ import annotations
 
 import numpy as np
+import pytest
 import torch
 import torch.nn.functional as F
 from conftest import TINY, TINY_LAYERS
 
 from eagle_batch.train.data import build_vocab_map
-from eagle_batch.train.model import Eagle3Draft, TargetHead, draft_config_from_target, target_head
-from eagle_batch.train.trainer import ttt_loss
+from eagle_batch.train.loss import CrossEntropyKernels, soft_cross_entropy, ttt_loss
+from eagle_batch.train.model import Eagle3Draft, draft_config_from_target, target_head, ttt_attention
+from eagle_batch.train.target import TargetHead
 
 
 def make_draft(target, vocab_size=128, seed=0):
@@ -194,6 +196,101 @@ def test_target_head_draft_only_argmax(fake_target):
     assert a2.tolist() == m.draft_to_target[lp1.argmax(-1)].tolist()
 
 
+def _qkv_cache(b, heads, kv_heads, t, d, steps, dtype, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    q = (torch.randn(b, heads, t, d, generator=g) * 2).to(dtype).requires_grad_()
+    cache = [
+        (
+            (torch.randn(b, kv_heads, t, d, generator=g) * 2).to(dtype).requires_grad_(),
+            torch.randn(b, kv_heads, t, d, generator=g).to(dtype).requires_grad_(),
+        )
+        for _ in range(steps)
+    ]
+    return q, cache
+
+
+@pytest.mark.parametrize("dtype,tol", [(torch.float32, 2e-5), (torch.bfloat16, 3e-2)])
+def test_merged_ttt_attention_equals_masked(dtype, tol):
+    """The default attention (causal SDPA merged with the diagonal terms through a sink key) gives the
+    masked reference's output and gradients at every TTT step, with grouped KV heads, in fp32 and bf16
+    (the sink's log-weight goes in as hi + lo, so bf16 loses nothing beyond bf16 inputs)."""
+    for steps in (1, 2, 4, 7):
+        q, cache = _qkv_cache(2, 6, 2, 19, 16, steps, dtype, seed=steps)
+        grad_out = torch.randn(2, 6, 19, 16).to(dtype)
+        outs = {}
+        for impl in ("merged", "masked"):
+            for x in [q] + [t for kv in cache for t in kv]:
+                x.grad = None
+            out = ttt_attention(q, cache, impl)
+            (out.float() * grad_out.float()).sum().backward()
+            outs[impl] = [out.detach().float()] + [x.grad.float() for x in [q] + [t for kv in cache for t in kv]]
+        for a, b in zip(outs["merged"], outs["masked"], strict=True):
+            torch.testing.assert_close(a, b, atol=tol, rtol=tol)
+
+
+def test_soft_cross_entropy_matches_autograd():
+    """The fused loss: same value and gradient as log_softmax autograd, on strided views, with masked rows
+    (a row with weight 0 gets no gradient)."""
+    g = torch.Generator().manual_seed(0)
+    full = torch.randn(3, 11, 50, generator=g, requires_grad=True)
+    p = torch.softmax(torch.randn(3, 12, 50, generator=g) * 3, -1)
+    m = (torch.rand(3, 9, generator=g) > 0.4).float()
+    lg, pv = full[:, :9], p[:, 2:11]  # views, as the trainer passes them
+    got = soft_cross_entropy(lg, pv, m)
+    (grad_got,) = torch.autograd.grad(got * 1.7, full)
+    ref = (-(pv * torch.log_softmax(lg, -1)).sum(-1) * m).sum()
+    (grad_ref,) = torch.autograd.grad(ref * 1.7, full)
+    torch.testing.assert_close(got, ref)
+    torch.testing.assert_close(grad_got, grad_ref)
+    assert grad_got[:, :9][m == 0].abs().max() == 0 and grad_got[:, 9:].abs().max() == 0
+    bf = soft_cross_entropy(lg.detach().to(torch.bfloat16), pv, m)  # bf16 logits (autocast)
+    torch.testing.assert_close(bf, ref.detach(), atol=0.05, rtol=1e-2)
+
+
+@pytest.mark.slow  # inductor's C++ compile: ~100 s on a busy 2-core machine
+def test_compiled_loss_kernels_match_eager():
+    """train.compile: the compiled forward/backward give the eager numbers (inductor's CPU backend here)."""
+    g = torch.Generator().manual_seed(1)
+    full = torch.randn(2, 9, 40, generator=g, requires_grad=True)
+    p = torch.softmax(torch.randn(2, 10, 40, generator=g), -1)
+    m = (torch.rand(2, 7, generator=g) > 0.3).float()
+    kernels = CrossEntropyKernels(compiled=True)
+    out = {}
+    for name, k in (("eager", CrossEntropyKernels(compiled=False)), ("compiled", kernels)):
+        loss = soft_cross_entropy(full[:, :7], p[:, 1:8], m, k)
+        (grad,) = torch.autograd.grad(loss, full)
+        out[name] = (loss.detach(), grad)
+    assert kernels._compiled, "compilation fell back to eager"
+    torch.testing.assert_close(out["compiled"][0], out["eager"][0])
+    torch.testing.assert_close(out["compiled"][1], out["eager"][1])
+
+
+def test_ttt_loss_has_no_host_sync(fake_target):
+    """A training step reads nothing back to the host: no .item()/bool() (aten._local_scalar_dense), no
+    boolean-mask indexing (aten.nonzero). On a GPU each of those stalls the device queue."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    class Record(TorchDispatchMode):
+        def __init__(self):
+            super().__init__()
+            self.ops = set()
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            self.ops.add(str(func.overloadpacket))
+            return func(*args, **(kwargs or {}))
+
+    m, th = make_draft(fake_target)
+    head = TargetHead(th["norm"], th["lm_head"].float(), 1e-5, m.draft_to_target)
+    batch = _batch()
+    with Record() as rec:
+        loss, st = ttt_loss(m, head, batch, 3, 0.8, autocast=False)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(list(m.parameters()), 0.5)
+    syncs = {op for op in rec.ops if "_local_scalar_dense" in op or "nonzero" in op or "is_nonzero" in op}
+    assert not syncs, syncs
+    assert st["count"].tolist() == [10.0, 10.0, 10.0]
+
+
 def test_batch_without_loss_tokens_still_steps(fake_target):
     """A batch with no loss token (e.g. samples whose answer max_length cut off) gives loss 0 and zero
     gradients instead of failing in backward (the loss used to be a constant without a graph)."""
@@ -205,6 +302,9 @@ def test_batch_without_loss_tokens_still_steps(fake_target):
     loss.backward()
     assert float(loss.detach()) == 0.0 and st["count"].sum() == 0
     assert all(p.grad is None or p.grad.abs().max() == 0 for p in m.parameters())
+    short = {k: v[:, :2].clone() for k, v in _batch().items()}  # 2 tokens: no step has a row in range
+    loss, _ = ttt_loss(m, head, short, 3, 0.8, autocast=False)
+    loss.backward()
 
 
 def test_draft_activation_is_silu_whatever_the_target(tmp_path):
