@@ -198,6 +198,11 @@ class TrainConfig:
     # TTT attention: merged (causal SDPA over the context + the chain's diagonal terms merged exactly; fused
     # kernels, O(T^2)) or masked (one SDPA over all steps' keys with a mask; O(steps x T^2); the reference).
     ttt_attention: str = "merged"
+    # The draft's lm_head and final norm at the start: random (std 0.02, as SpecForge) or target (the target's
+    # lm_head rows of the draft vocabulary and its final norm, as speculators).
+    lm_head_init: str = "random"
+    # Keep the draft's lm_head fixed (speculators does, with lm_head_init=target).
+    freeze_lm_head: bool = False
 
 
 @dataclass

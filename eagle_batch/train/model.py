@@ -327,6 +327,15 @@ class Eagle3Draft(nn.Module):
             if isinstance(m, nn.Linear):
                 nn.init.normal_(m.weight, 0.0, std)
 
+    @torch.no_grad()
+    def init_head_from_target(self, lm_head_w: torch.Tensor, norm_w: torch.Tensor) -> None:
+        """lm_head = the target's lm_head rows of the draft vocabulary, norm = the target's final norm (call
+        after set_vocab_map): the draft then starts out reading its state the way the target reads its own
+        last layer, as speculators initializes its drafts (which also keep lm_head frozen)."""
+        ids = self.draft_to_target.to(lm_head_w.device)
+        self.lm_head.weight.copy_(lm_head_w[ids].to(self.lm_head.weight))
+        self.norm.weight.copy_(norm_w.to(self.norm.weight))
+
     def set_vocab_map(self, draft_to_target: torch.Tensor) -> None:
         """draft_to_target: sorted target ids of the draft vocabulary, length draft_vocab_size."""
         ids = draft_to_target.to(torch.long)

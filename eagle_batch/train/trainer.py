@@ -137,6 +137,7 @@ def _load_dataset(cfg, dataset: Any) -> Any:
 def _check_choices(tc) -> None:
     for key, value, allowed in (
         ("ttt_attention", tc.ttt_attention, ("merged", "masked")),
+        ("lm_head_init", tc.lm_head_init, ("random", "target")),
         ("precision", tc.precision, ("bf16", "fp32")),
         ("accuracy_vs", tc.accuracy_vs, ("full", "draft")),
     ):
@@ -169,6 +170,8 @@ def _build_model(cfg, dataset, aux_ids, last_id, rank, out, device, progress):
         progress.note(f"draft vocabulary: counting the loss tokens of {len(dataset)} samples")
         freq = token_frequencies(dataset, dcfg.vocab_size)
         model.set_vocab_map(build_vocab_map(freq, dcfg.draft_vocab_size).to(device))
+        if tc.lm_head_init == "target":
+            model.init_head_from_target(th["lm_head"], th["norm"])
         covered = float(freq[model.draft_to_target.cpu().numpy()].sum() / max(1, freq.sum()))
         distinct = int((freq > 0).sum())
         progress.note(
@@ -182,6 +185,8 @@ def _build_model(cfg, dataset, aux_ids, last_id, rank, out, device, progress):
                 "loss_token_coverage": covered,
             }
             (out / "vocab.json").write_text(json.dumps(rec) + "\n")
+    if tc.freeze_lm_head:
+        model.lm_head.weight.requires_grad_(False)
     # bf16 on a GPU (as vLLM runs the target's lm_head); fp32 on a CPU, where bf16 matmuls are slow.
     head_dtype = torch.bfloat16 if tc.precision == "bf16" and device.type == "cuda" else torch.float32
     head = TargetHead(

@@ -307,6 +307,14 @@ def test_batch_without_loss_tokens_still_steps(fake_target):
     loss.backward()
 
 
+def test_lm_head_init_from_target(fake_target):
+    m, th = make_draft(fake_target, vocab_size=64)
+    m.init_head_from_target(th["lm_head"], th["norm"])
+    ids = m.draft_to_target
+    torch.testing.assert_close(m.lm_head.weight, th["lm_head"][ids].float())
+    torch.testing.assert_close(m.norm.weight, th["norm"].float())
+
+
 def test_draft_activation_is_silu_whatever_the_target(tmp_path):
     """vLLM serves the draft with LlamaMLP, which accepts only silu (and the training MLP is silu): a target
     with another activation (Gemma's gelu) must not leak its hidden_act into the exported config."""

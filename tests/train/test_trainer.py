@@ -99,3 +99,18 @@ def test_aux_layers_reach_fc_in_ascending_order(tmp_path, fake_target):
     r = train(tiny_cfg(tmp_path / "run", fake_target, "train.steps=1", "train.aux_layer_ids=[4,3,2]"), dataset=ds)
     conf = json.loads((Path(r["export_dir"]) / "config.json").read_text())
     assert conf["eagle_aux_hidden_state_layer_ids"] == [2, 3, 4]
+
+
+def test_lm_head_init_target_and_freeze(tmp_path, fake_target, tiny_dataset):
+    """train.lm_head_init=target starts from the target's lm_head rows; freeze_lm_head keeps them."""
+    from eagle_batch.train.model import target_head
+
+    cfg = tiny_cfg(
+        tmp_path / "run", fake_target, "train.steps=3", "train.lm_head_init=target", "train.freeze_lm_head=true"
+    )
+    train(cfg, dataset=tiny_dataset)
+    ck = torch.load(latest_checkpoint(tmp_path / "run" / "train" / "draft"), weights_only=False)
+    ids = ck["model"]["d2t"] + torch.arange(ck["model"]["d2t"].numel())
+    th = target_head(fake_target)
+    torch.testing.assert_close(ck["model"]["lm_head.weight"], th["lm_head"][ids].float())
+    assert not torch.equal(ck["model"]["fc.weight"], torch.zeros_like(ck["model"]["fc.weight"]))
