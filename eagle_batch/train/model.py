@@ -352,22 +352,30 @@ class Eagle3Draft(nn.Module):
         return F.embedding(ids, self.embed_tokens)
 
     def step(
-        self, ids: torch.Tensor, hidden: torch.Tensor, positions: torch.Tensor, cache: list
+        self, ids: torch.Tensor, hidden: torch.Tensor, positions: torch.Tensor, cache: list, rows=None
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        """One draft step: returns (draft-vocab logits, pre-norm hidden to feed back)."""
+        """One draft step: (draft-vocab logits, pre-norm hidden to feed back). rows: logits only for these
+        rows of the flattened [B*T] batch ([len(rows), Vd]); None: all ([B, T, Vd])."""
         emb = self.embed(ids).to(hidden.dtype)
         pre = self.midlayer(emb, hidden, positions, cache)
-        return self.lm_head(self.norm(pre)), pre
+        out = pre if rows is None else pre.flatten(0, 1).index_select(0, rows)
+        return self.lm_head(self.norm(out)), pre
 
     def forward(
-        self, aux: torch.Tensor, ids_per_step: list[torch.Tensor], positions: torch.Tensor
+        self,
+        aux: torch.Tensor,
+        ids_per_step: list[torch.Tensor],
+        positions: torch.Tensor,
+        rows: list[torch.Tensor] | None = None,
     ) -> list[torch.Tensor]:
-        """TTT unroll. aux: [B, T, 3*Ht]; ids_per_step[s]: [B, T] tokens fed at step s. Returns logits per step."""
+        """TTT unroll. aux: [B, T, 3*Ht]; ids_per_step[s]: [B, T] tokens fed at step s. Returns logits per
+        step: [B, T, Vd], or with rows[s] (indexes into the flattened B*T rows) [len(rows[s]), Vd] - the
+        rows the loss counts, so lm_head and the loss skip the rest."""
         hidden = self.fc(aux)
         cache: list = []
         out = []
         for s, ids in enumerate(ids_per_step):
-            logits, hidden = self.step(ids, hidden, positions + s, cache)
+            logits, hidden = self.step(ids, hidden, positions + s, cache, None if rows is None else rows[s])
             out.append(logits)
         return out
 

@@ -115,17 +115,13 @@ class TargetHead(nn.Module):
 
     @torch.no_grad()
     def probs(self, last: torch.Tensor, chunk: int = 8192) -> tuple[torch.Tensor, torch.Tensor]:
-        """last: [..., H] -> (probabilities over the draft vocab [..., Vd] fp32, target argmax [...]).
-
-        Every row, padding included (no data-dependent indexing, so no host sync); written chunk by chunk
-        into one preallocated output (the full-vocabulary logits exist for one chunk at a time)."""
-        lead = last.shape[:-1]
-        flat = last.reshape(-1, last.shape[-1])
-        n = flat.shape[0]
+        """last: [N, H] -> (probabilities over the draft vocab [N, Vd] fp32, target argmax [N]), written chunk
+        by chunk into one preallocated output (the full-vocabulary logits exist for one chunk at a time)."""
+        n = last.shape[0]
         out = torch.empty(n, self.d2t_ids.numel(), dtype=torch.float32, device=last.device)
         arg = torch.empty(n, dtype=torch.long, device=last.device)
         for i in range(0, n, chunk):
-            logits, am = self._draft_logits(flat[i : i + chunk])
+            logits, am = self._draft_logits(last[i : i + chunk])
             torch.softmax(logits.float(), dim=-1, out=out[i : i + chunk])
             arg[i : i + chunk] = am
-        return out.view(*lead, -1), arg.view(lead)
+        return out, arg

@@ -36,7 +36,7 @@ import torch
 from .checkpoint import latest_checkpoint, rng_state, save_checkpoint, set_rng_state
 from .data import BatchPlan, EpochLoader, TrainSamples, build_vocab_map, token_frequencies
 from .distributed import StopFlag, all_reduce_sum, init_distributed, shutdown_distributed
-from .loss import CrossEntropyKernels, ttt_loss
+from .loss import CrossEntropyKernels, plan_to, ttt_loss, ttt_plan
 from .model import Eagle3Draft, draft_config_from_target, export_draft
 from .progress import Metrics, TrainProgress
 from .target import TargetHead, target_head
@@ -274,7 +274,8 @@ class _Window:
 
     def __init__(self, k: int, device: torch.device):
         self.loss = torch.zeros((), device=device)
-        self.stats = torch.zeros(3 * k, device=device)  # loss_sum | correct | count, per TTT step
+        self.stats = torch.zeros(2 * k, device=device)  # loss_sum | correct, per TTT step
+        self.count = torch.zeros(k)  # counted rows per TTT step (host)
         self.wait = self.compute = 0.0
         self.tokens = self.steps = 0
 
@@ -282,7 +283,7 @@ class _Window:
 def _log_record(r: _Run, win: _Window, gnorm: torch.Tensor | None) -> dict:
     """The metrics line of a log step: the only place the loop reads device values."""
     k = r.tc.ttt_steps
-    vec = all_reduce_sum(win.stats.detach().clone())
+    vec = all_reduce_sum(torch.cat([win.stats.detach(), win.count.to(r.device)]))
     loss = all_reduce_sum(win.loss.detach().clone()) / max(1, win.steps * r.world)
     cnt = vec[2 * k :].clamp_min(1)
     elapsed = max(win.wait + win.compute, 1e-9)
@@ -302,12 +303,10 @@ def _log_record(r: _Run, win: _Window, gnorm: torch.Tensor | None) -> dict:
     }
 
 
-def _train_step(r: _Run, ddp: Any, batch: dict, kernels: CrossEntropyKernels, autocast: bool):
+def _train_step(r: _Run, ddp: Any, batch: dict, plan: dict, kernels: CrossEntropyKernels, autocast: bool):
     r.model.train()
-    if r.world > 1:
-        loss, st = _ddp_loss(ddp, r.model, r.head, batch, r.tc, autocast, kernels)
-    else:
-        loss, st = ttt_loss(r.model, r.head, batch, r.tc.ttt_steps, r.tc.ttt_decay, autocast, kernels)
+    model = r.model if r.world == 1 else _DDPProxy(ddp, r.model)
+    loss, st = ttt_loss(model, r.head, batch, r.tc.ttt_steps, r.tc.ttt_decay, autocast, kernels, plan)
     r.opt.zero_grad(set_to_none=True)
     loss.backward()
     gnorm = torch.nn.utils.clip_grad_norm_(r.params, r.tc.grad_clip) if r.tc.grad_clip > 0 else None
@@ -338,10 +337,12 @@ def _loop(r: _Run, ddp, metrics, progress, should_stop, max_steps_this_run, on_s
         for epoch, index, batch in stream if r.step < r.total_steps else ():
             t_got = time.perf_counter()
             tokens = int(batch["lengths"].sum())  # the CPU batch: no device sync
+            plan = plan_to(ttt_plan(batch["loss_mask"], tc.ttt_steps), device)
             batch = {k: v.to(device, non_blocking=True) for k, v in batch.items()}
-            loss, st, gnorm = _train_step(r, ddp, batch, kernels, autocast)
+            loss, st, gnorm = _train_step(r, ddp, batch, plan, kernels, autocast)
             win.loss += loss.detach()
-            win.stats += torch.cat([st["loss_sum"], st["correct"], st["count"]])
+            win.stats += torch.cat([st["loss_sum"], st["correct"]])
+            win.count += st["count"]
             r.step, r.epoch, r.batch_in_epoch = r.step + 1, epoch, index + 1
             steps_this_run += 1
             if on_step is not None:
@@ -433,14 +434,11 @@ def train(
     return result
 
 
-def _ddp_loss(ddp, model, head, batch, tc, autocast, kernels):
-    """The same loss through the DDP wrapper (its forward hooks do the gradient all-reduce)."""
+class _DDPProxy:
+    """The draft as ttt_loss sees it, called through the DDP wrapper (its hooks all-reduce the gradients)."""
 
-    class _Proxy:
-        cfg = model.cfg
-        draft_to_target = model.draft_to_target
+    def __init__(self, ddp: Any, model: Eagle3Draft):
+        self.ddp, self.cfg, self.draft_to_target = ddp, model.cfg, model.draft_to_target
 
-        def __call__(self, *a, **k):
-            return ddp(*a, **k)
-
-    return ttt_loss(_Proxy(), head, batch, tc.ttt_steps, tc.ttt_decay, autocast, kernels)
+    def __call__(self, *a, **k):
+        return self.ddp(*a, **k)

@@ -9,7 +9,7 @@ import torch.nn.functional as F
 from conftest import TINY, TINY_LAYERS
 
 from eagle_batch.train.data import build_vocab_map
-from eagle_batch.train.loss import CrossEntropyKernels, soft_cross_entropy, ttt_loss
+from eagle_batch.train.loss import CrossEntropyKernels, soft_cross_entropy, ttt_inputs, ttt_loss, ttt_plan
 from eagle_batch.train.model import Eagle3Draft, draft_config_from_target, target_head, ttt_attention
 from eagle_batch.train.target import TargetHead
 
@@ -229,21 +229,18 @@ def test_merged_ttt_attention_equals_masked(dtype, tol):
 
 
 def test_soft_cross_entropy_matches_autograd():
-    """The fused loss: same value and gradient as log_softmax autograd, on strided views, with masked rows
-    (a row with weight 0 gets no gradient)."""
+    """The loss function: same value and gradient as log_softmax autograd, target rows picked by index."""
     g = torch.Generator().manual_seed(0)
-    full = torch.randn(3, 11, 50, generator=g, requires_grad=True)
-    p = torch.softmax(torch.randn(3, 12, 50, generator=g) * 3, -1)
-    m = (torch.rand(3, 9, generator=g) > 0.4).float()
-    lg, pv = full[:, :9], p[:, 2:11]  # views, as the trainer passes them
-    got = soft_cross_entropy(lg, pv, m)
-    (grad_got,) = torch.autograd.grad(got * 1.7, full)
-    ref = (-(pv * torch.log_softmax(lg, -1)).sum(-1) * m).sum()
-    (grad_ref,) = torch.autograd.grad(ref * 1.7, full)
+    lg = torch.randn(7, 50, generator=g, requires_grad=True)
+    p_all = torch.softmax(torch.randn(12, 50, generator=g) * 3, -1)
+    idx = torch.tensor([3, 0, 11, 3, 5, 7, 1])
+    got = soft_cross_entropy(lg, p_all, idx)
+    (grad_got,) = torch.autograd.grad(got * 1.7, lg)
+    ref = -(p_all[idx] * torch.log_softmax(lg, -1)).sum()
+    (grad_ref,) = torch.autograd.grad(ref * 1.7, lg)
     torch.testing.assert_close(got, ref)
     torch.testing.assert_close(grad_got, grad_ref)
-    assert grad_got[:, :9][m == 0].abs().max() == 0 and grad_got[:, 9:].abs().max() == 0
-    bf = soft_cross_entropy(lg.detach().to(torch.bfloat16), pv, m)  # bf16 logits (autocast)
+    bf = soft_cross_entropy(lg.detach().to(torch.bfloat16), p_all, idx)  # bf16 logits (autocast)
     torch.testing.assert_close(bf, ref.detach(), atol=0.05, rtol=1e-2)
 
 
@@ -251,18 +248,48 @@ def test_soft_cross_entropy_matches_autograd():
 def test_compiled_loss_kernels_match_eager():
     """train.compile: the compiled forward/backward give the eager numbers (inductor's CPU backend here)."""
     g = torch.Generator().manual_seed(1)
-    full = torch.randn(2, 9, 40, generator=g, requires_grad=True)
-    p = torch.softmax(torch.randn(2, 10, 40, generator=g), -1)
-    m = (torch.rand(2, 7, generator=g) > 0.3).float()
+    p_all = torch.softmax(torch.randn(10, 40, generator=g), -1)
     kernels = CrossEntropyKernels(compiled=True)
-    out = {}
-    for name, k in (("eager", CrossEntropyKernels(compiled=False)), ("compiled", kernels)):
-        loss = soft_cross_entropy(full[:, :7], p[:, 1:8], m, k)
-        (grad,) = torch.autograd.grad(loss, full)
-        out[name] = (loss.detach(), grad)
-    assert kernels._compiled, "compilation fell back to eager"
-    torch.testing.assert_close(out["compiled"][0], out["eager"][0])
-    torch.testing.assert_close(out["compiled"][1], out["eager"][1])
+    for n in (7, 13):  # two sizes: the dynamic-shape graph serves both
+        lg = torch.randn(n, 40, generator=g, requires_grad=True)
+        idx = torch.randint(0, 10, (n,), generator=g)
+        out = {}
+        for name, k in (("eager", CrossEntropyKernels(compiled=False)), ("compiled", kernels)):
+            loss = soft_cross_entropy(lg, p_all, idx, k)
+            (grad,) = torch.autograd.grad(loss, lg)
+            out[name] = (loss.detach(), grad)
+        assert kernels._compiled, "compilation fell back to eager"
+        torch.testing.assert_close(out["compiled"][0], out["eager"][0])
+        torch.testing.assert_close(out["compiled"][1], out["eager"][1])
+
+
+def test_ttt_loss_equals_the_dense_definition(fake_target):
+    """The compacted loss (lm_head and CE on the counted rows only, via ttt_plan) equals the loss written
+    out densely: every row's logits, the target at position i+s+1, counted where loss_mask[i+s+2] == 1."""
+    m, th = make_draft(fake_target)
+    head = TargetHead(th["norm"], th["lm_head"].float(), 1e-5, m.draft_to_target)
+    batch = _batch(t=23, b=3, seed=4)
+    batch["loss_mask"][1, 3:8] = 1  # rows with different masks
+    batch["loss_mask"][2, 17:] = 1
+    loss, st = ttt_loss(m, head, batch, 4, 0.7, autocast=False)
+    ids, lm = batch["input_ids"], batch["loss_mask"].bool()
+    b, t = ids.shape
+    logits = m(batch["aux"], ttt_inputs(ids, 4), torch.arange(t).expand(b, t))
+    logp, arg = head(batch["last"].reshape(b * t, -1))
+    logp, arg = logp.view(b, t, -1), arg.view(b, t)
+    ref, sums, counts, hits = 0.0, [], [], []
+    for s in range(4):
+        n = t - s - 2
+        valid = lm[:, s + 2 :]
+        lq = torch.log_softmax(logits[s][:, :n], -1)
+        ce = -(logp[:, s + 1 : t - 1].exp() * lq).sum(-1)
+        sums.append(float(ce[valid].sum().detach()))
+        counts.append(int(valid.sum()))
+        hits.append(int((m.draft_to_target[logits[s][:, :n].argmax(-1)] == arg[:, s + 1 : t - 1])[valid].sum()))
+        ref = ref + 0.7**s * ce[valid].mean()
+    torch.testing.assert_close(loss, ref, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(st["loss_sum"], torch.tensor(sums), atol=1e-4, rtol=1e-5)
+    assert st["count"].tolist() == counts and st["correct"].tolist() == hits
 
 
 def test_ttt_loss_has_no_host_sync(fake_target):
@@ -282,8 +309,9 @@ def test_ttt_loss_has_no_host_sync(fake_target):
     m, th = make_draft(fake_target)
     head = TargetHead(th["norm"], th["lm_head"].float(), 1e-5, m.draft_to_target)
     batch = _batch()
+    plan = ttt_plan(batch["loss_mask"], 3)  # the trainer builds it from the CPU batch, before the step
     with Record() as rec:
-        loss, st = ttt_loss(m, head, batch, 3, 0.8, autocast=False)
+        loss, st = ttt_loss(m, head, batch, 3, 0.8, autocast=False, plan=plan)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(list(m.parameters()), 0.5)
     syncs = {op for op in rec.ops if "_local_scalar_dense" in op or "nonzero" in op or "is_nonzero" in op}
