@@ -157,6 +157,10 @@ class TrainConfig:
     name: str = "draft"
     steps: int = 1000
     epochs: int = 0  # >0 overrides steps
+    # >0: fit the run into this many seconds from its first step (overrides steps / epochs once measured):
+    # after a few warm-up steps the speed is measured and the schedule's total set so the cosine ends
+    # with the budget; the draft is exported as usual.
+    time_budget_s: float = 0.0
     lr: float = 3e-4
     min_lr_ratio: float = 0.1
     warmup_steps: int = 50

@@ -71,6 +71,12 @@ class TrainProgress:
             self.stream.write(f"train: {msg}\n")
             self.stream.flush()
 
+    def set_total(self, total: int) -> None:
+        self.total = total
+        if self.bar is not None:
+            self.bar.total = total
+            self.bar.refresh()
+
     def step(self) -> None:
         if self.bar is not None:
             self.bar.update(1)

@@ -22,7 +22,6 @@ metrics.jsonl (one line per logged step), tb/ (TensorBoard), export/ (the vLLM f
 from __future__ import annotations
 
 import json
-import math
 import random
 import time
 from collections.abc import Callable
@@ -39,23 +38,10 @@ from .distributed import StopFlag, all_reduce_sum, init_distributed, shutdown_di
 from .loss import CrossEntropyKernels, plan_to, ttt_loss, ttt_plan
 from .model import Eagle3Draft, draft_config_from_target, export_draft
 from .progress import Metrics, TrainProgress
+from .schedule import TimeBudget, lr_lambda
 from .target import TargetHead, target_head
 
 __all__ = ["train", "ttt_loss", "output_dir", "latest_checkpoint", "init_distributed", "shutdown_distributed"]
-
-# ----------------------------------------------------------------------------------------------------
-# Schedule, RNG, checkpoints
-
-
-def lr_lambda(warmup: int, total: int, min_ratio: float) -> Callable[[int], float]:
-    def f(step: int) -> float:
-        if warmup > 0 and step < warmup:
-            return (step + 1) / warmup
-        progress = min(1.0, (step - warmup) / max(1, total - warmup))
-        return min_ratio + (1.0 - min_ratio) * 0.5 * (1.0 + math.cos(math.pi * progress))
-
-    return f
-
 
 # ----------------------------------------------------------------------------------------------------
 # Training
@@ -115,6 +101,7 @@ class _Run:
     step: int = 0
     epoch: int = 0
     batch_in_epoch: int = 0
+    budget_total: int = 0  # the total steps train.time_budget_s set (kept across a resume)
 
 
 def _load_dataset(cfg, dataset: Any) -> Any:
@@ -235,6 +222,10 @@ def _setup(cfg, dataset, progress_enabled: bool) -> tuple[_Run, TrainProgress, d
         opt.load_state_dict(ckpt["optimizer"])
         sched.load_state_dict(ckpt["scheduler"])
         r.step, r.epoch, r.batch_in_epoch = ckpt["step"], ckpt["epoch"], ckpt["batch_in_epoch"]
+        r.budget_total = int(ckpt.get("budget_total", 0))
+        r.total_steps = r.budget_total or total_steps
+        sched.lr_lambdas[0].total = r.total_steps
+        progress.set_total(r.total_steps)
         rngs = ckpt.get("rng", {})
         if str(rank) in rngs:
             set_rng_state(rngs[str(rank)])
@@ -262,6 +253,7 @@ def _checkpoint_state(r: _Run) -> dict:
         "step": r.step,
         "epoch": r.epoch,
         "batch_in_epoch": r.batch_in_epoch,
+        "budget_total": r.budget_total,
         "world_size": r.world,
         "rng": {str(i): s for i, s in enumerate(rngs)},
         "draft_config": r.dcfg.to_json(),
@@ -315,6 +307,15 @@ def _train_step(r: _Run, ddp: Any, batch: dict, plan: dict, kernels: CrossEntrop
     return loss, st, gnorm
 
 
+def _set_total(r: _Run, total: int, progress: TrainProgress, metrics: Any, why: str) -> None:
+    """Move the end of the run (and of the cosine) to step `total`."""
+    r.total_steps = r.budget_total = total
+    r.sched.lr_lambdas[0].total = total
+    progress.set_total(total)
+    progress.note(f"{why}: the run ends at step {total}")
+    metrics.log({"event": "total_steps", "step": r.step, "total_steps": total, "why": why})
+
+
 def _loop(r: _Run, ddp, metrics, progress, should_stop, max_steps_this_run, on_step) -> str:
     """Run steps until the plan's end, a stop request or the step limit; returns "done" or "stopped"."""
     tc, device = r.tc, r.device
@@ -323,6 +324,7 @@ def _loop(r: _Run, ddp, metrics, progress, should_stop, max_steps_this_run, on_s
     stop_flag = StopFlag(r.world, device)
     status, steps_this_run, gnorm = "done", 0, None
     win = _Window(tc.ttt_steps, device)
+    budget = TimeBudget(0.0 if r.budget_total else tc.time_budget_s)  # a resumed budget run keeps its total
     # An empty epoch raises "no training batches" from the stream's first batch.
     stream = EpochLoader(
         r.samples,
@@ -333,6 +335,7 @@ def _loop(r: _Run, ddp, metrics, progress, should_stop, max_steps_this_run, on_s
         pin_memory=device.type == "cuda",
     ).stream(r.epoch, skip=r.batch_in_epoch)
     t_last = time.perf_counter()
+    budget.start()
     try:
         for epoch, index, batch in stream if r.step < r.total_steps else ():
             t_got = time.perf_counter()
@@ -347,7 +350,13 @@ def _loop(r: _Run, ddp, metrics, progress, should_stop, max_steps_this_run, on_s
             steps_this_run += 1
             if on_step is not None:
                 on_step(r.step, batch)
+            new_total = budget.new_total(r, steps_this_run)
+            if new_total is not None:
+                _set_total(r, new_total, progress, metrics, f"time budget {tc.time_budget_s:g} s")
             log_now = r.step % max(1, tc.log_every) == 0 or r.step == r.total_steps or r.step == 1
+            if budget.over(r, log_now) and r.step < r.total_steps:
+                _set_total(r, r.step, progress, metrics, "past 1.05x the time budget")
+                log_now = True
             if log_now and device.type == "cuda":
                 torch.cuda.synchronize()  # the window's wall time then covers its device work
             t_done = time.perf_counter()

@@ -7,6 +7,7 @@ import json
 from pathlib import Path
 
 import numpy as np
+import pytest
 import torch
 from conftest import tiny_cfg
 
@@ -114,3 +115,33 @@ def test_lm_head_init_target_and_freeze(tmp_path, fake_target, tiny_dataset):
     th = target_head(fake_target)
     torch.testing.assert_close(ck["model"]["lm_head.weight"], th["lm_head"][ids].float())
     assert not torch.equal(ck["model"]["fc.weight"], torch.zeros_like(ck["model"]["fc.weight"]))
+
+
+@pytest.mark.slow  # runs for its budget (40 s): the measurement must come well before the budget ends
+def test_time_budget_sets_the_schedule_length(tmp_path, fake_target, tiny_dataset):
+    """train.time_budget_s: after warm-up the speed is measured and the run (and its cosine) sized to end
+    with the budget; the draft is exported as usual."""
+    import time
+
+    cfg = tiny_cfg(
+        tmp_path / "run",
+        fake_target,
+        "train.steps=100000",
+        "train.time_budget_s=40",
+        "train.checkpoint_every=100000",
+        "train.log_every=5",
+        "train.min_lr_ratio=0.1",
+        "train.lr=1e-3",
+    )
+    t0 = time.perf_counter()
+    r = train(cfg, dataset=tiny_dataset)
+    elapsed = time.perf_counter() - t0
+    assert r["status"] == "done" and "export_dir" in r
+    recs = [json.loads(x) for x in (tmp_path / "run" / "train" / "draft" / "metrics.jsonl").read_text().splitlines()]
+    events = [x for x in recs if x.get("event") == "total_steps"]
+    assert events and events[0]["step"] == 25 and events[0]["total_steps"] > 25  # 5 skipped + 20 timed
+    assert r["step"] == r["total_steps"] == events[-1]["total_steps"] < 100000
+    last = [x for x in recs if "loss" in x][-1]
+    if len(events) == 1:  # ended on its schedule (not cut at 1.05x): the cosine reached its floor
+        assert abs(last["lr"] - 1e-4) < 1e-6
+    assert elapsed < 40 * 1.05 + 30  # the budget bounds the loop; setup and export add a little
