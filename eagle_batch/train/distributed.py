@@ -60,7 +60,9 @@ class StopFlag:
     def __call__(self, local: bool) -> bool:
         if self.world == 1:
             return local
-        flag = torch.tensor([1.0 if local else 0.0], device=self.device)
+        # torch.full launches a fill; torch.tensor([...], device=cuda) would copy from pageable memory and
+        # synchronize the stream.
+        flag = torch.full((1,), 1.0 if local else 0.0, device=self.device)
         work = torch.distributed.all_reduce(flag, async_op=True)
         host, event = flag, None
         if self.device.type == "cuda":
@@ -79,3 +81,13 @@ class StopFlag:
         if event is not None:
             event.synchronize()
         return bool(host[0] > 0)
+
+    def drain(self) -> None:
+        """Wait for the last all-reduce still in flight (the loop ended before reading it)."""
+        if self.pending is not None:
+            work, event, _ = self.pending
+            if work is not None:
+                work.wait()
+            if event is not None:
+                event.synchronize()
+            self.pending = None

@@ -383,6 +383,7 @@ def _loop(r: _Run, ddp, metrics, progress, should_stop, max_steps_this_run, on_s
             if r.step >= r.total_steps:
                 break
     finally:
+        stop_flag.drain()
         stream.close()
     return status
 
