@@ -24,8 +24,10 @@ def config_sources(args: argparse.Namespace) -> tuple[list[str], list[str]]:
     return files, overrides
 
 
-def config_from_args(args: argparse.Namespace) -> RunConfig:
-    files, overrides = config_sources(args)
+def config_from_args(args: argparse.Namespace, overrides: list[str] | None = None) -> RunConfig:
+    """The config of CONFIG.yaml ... key=value (`overrides` replaces the command line's key=value list)."""
+    files, given = config_sources(args)
+    overrides = given if overrides is None else overrides
     if not files:
         raise ConfigError(
             "no config file given: name at least one YAML file (e.g. configs/demo.yaml) before the key=value overrides."

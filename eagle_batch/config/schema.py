@@ -193,6 +193,10 @@ class TrainConfig:
     name: str = "draft"
     steps: int = 1000
     epochs: int = 0  # >0 overrides steps
+    # >0: fit the run into this many seconds from its first step (overrides steps / epochs once measured):
+    # after a few warm-up steps the speed is measured and the schedule's total set so the cosine ends
+    # with the budget; the draft is exported as usual.
+    time_budget_s: float = 0.0
     lr: float = 3e-4
     min_lr_ratio: float = 0.1
     warmup_steps: int = 50
@@ -225,6 +229,20 @@ class TrainConfig:
     # Top-1 accuracy against the target's argmax over its full vocabulary (full) or only over the draft
     # vocabulary (draft: skips V x H target logits per token; an upper bound; for CPU runs).
     accuracy_vs: str = "full"
+    # Progress on stderr (rank 0): a bar on a terminal, else one line per logged step; false: neither
+    # (`eagle-batch train --no-progress`). metrics.jsonl is written either way.
+    progress: bool = True
+    # torch.compile the loss's memory-bound passes over [tokens, draft_vocab] (the largest cost of a GPU step
+    # after the lm_head matmul); falls back to eager, with a warning, if compiling fails.
+    compile: bool = False
+    # TTT attention: merged (causal SDPA over the context + the chain's diagonal terms merged exactly; fused
+    # kernels, O(T^2)) or masked (one SDPA over all steps' keys with a mask; O(steps x T^2); the reference).
+    ttt_attention: str = "merged"
+    # The draft's lm_head and final norm at the start: random (std 0.02, as SpecForge) or target (the target's
+    # lm_head rows of the draft vocabulary and its final norm, as speculators).
+    lm_head_init: str = "random"
+    # Keep the draft's lm_head fixed (speculators does, with lm_head_init=target).
+    freeze_lm_head: bool = False
 
 
 @dataclass

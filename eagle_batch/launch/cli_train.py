@@ -30,6 +30,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         help="Slurm: start after RUN's extraction arrays succeed (afterok); aggregates first",
     )
     p.add_argument("--dry-run", action="store_true", help="print the task configurations and exit")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar or lines (= train.progress=false)")
 
 
 def _flatten(d: dict, prefix: str = "") -> list[str]:
@@ -61,7 +62,8 @@ def sweep_configs(base: RunConfig, files: list[str], overrides: list[str]) -> li
 
 def task_configs(args: argparse.Namespace) -> list[RunConfig]:
     files, overrides = config_sources(args)
-    return sweep_configs(config_from_args(args), files, overrides)
+    overrides += ["train.progress=false"] * args.no_progress
+    return sweep_configs(config_from_args(args, overrides), files, overrides)
 
 
 def run(args: argparse.Namespace) -> int:

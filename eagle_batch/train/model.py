@@ -30,6 +30,8 @@ import torch.nn.functional as F
 
 from eagle_batch.models.folder import honour_umask
 
+from .target import TargetHead, load_target_tensors, target_head  # noqa: F401 - re-exported (bench, tests)
+
 
 @dataclass
 class DraftConfig:
@@ -100,7 +102,9 @@ def draft_config_from_target(
         aux_layer_ids=list(aux_layer_ids),
         last_layer_id=int(last_layer_id),
         rope=rope,
-        hidden_act=str(tc.get("hidden_act", "silu")),
+        # The draft's MLP is vLLM's LlamaMLP (SiluAndMul, which rejects any other activation) whatever the
+        # target's own activation: the training MLP is silu too (DraftMLP).
+        hidden_act="silu",
         target_architecture=(raw.get("architectures") or ["LlamaForCausalLM"])[0],
     )
 
@@ -154,10 +158,85 @@ def ttt_mask(t: int, steps_before: int, device) -> torch.Tensor:
     return torch.cat([causal] + [eye] * steps_before, dim=1)
 
 
+def _expand_kv(x: torch.Tensor, heads: int) -> torch.Tensor:
+    """[B, kv_heads, T, D] -> [B, heads, T, D]; query head h uses kv head h // (heads // kv_heads), as in
+    SDPA's enable_gqa. Expanded explicitly so that every SDPA backend (flash, cuDNN, memory-efficient)
+    qualifies whatever its GQA support in the installed torch."""
+    rep = heads // x.shape[1]
+    if rep == 1:
+        return x
+    b, kv, t, d = x.shape
+    return x[:, :, None].expand(b, kv, rep, t, d).reshape(b, kv * rep, t, d)
+
+
+def _split_hi_lo(x: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+    """x (fp32) as hi + lo in `dtype`: |x - (hi + lo)| ~ |x| * 2^-16 in bf16 (one bf16 number alone is off
+    by ~|x| * 2^-9, too coarse for a log-weight). The gradient reaches x unchanged through hi + lo."""
+    hi = x.to(dtype)
+    return hi, (x - hi.float()).to(dtype)
+
+
+def ttt_attention(
+    q: torch.Tensor, cache: list[tuple[torch.Tensor, torch.Tensor]], impl: str = "merged"
+) -> torch.Tensor:
+    """Attention of TTT step s = len(cache) - 1. q: [B, heads, T, D]; cache[j] = (k_j, v_j) [B, kv_heads, T, D].
+
+    Row i sees the step-0 keys of rows <= i and the step-j keys of row i for 1 <= j <= s. Two exact
+    implementations:
+
+    - "masked": one SDPA over the concatenated keys [step 0 | ... | step s] with a bool mask: O((s+1) T^2)
+      scores, and an explicit mask rules out the flash kernels. The reference.
+    - "merged" (default): causal SDPA over step 0 (flash-eligible, O(T^2 / 2)) merged with the s diagonal
+      terms, computed per row in O(s T). With Z0 = sum_j exp(a_ij) over the causal scores and
+      D = sum_k exp(d_ik) over the diagonal scores,
+          out = (Z0 * o_causal + sum_k exp(d_ik) v_k,i) / (Z0 + D).
+      SDPA does not return Z0, so the merge runs inside it: a sink key at position 0 that every query sees
+      has score log D (carried by two extra query dims, hi + lo, against two 1s in the sink key) and value
+      e (one extra value dim). Its output is then (Z0 * [o_causal, 0] + D * [0, 1]) / (Z0 + D): the first D
+      dims are the causal part, the extra dim the weight of the diagonal part, whose normalized value
+      average is added in plain tensor ops. Everything is differentiable (SDPA's own backward).
+    """
+    b, h, t, d = q.shape
+    k0, v0 = _expand_kv(cache[0][0], h), _expand_kv(cache[0][1], h)
+    s = len(cache) - 1
+    if s == 0:
+        return F.scaled_dot_product_attention(q, k0, v0, is_causal=True)
+    scale = d**-0.5
+    if impl == "masked":
+        keys = torch.cat([k0] + [_expand_kv(k, h) for k, _ in cache[1:]], dim=2)
+        values = torch.cat([v0] + [_expand_kv(v, h) for _, v in cache[1:]], dim=2)
+        return F.scaled_dot_product_attention(q, keys, values, attn_mask=ttt_mask(t, s, q.device))
+    if impl != "merged":
+        raise ValueError(f"train.ttt_attention={impl!r}: expected 'merged' or 'masked'")
+    kd = torch.stack([_expand_kv(k, h) for k, _ in cache[1:]], dim=-2)  # [B, h, T, s, D]
+    vd = torch.stack([_expand_kv(v, h) for _, v in cache[1:]], dim=-2)
+    diag = (q.float()[..., None, :] * kd.float()).sum(-1) * scale  # [B, h, T, s]
+    log_d = torch.logsumexp(diag, dim=-1)  # [B, h, T]
+    v_diag = (torch.softmax(diag, dim=-1)[..., None] * vd.float()).sum(-2)  # [B, h, T, D]
+    # The sink's score is scale * (hi + lo) * 1 = log D: the query carries log D / scale.
+    hi, lo = _split_hi_lo(log_d / scale, q.dtype)
+    pad = 8  # head dims that are multiples of 8 keep every fused SDPA kernel eligible
+    zeros = q.new_zeros(b, h, t, pad - 2)
+    q_aug = torch.cat([q, hi[..., None], lo[..., None], zeros], dim=-1)
+    k_aug = F.pad(k0, (0, pad))
+    v_aug = F.pad(v0, (0, pad))
+    sink_k = q.new_zeros(b, h, 1, d + pad)
+    sink_k[..., d : d + 2] = 1.0
+    sink_v = q.new_zeros(b, h, 1, d + pad)
+    sink_v[..., d] = 1.0
+    # A dummy query row 0 makes the causal square: query row i+1 sees the sink and keys 0..i.
+    q_aug = torch.cat([q.new_zeros(b, h, 1, d + pad), q_aug], dim=2)
+    k_aug = torch.cat([sink_k, k_aug], dim=2)
+    v_aug = torch.cat([sink_v, v_aug], dim=2)
+    o = F.scaled_dot_product_attention(q_aug, k_aug, v_aug, is_causal=True, scale=scale)[:, :, 1:]
+    return (o[..., :d].float() + o[..., d : d + 1].float() * v_diag).to(q.dtype)
+
+
 class DraftAttention(nn.Module):
-    def __init__(self, cfg: DraftConfig):
+    def __init__(self, cfg: DraftConfig, impl: str = "merged"):
         super().__init__()
         self.cfg = cfg
+        self.impl = impl
         h, hd = cfg.hidden_size, cfg.head_dim
         self.q_proj = nn.Linear(2 * h, cfg.num_attention_heads * hd, bias=False)
         self.k_proj = nn.Linear(2 * h, cfg.num_key_value_heads * hd, bias=False)
@@ -191,17 +270,7 @@ class DraftAttention(nn.Module):
         v = self.v_proj(x).view(b, t, c.num_key_value_heads, c.head_dim).transpose(1, 2)
         q, k = self._rope(q, positions), self._rope(k, positions)
         cache.append((k, v))
-        # One fused attention over the concatenated keys [step 0 | step 1 | ... | step s] with a mask
-        # (causal block, then a diagonal per later step): SDPA's memory-efficient / flash kernels keep
-        # memory O(T) instead of materializing [B, heads, T, T] scores for every unrolled step.
-        s = len(cache) - 1
-        keys = torch.cat([kv[0] for kv in cache], dim=2) if s else k
-        values = torch.cat([kv[1] for kv in cache], dim=2) if s else v
-        gqa = c.num_attention_heads != c.num_key_value_heads
-        if s == 0:
-            out = F.scaled_dot_product_attention(q, keys, values, is_causal=True, enable_gqa=gqa)
-        else:
-            out = F.scaled_dot_product_attention(q, keys, values, attn_mask=ttt_mask(t, s, x.device), enable_gqa=gqa)
+        out = ttt_attention(q, cache, self.impl)
         out = out.transpose(1, 2).reshape(b, t, c.num_attention_heads * c.head_dim)
         return self.o_proj(out)
 
@@ -258,6 +327,15 @@ class Eagle3Draft(nn.Module):
             if isinstance(m, nn.Linear):
                 nn.init.normal_(m.weight, 0.0, std)
 
+    @torch.no_grad()
+    def init_head_from_target(self, lm_head_w: torch.Tensor, norm_w: torch.Tensor) -> None:
+        """lm_head = the target's lm_head rows of the draft vocabulary, norm = the target's final norm (call
+        after set_vocab_map): the draft then starts out reading its state the way the target reads its own
+        last layer, as speculators initializes its drafts (which also keep lm_head frozen)."""
+        ids = self.draft_to_target.to(lm_head_w.device)
+        self.lm_head.weight.copy_(lm_head_w[ids].to(self.lm_head.weight))
+        self.norm.weight.copy_(norm_w.to(self.norm.weight))
+
     def set_vocab_map(self, draft_to_target: torch.Tensor) -> None:
         """draft_to_target: sorted target ids of the draft vocabulary, length draft_vocab_size."""
         ids = draft_to_target.to(torch.long)
@@ -274,125 +352,32 @@ class Eagle3Draft(nn.Module):
         return F.embedding(ids, self.embed_tokens)
 
     def step(
-        self, ids: torch.Tensor, hidden: torch.Tensor, positions: torch.Tensor, cache: list
+        self, ids: torch.Tensor, hidden: torch.Tensor, positions: torch.Tensor, cache: list, rows=None
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        """One draft step: returns (draft-vocab logits, pre-norm hidden to feed back)."""
+        """One draft step: (draft-vocab logits, pre-norm hidden to feed back). rows: logits only for these
+        rows of the flattened [B*T] batch ([len(rows), Vd]); None: all ([B, T, Vd])."""
         emb = self.embed(ids).to(hidden.dtype)
         pre = self.midlayer(emb, hidden, positions, cache)
-        return self.lm_head(self.norm(pre)), pre
+        out = pre if rows is None else pre.flatten(0, 1).index_select(0, rows)
+        return self.lm_head(self.norm(out)), pre
 
     def forward(
-        self, aux: torch.Tensor, ids_per_step: list[torch.Tensor], positions: torch.Tensor
+        self,
+        aux: torch.Tensor,
+        ids_per_step: list[torch.Tensor],
+        positions: torch.Tensor,
+        rows: list[torch.Tensor] | None = None,
     ) -> list[torch.Tensor]:
-        """TTT unroll. aux: [B, T, 3*Ht]; ids_per_step[s]: [B, T] tokens fed at step s. Returns logits per step."""
+        """TTT unroll. aux: [B, T, 3*Ht]; ids_per_step[s]: [B, T] tokens fed at step s. Returns logits per
+        step: [B, T, Vd], or with rows[s] (indexes into the flattened B*T rows) [len(rows[s]), Vd] - the
+        rows the loss counts, so lm_head and the loss skip the rest."""
         hidden = self.fc(aux)
         cache: list = []
         out = []
         for s, ids in enumerate(ids_per_step):
-            logits, hidden = self.step(ids, hidden, positions + s, cache)
+            logits, hidden = self.step(ids, hidden, positions + s, cache, None if rows is None else rows[s])
             out.append(logits)
         return out
-
-
-# ----------------------------------------------------------------------------------------------------
-# Target pieces (frozen): embedding, final norm, lm_head, read from the target's safetensors.
-
-
-def load_target_tensors(target_path: str | os.PathLike, names: dict[str, list[str]]) -> dict[str, torch.Tensor]:
-    """Load only the named tensors (first alias found wins) from a target's safetensors files."""
-    from safetensors import safe_open
-
-    target_path = Path(target_path)
-    files = sorted(target_path.glob("*.safetensors"))
-    if not files:
-        raise FileNotFoundError(
-            f"{target_path}: no *.safetensors files (the draft needs the target's embedding, final norm and lm_head)"
-        )
-    index: dict[str, Path] = {}
-    for f in files:
-        with safe_open(str(f), "pt") as sf:
-            for k in sf.keys():
-                index[k] = f
-    out: dict[str, torch.Tensor] = {}
-    for key, aliases in names.items():
-        for a in aliases:
-            if a in index:
-                with safe_open(str(index[a]), "pt") as sf:
-                    out[key] = sf.get_tensor(a)
-                break
-    return out
-
-
-def target_head(target_path: str | os.PathLike) -> dict[str, torch.Tensor]:
-    """embed [V, H], norm [H], lm_head [V, H] (the embedding when the target ties them)."""
-    t = load_target_tensors(
-        target_path,
-        {
-            "embed": [
-                "model.embed_tokens.weight",
-                "model.language_model.embed_tokens.weight",
-                "language_model.model.embed_tokens.weight",
-                "embed_tokens.weight",
-            ],
-            "norm": [
-                "model.norm.weight",
-                "model.language_model.norm.weight",
-                "language_model.model.norm.weight",
-                "norm.weight",
-            ],
-            "lm_head": ["lm_head.weight", "language_model.lm_head.weight"],
-        },
-    )
-    if "embed" not in t or "norm" not in t:
-        raise KeyError(
-            f"{target_path}: could not find the embedding / final norm weights "
-            f"(found {sorted(t)}); is this a Llama-like checkpoint?"
-        )
-    if "lm_head" not in t:  # tie_word_embeddings
-        t["lm_head"] = t["embed"]
-    return t
-
-
-class TargetHead(nn.Module):
-    """The target's final norm + lm_head restricted to what the loss needs (frozen).
-
-    `full_argmax=False` skips the full-vocabulary logits (the expensive part on a CPU: V x H per token)
-    and reports the argmax over the draft vocabulary instead; accuracy is then an upper bound (a token
-    outside the draft vocabulary can never be drafted).
-    """
-
-    def __init__(
-        self,
-        norm_w: torch.Tensor,
-        lm_head_w: torch.Tensor,
-        eps: float,
-        draft_to_target: torch.Tensor,
-        full_argmax: bool = True,
-    ):
-        super().__init__()
-        self.register_buffer("norm_w", norm_w.float(), persistent=False)
-        self.full_argmax = full_argmax
-        ids = draft_to_target.long().to(lm_head_w.device)
-        self.register_buffer("lm_head_w", lm_head_w if full_argmax else lm_head_w[ids].clone(), persistent=False)
-        self.register_buffer("d2t_ids", draft_to_target.long(), persistent=False)
-        self.eps = eps
-
-    @torch.no_grad()
-    def forward(self, last: torch.Tensor, chunk: int = 4096) -> tuple[torch.Tensor, torch.Tensor]:
-        """last: [N, H] pre-norm last-layer states -> (log-probs over the draft vocab [N, Vd], argmax [N])."""
-        logps, argmax = [], []
-        w = self.lm_head_w
-        for i in range(0, last.shape[0], chunk):
-            x = last[i : i + chunk].float()
-            x = (x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps)) * self.norm_w
-            logits = x.to(w.dtype) @ w.T  # [n, V] (full) or [n, Vd]
-            if self.full_argmax:
-                argmax.append(logits.argmax(-1))
-                logits = logits[:, self.d2t_ids]
-            else:
-                argmax.append(self.d2t_ids[logits.argmax(-1)])
-            logps.append(torch.log_softmax(logits.float(), dim=-1))
-        return torch.cat(logps), torch.cat(argmax)
 
 
 # ----------------------------------------------------------------------------------------------------

@@ -3,13 +3,15 @@
 from __future__ import annotations
 
 import numpy as np
+import pytest
 import torch
 import torch.nn.functional as F
 from conftest import TINY, TINY_LAYERS
 
 from eagle_batch.train.data import build_vocab_map
-from eagle_batch.train.model import Eagle3Draft, TargetHead, draft_config_from_target, target_head
-from eagle_batch.train.trainer import ttt_loss
+from eagle_batch.train.loss import CrossEntropyKernels, soft_cross_entropy, ttt_inputs, ttt_loss, ttt_plan
+from eagle_batch.train.model import Eagle3Draft, draft_config_from_target, target_head, ttt_attention
+from eagle_batch.train.target import TargetHead
 
 
 def make_draft(target, vocab_size=128, seed=0):
@@ -168,7 +170,7 @@ def test_loss_only_where_loss_mask(fake_target):
     b4 = {k: v.clone() for k, v in batch.items()}
     b4["loss_mask"].zero_()
     loss4, st4 = ttt_loss(m, head, b4, 3, 0.8, autocast=False)
-    assert float(loss4) == 0.0 and st4["count"].sum() == 0
+    assert float(loss4.detach()) == 0.0 and st4["count"].sum() == 0
 
 
 def test_target_distribution_and_accuracy(fake_target):
@@ -192,3 +194,170 @@ def test_target_head_draft_only_argmax(fake_target):
     (lp1, _), (lp2, a2) = full(last), cheap(last)
     torch.testing.assert_close(lp1, lp2)
     assert a2.tolist() == m.draft_to_target[lp1.argmax(-1)].tolist()
+
+
+def _qkv_cache(b, heads, kv_heads, t, d, steps, dtype, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    q = (torch.randn(b, heads, t, d, generator=g) * 2).to(dtype).requires_grad_()
+    cache = [
+        (
+            (torch.randn(b, kv_heads, t, d, generator=g) * 2).to(dtype).requires_grad_(),
+            torch.randn(b, kv_heads, t, d, generator=g).to(dtype).requires_grad_(),
+        )
+        for _ in range(steps)
+    ]
+    return q, cache
+
+
+@pytest.mark.parametrize("dtype,tol", [(torch.float32, 2e-5), (torch.bfloat16, 3e-2)])
+def test_merged_ttt_attention_equals_masked(dtype, tol):
+    """The default attention (causal SDPA merged with the diagonal terms through a sink key) gives the
+    masked reference's output and gradients at every TTT step, with grouped KV heads, in fp32 and bf16
+    (the sink's log-weight goes in as hi + lo, so bf16 loses nothing beyond bf16 inputs)."""
+    for steps in (1, 2, 4, 7):
+        q, cache = _qkv_cache(2, 6, 2, 19, 16, steps, dtype, seed=steps)
+        grad_out = torch.randn(2, 6, 19, 16).to(dtype)
+        outs = {}
+        for impl in ("merged", "masked"):
+            for x in [q] + [t for kv in cache for t in kv]:
+                x.grad = None
+            out = ttt_attention(q, cache, impl)
+            (out.float() * grad_out.float()).sum().backward()
+            outs[impl] = [out.detach().float()] + [x.grad.float() for x in [q] + [t for kv in cache for t in kv]]
+        for a, b in zip(outs["merged"], outs["masked"], strict=True):
+            torch.testing.assert_close(a, b, atol=tol, rtol=tol)
+
+
+def test_soft_cross_entropy_matches_autograd():
+    """The loss function: same value and gradient as log_softmax autograd, target rows picked by index."""
+    g = torch.Generator().manual_seed(0)
+    lg = torch.randn(7, 50, generator=g, requires_grad=True)
+    p_all = torch.softmax(torch.randn(12, 50, generator=g) * 3, -1)
+    idx = torch.tensor([3, 0, 11, 3, 5, 7, 1])
+    got = soft_cross_entropy(lg, p_all, idx)
+    (grad_got,) = torch.autograd.grad(got * 1.7, lg)
+    ref = -(p_all[idx] * torch.log_softmax(lg, -1)).sum()
+    (grad_ref,) = torch.autograd.grad(ref * 1.7, lg)
+    torch.testing.assert_close(got, ref)
+    torch.testing.assert_close(grad_got, grad_ref)
+    bf = soft_cross_entropy(lg.detach().to(torch.bfloat16), p_all, idx)  # bf16 logits (autocast)
+    torch.testing.assert_close(bf, ref.detach(), atol=0.05, rtol=1e-2)
+
+
+@pytest.mark.slow  # inductor's C++ compile: ~100 s on a busy 2-core machine
+def test_compiled_loss_kernels_match_eager():
+    """train.compile: the compiled forward/backward give the eager numbers (inductor's CPU backend here)."""
+    g = torch.Generator().manual_seed(1)
+    p_all = torch.softmax(torch.randn(10, 40, generator=g), -1)
+    kernels = CrossEntropyKernels(compiled=True)
+    for n in (7, 13):  # two sizes: the dynamic-shape graph serves both
+        lg = torch.randn(n, 40, generator=g, requires_grad=True)
+        idx = torch.randint(0, 10, (n,), generator=g)
+        out = {}
+        for name, k in (("eager", CrossEntropyKernels(compiled=False)), ("compiled", kernels)):
+            loss = soft_cross_entropy(lg, p_all, idx, k)
+            (grad,) = torch.autograd.grad(loss, lg)
+            out[name] = (loss.detach(), grad)
+        assert kernels._compiled, "compilation fell back to eager"
+        torch.testing.assert_close(out["compiled"][0], out["eager"][0])
+        torch.testing.assert_close(out["compiled"][1], out["eager"][1])
+
+
+def test_ttt_loss_equals_the_dense_definition(fake_target):
+    """The compacted loss (lm_head and CE on the counted rows only, via ttt_plan) equals the loss written
+    out densely: every row's logits, the target at position i+s+1, counted where loss_mask[i+s+2] == 1."""
+    m, th = make_draft(fake_target)
+    head = TargetHead(th["norm"], th["lm_head"].float(), 1e-5, m.draft_to_target)
+    batch = _batch(t=23, b=3, seed=4)
+    batch["loss_mask"][1, 3:8] = 1  # rows with different masks
+    batch["loss_mask"][2, 17:] = 1
+    loss, st = ttt_loss(m, head, batch, 4, 0.7, autocast=False)
+    ids, lm = batch["input_ids"], batch["loss_mask"].bool()
+    b, t = ids.shape
+    logits = m(batch["aux"], ttt_inputs(ids, 4), torch.arange(t).expand(b, t))
+    logp, arg = head(batch["last"].reshape(b * t, -1))
+    logp, arg = logp.view(b, t, -1), arg.view(b, t)
+    ref, sums, counts, hits = 0.0, [], [], []
+    for s in range(4):
+        n = t - s - 2
+        valid = lm[:, s + 2 :]
+        lq = torch.log_softmax(logits[s][:, :n], -1)
+        ce = -(logp[:, s + 1 : t - 1].exp() * lq).sum(-1)
+        sums.append(float(ce[valid].sum().detach()))
+        counts.append(int(valid.sum()))
+        hits.append(int((m.draft_to_target[logits[s][:, :n].argmax(-1)] == arg[:, s + 1 : t - 1])[valid].sum()))
+        ref = ref + 0.7**s * ce[valid].mean()
+    torch.testing.assert_close(loss, ref, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(st["loss_sum"], torch.tensor(sums), atol=1e-4, rtol=1e-5)
+    assert st["count"].tolist() == counts and st["correct"].tolist() == hits
+
+
+def test_ttt_loss_has_no_host_sync(fake_target):
+    """A training step reads nothing back to the host: no .item()/bool() (aten._local_scalar_dense), no
+    boolean-mask indexing (aten.nonzero). On a GPU each of those stalls the device queue."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    class Record(TorchDispatchMode):
+        def __init__(self):
+            super().__init__()
+            self.ops = set()
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            self.ops.add(str(func.overloadpacket))
+            return func(*args, **(kwargs or {}))
+
+    m, th = make_draft(fake_target)
+    head = TargetHead(th["norm"], th["lm_head"].float(), 1e-5, m.draft_to_target)
+    batch = _batch()
+    plan = ttt_plan(batch["loss_mask"], 3)  # the trainer builds it from the CPU batch, before the step
+    with Record() as rec:
+        loss, st = ttt_loss(m, head, batch, 3, 0.8, autocast=False, plan=plan)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(list(m.parameters()), 0.5)
+    syncs = {op for op in rec.ops if "_local_scalar_dense" in op or "nonzero" in op or "is_nonzero" in op}
+    assert not syncs, syncs
+    assert st["count"].tolist() == [10.0, 10.0, 10.0]
+
+
+def test_batch_without_loss_tokens_still_steps(fake_target):
+    """A batch with no loss token (e.g. samples whose answer max_length cut off) gives loss 0 and zero
+    gradients instead of failing in backward (the loss used to be a constant without a graph)."""
+    m, th = make_draft(fake_target)
+    head = TargetHead(th["norm"], th["lm_head"].float(), 1e-5, m.draft_to_target)
+    batch = _batch()
+    batch["loss_mask"].zero_()
+    loss, st = ttt_loss(m, head, batch, 3, 0.8, autocast=False)
+    loss.backward()
+    assert float(loss.detach()) == 0.0 and st["count"].sum() == 0
+    assert all(p.grad is None or p.grad.abs().max() == 0 for p in m.parameters())
+    short = {k: v[:, :2].clone() for k, v in _batch().items()}  # 2 tokens: no step has a row in range
+    loss, _ = ttt_loss(m, head, short, 3, 0.8, autocast=False)
+    loss.backward()
+
+
+def test_lm_head_init_from_target(fake_target):
+    m, th = make_draft(fake_target, vocab_size=64)
+    m.init_head_from_target(th["lm_head"], th["norm"])
+    ids = m.draft_to_target
+    torch.testing.assert_close(m.lm_head.weight, th["lm_head"][ids].float())
+    torch.testing.assert_close(m.norm.weight, th["norm"].float())
+
+
+def test_draft_activation_is_silu_whatever_the_target(tmp_path):
+    """vLLM serves the draft with LlamaMLP, which accepts only silu (and the training MLP is silu): a target
+    with another activation (Gemma's gelu) must not leak its hidden_act into the exported config."""
+    import json
+
+    from conftest import write_fake_target
+
+    from eagle_batch.train.model import export_draft
+
+    target = write_fake_target(tmp_path / "t")
+    conf = json.loads((target / "config.json").read_text())
+    conf["hidden_act"] = "gelu_pytorch_tanh"
+    (target / "config.json").write_text(json.dumps(conf))
+    cfg = draft_config_from_target(target, TINY_LAYERS[:3], TINY_LAYERS[3], 64)
+    m = Eagle3Draft(cfg, target_head(target)["embed"])
+    m.set_vocab_map(torch.arange(64))
+    out = export_draft(m, tmp_path / "export")
+    assert json.loads((out / "config.json").read_text())["hidden_act"] == "silu"

@@ -4,8 +4,10 @@ and ends bit-identical to an uninterrupted run; the batch plan shards and budget
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import numpy as np
+import pytest
 import torch
 from conftest import tiny_cfg
 
@@ -73,3 +75,73 @@ def test_kill_resume_same_data_order_and_identical_result(tmp_path, fake_target,
     for k in a["model"]:
         torch.testing.assert_close(a["model"][k], b["model"][k], rtol=0, atol=0)
     assert a["scheduler"]["last_epoch"] == b["scheduler"]["last_epoch"] == 7
+
+
+def test_aux_layers_reach_fc_in_ascending_order(tmp_path, fake_target):
+    """vLLM hands the aux states to the draft's fc in ascending layer order (0.32 sorts them, 0.26 appends
+    them as its layer loop passes them), whatever order the config lists: training must concatenate them
+    the same way, or fc's input blocks are swapped when the draft is served."""
+    from conftest import TINY
+    from helpers import random_samples
+
+    from eagle_batch.train.data import InMemoryDataset, TrainSamples
+    from eagle_batch.train.trainer import resolve_layers
+
+    stored = [4, 2, 6, 3]  # a store extracted with model.layer_ids in this order
+    ds = InMemoryDataset(random_samples(30, stored, TINY["hidden"], TINY["vocab"]), stored)
+    for extra in ([], ["train.aux_layer_ids=[4,3,2]"]):
+        cfg = tiny_cfg(tmp_path / "run", fake_target, *extra)
+        aux, last = resolve_layers(cfg, stored)
+        assert (aux, last) == ([2, 3, 4], 6)
+    x = TrainSamples(ds, aux, last)[0]
+    hs = ds[0]["hidden_states"]
+    want = torch.cat([hs[:, stored.index(i)] for i in (2, 3, 4)], dim=-1)
+    assert torch.equal(x["aux"], want) and torch.equal(x["last"], hs[:, stored.index(6)])
+    r = train(tiny_cfg(tmp_path / "run", fake_target, "train.steps=1", "train.aux_layer_ids=[4,3,2]"), dataset=ds)
+    conf = json.loads((Path(r["export_dir"]) / "config.json").read_text())
+    assert conf["eagle_aux_hidden_state_layer_ids"] == [2, 3, 4]
+
+
+def test_lm_head_init_target_and_freeze(tmp_path, fake_target, tiny_dataset):
+    """train.lm_head_init=target starts from the target's lm_head rows; freeze_lm_head keeps them."""
+    from eagle_batch.train.model import target_head
+
+    cfg = tiny_cfg(
+        tmp_path / "run", fake_target, "train.steps=3", "train.lm_head_init=target", "train.freeze_lm_head=true"
+    )
+    train(cfg, dataset=tiny_dataset)
+    ck = torch.load(latest_checkpoint(tmp_path / "run" / "train" / "draft"), weights_only=False)
+    ids = ck["model"]["d2t"] + torch.arange(ck["model"]["d2t"].numel())
+    th = target_head(fake_target)
+    torch.testing.assert_close(ck["model"]["lm_head.weight"], th["lm_head"][ids].float())
+    assert not torch.equal(ck["model"]["fc.weight"], torch.zeros_like(ck["model"]["fc.weight"]))
+
+
+@pytest.mark.slow  # runs for its budget (40 s): the measurement must come well before the budget ends
+def test_time_budget_sets_the_schedule_length(tmp_path, fake_target, tiny_dataset):
+    """train.time_budget_s: after warm-up the speed is measured and the run (and its cosine) sized to end
+    with the budget; the draft is exported as usual."""
+    import time
+
+    cfg = tiny_cfg(
+        tmp_path / "run",
+        fake_target,
+        "train.steps=100000",
+        "train.time_budget_s=40",
+        "train.checkpoint_every=100000",
+        "train.log_every=5",
+        "train.min_lr_ratio=0.1",
+        "train.lr=1e-3",
+    )
+    t0 = time.perf_counter()
+    r = train(cfg, dataset=tiny_dataset)
+    elapsed = time.perf_counter() - t0
+    assert r["status"] == "done" and "export_dir" in r
+    recs = [json.loads(x) for x in (tmp_path / "run" / "train" / "draft" / "metrics.jsonl").read_text().splitlines()]
+    events = [x for x in recs if x.get("event") == "total_steps"]
+    assert events and events[0]["step"] == 25 and events[0]["total_steps"] > 25  # 5 skipped + 20 timed
+    assert r["step"] == r["total_steps"] == events[-1]["total_steps"] < 100000
+    last = [x for x in recs if "loss" in x][-1]
+    if len(events) == 1:  # ended on its schedule (not cut at 1.05x): the cosine reached its floor
+        assert abs(last["lr"] - 1e-4) < 1e-6
+    assert elapsed < 40 * 1.05 + 30  # the budget bounds the loop; setup and export add a little
