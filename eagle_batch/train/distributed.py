@@ -3,14 +3,15 @@ and teardown, and the stop flag every rank must agree on."""
 
 from __future__ import annotations
 
-import os
-
 import torch
+
+from eagle_batch import environment
 
 
 def dist_env() -> tuple[int, int, int]:
     """(rank, world_size, local_rank) from torchrun / submitit-exported env; (0, 1, 0) when absent."""
-    return (int(os.environ.get("RANK", 0)), int(os.environ.get("WORLD_SIZE", 1)), int(os.environ.get("LOCAL_RANK", 0)))
+    r = environment.dist_ranks()
+    return r.rank, r.world_size, r.local_rank
 
 
 def init_distributed() -> tuple[int, int, torch.device]:
@@ -21,10 +22,10 @@ def init_distributed() -> tuple[int, int, torch.device]:
     else:
         device = torch.device("cpu")
     if world > 1 and not torch.distributed.is_initialized():
-        # EAGLE_BATCH_DIST_INIT (file://...): the rendezvous of run_local's ranks; else env:// (torchrun, Slurm).
+        # A file:// rendezvous for run_local's ranks; else env:// (torchrun, Slurm).
         torch.distributed.init_process_group(
             "nccl" if device.type == "cuda" else "gloo",
-            init_method=os.environ.get("EAGLE_BATCH_DIST_INIT") or None,
+            init_method=environment.dist_ranks().init_method or None,
             rank=rank,
             world_size=world,
         )
