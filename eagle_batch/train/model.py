@@ -123,6 +123,23 @@ class RMSNorm(nn.Module):
         return self.weight * xf.to(dtype)
 
 
+def served_rope(cfg: DraftConfig) -> dict[str, Any]:
+    """The draft's rope keys for vLLM, stating the attention factor the trainer used.
+
+    A YaRN target (DeepSeek-V3, Kimi-K2.5: rope_scaling {type: yarn, mscale: 1, mscale_all_dim: 1}) trains
+    the draft with transformers' attention factor mscale(mscale) / mscale(mscale_all_dim) = 1.0. vLLM's
+    Llama-architecture draft layer computes its own: 0.26 multiplies yarn_get_mscale(factor) (1.42 at factor
+    64) unless `apply_yarn_scaling` is false, then uses `attn_factor`; 0.32 takes `attention_factor` when
+    given. Both keys are written, so every version serves the attention the draft was trained with."""
+    rope = json.loads(json.dumps(cfg.rope))  # a deep copy
+    for key in ("rope_parameters", "rope_scaling"):
+        params = rope.get(key)
+        if isinstance(params, dict) and params.get("rope_type", params.get("type")) == "yarn":
+            _, scale = _rope_inv_freq(cfg)
+            params.update(apply_yarn_scaling=False, attn_factor=float(scale), attention_factor=float(scale))
+    return rope
+
+
 def _rope_inv_freq(cfg: DraftConfig) -> tuple[torch.Tensor, float]:
     """inv_freq and attention scaling for the target's rope type, via transformers' own rope init."""
     from transformers import LlamaConfig
@@ -430,7 +447,7 @@ def export_draft(model: Eagle3Draft, out_dir: str | os.PathLike, dtype: torch.dt
         "eagle_config": {"eagle_aux_hidden_state_layer_ids": list(cfg.aux_layer_ids), "use_aux_hidden_state": True},
         "eagle_batch": {"draft_config": cfg.to_json()},
     }
-    config.update(cfg.rope)
+    config.update(served_rope(cfg))
     (tmp / "config.json").write_text(json.dumps(config, indent=2) + "\n")
     if out_dir.exists():
         import shutil

@@ -361,3 +361,28 @@ def test_draft_activation_is_silu_whatever_the_target(tmp_path):
     m.set_vocab_map(torch.arange(64))
     out = export_draft(m, tmp_path / "export")
     assert json.loads((out / "config.json").read_text())["hidden_act"] == "silu"
+
+
+def test_a_yarn_target_draft_is_served_with_the_attention_factor_it_was_trained_with(tmp_path):
+    """DeepSeek-V3 / Kimi-K2.5 rope: transformers trains the draft with mscale(1)/mscale_all_dim(1) = 1.0;
+    vLLM's Llama draft layer would multiply yarn_get_mscale(64) = 1.42 unless told (0.26: attn_factor with
+    apply_yarn_scaling false; 0.32: attention_factor)."""
+    import json
+
+    from eagle_batch.train.model import _rope_inv_freq, draft_config_from_target, served_rope
+
+    yarn = {"rope_type": "yarn", "factor": 64.0, "original_max_position_embeddings": 4096, "beta_fast": 32,
+            "beta_slow": 1, "mscale": 1.0, "mscale_all_dim": 1.0, "rope_theta": 50000.0}  # fmt: skip
+    target = tmp_path / "t"
+    target.mkdir()
+    shape = {"hidden_size": 256, "num_attention_heads": 4, "num_hidden_layers": 4, "vocab_size": 1000}
+    (target / "config.json").write_text(json.dumps({**shape, "max_position_embeddings": 262144, "rope_scaling": yarn}))
+    cfg = draft_config_from_target(target, [1, 2, 3], 4, 512)
+    _, trained = _rope_inv_freq(cfg)
+    served = served_rope(cfg)["rope_scaling"]
+    assert trained == 1.0 and served["attn_factor"] == served["attention_factor"] == trained
+    assert served["apply_yarn_scaling"] is False and served["factor"] == 64.0
+    assert "attn_factor" not in cfg.rope["rope_scaling"]  # the training config is left as the target's
+    (target / "config.json").write_text(json.dumps({**shape, "rope_theta": 10000.0}))
+    plain = draft_config_from_target(target, [1, 2, 3], 4, 512)
+    assert served_rope(plain) == plain.rope  # other rope types pass through unchanged
