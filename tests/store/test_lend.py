@@ -84,8 +84,8 @@ def test_lent_rows_held_until_their_chunks_are_encoded(tmp_path, spec):
     released = []
     with TaskStoreWriter.open(tmp_path / "c.zarr", spec, cfg) as w:
         stream = w._streams["hidden_states"]
-        encode = stream.encode
-        stream.encode = lambda chunk: (gate.wait(10), encode(chunk))[1]  # compression threads stall
+        encode = stream.encoder.encode  # what the compression threads call
+        stream.encoder.encode = lambda chunk, out: (gate.wait(10), encode(chunk, out))[1]  # they stall
         sid, ids, mask, hs = make_sample(5)
         w.append(sid, ids, mask, hs, on_release=lambda: released.append(threading.current_thread().name))
         assert released == [], "released while its chunks still wait for compression"
