@@ -4,6 +4,7 @@
 - `open_dataset(path)`: samples of a task store or an aggregated run (reader.py).
 - `aggregate(run_dir)`: RUN/dataset.json over the complete task stores (aggregate.py).
 - `verify(path) -> list[Problem]`: checksums, offsets, dtypes, values, metadata (verify.py).
+- `StoreWriterProtocol`: what the capture needs from a writer (protocol.py).
 Format: docs/format.md; names and layouts: format.py; a shard file's bytes: shard_codec.py.
 """
 
@@ -13,6 +14,7 @@ Format: docs/format.md; names and layouts: format.py; a shard file's bytes: shar
 from .aggregate import aggregate  # noqa: E402
 from .errors import StoreCorruptError, StoreError, StoreLockedError, StoreMismatchError
 from .format import LAYER_SEMANTICS
+from .protocol import StoreWriterProtocol
 from .reader import StoreDataset, TaskStore, open_dataset, read_record
 from .record import committed_samples_of_shard
 from .spec import StoreSpec
@@ -27,6 +29,7 @@ __all__ = [
     "StoreLockedError",
     "StoreMismatchError",
     "StoreSpec",
+    "StoreWriterProtocol",
     "TaskStore",
     "TaskStoreWriter",
     "aggregate",
