@@ -141,8 +141,10 @@ class Progress:
     def has_uncommitted(self) -> bool:
         return len(self.sample_ids) != self.record["num_samples"]
 
-    def add(self, sample_ids: list[str], lengths: list[int]) -> None:
-        for sid, n in zip(sample_ids, lengths):
+    def add(self, sample_ids: list[str], token_ids: list) -> None:
+        """Samples appended (not yet committed): their ids and token ids (one array per sample)."""
+        for sid, ids in zip(sample_ids, token_ids):
+            n = len(ids)
             self.sample_ids.append(sid)
             self.id_set.add(sid)
             self.lengths.append(n)

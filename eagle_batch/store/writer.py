@@ -291,7 +291,7 @@ class TaskStoreWriter:
         streams["input_ids"].push(ids[0] if len(ids) == 1 else np.concatenate(ids))
         streams["loss_mask"].push(masks[0] if len(masks) == 1 else np.concatenate(masks))
         streams["hidden_states"].push(np.ascontiguousarray(hs), loan)
-        self._progress.add(sids, [len(i) for i in ids])
+        self._progress.add(sids, ids)
 
     def _checked_block(self, sample_ids: list, input_ids: list, loss_masks: list, hidden_states: Any) -> tuple:
         """(sample ids, token ids, masks, hidden-state bits) of a block, or ValueError/TypeError naming the
