@@ -8,8 +8,8 @@ no fsync, store in /dev/shm, adaptive off, producer as fast as the writer takes 
 POOL.npz: `bench store`'s SmolLM2 row pool (rows [N, 4, 7168] uint16), cut to width 2048 as in
 scripts/gpu/ingest_probe.py. Samples are 512 tokens, or with SPREAD=s drawn from 512 x [1 - s, 1 + s]. They
 arrive as the shared-memory receiver hands them over: records of 16 samples back to back; MODES picks how
-the writer thread sees them: `single` (each sample alone, as before session 6) and/or `blocks` (with their
-record, so a record's queued samples go to the store as one block). Prints one JSON line per codec and
+the writer thread sees them: `single` (each sample handed to the store alone) and/or `blocks` (with their
+record, so a record's queued samples go to the store as one block: the shared-memory path). Prints one JSON line per codec and
 mode: GB/s, process CPU seconds per GB (user, sys). ENTROPY: store.entropy_only per run (default 1; "1,0,1,0"
 alternates eagle-batch's entropy-only frames and c-blosc's zstd, side by side).
 """

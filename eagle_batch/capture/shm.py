@@ -42,6 +42,8 @@ from typing import Any
 import numpy as np
 import torch
 
+from eagle_batch.store.loan import Loan
+
 from .sink import CapturedRequest, Sink
 
 log = logging.getLogger(__name__)
@@ -76,20 +78,6 @@ def default_ring_bytes() -> int:
     except OSError:
         free = 0
     return int(min(8 << 30, max(free // 2, 256 << 20)))
-
-
-class _ReleaseOnce:
-    """A request's release: counts once however often the sink calls it."""
-
-    __slots__ = ("_fn",)
-
-    def __init__(self, fn):
-        self._fn = fn
-
-    def __call__(self) -> None:
-        fn, self._fn = self._fn, None
-        if fn is not None:
-            fn()
 
 
 class ShmReceiver:
@@ -182,7 +170,7 @@ class ShmReceiver:
             else:
                 states = torch.from_numpy(raw).view(_DTYPES[dtype]).view(T, *shape)
             flag = None if finite is None else bool(finite)
-            release = _ReleaseOnce(release_one)
+            release = Loan(release_one)  # counts once however often the sink calls it
             try:
                 self.sink.put(
                     CapturedRequest(sample_id, req_id, token_ids, states, None, flag, release, bits, block, row0)

@@ -27,6 +27,8 @@ from typing import Any
 import numpy as np
 import torch
 
+from eagle_batch.store.loan import Loan
+
 from .sink import CapturedRequest, Sink
 
 log = logging.getLogger(__name__)
@@ -85,22 +87,12 @@ def check_captured(
         )
 
 
-class _Once:
-    """Hands a captured request's memory back exactly once: its ring slot (`release`) and its bytes of the
-    back-pressure budget."""
-
-    def __init__(self, release: Callable[[], None] | None, unbudget: Callable[[int], None], nbytes: int):
-        self._lock = threading.Lock()
-        self._todo: tuple | None = (release, unbudget, nbytes)
-
-    def __call__(self) -> None:
-        with self._lock:
-            todo, self._todo = self._todo, None
-        if todo is not None:
-            release, unbudget, nbytes = todo
-            if release is not None:
-                release()
-            unbudget(nbytes)
+def _hand_back(release: Callable[[], None] | None, unbudget: Callable[[int], None], nbytes: int) -> None:
+    """A captured request's memory back: its ring slot (`release`) and its bytes of the back-pressure budget.
+    Called through a Loan, so exactly once."""
+    if release is not None:
+        release()
+    unbudget(nbytes)
 
 
 class WriterThread(Sink):
@@ -196,7 +188,7 @@ class WriterThread(Sink):
                 elif op == "append":
                     # Every append already queued goes in one pass: consecutive requests of one transport
                     # record then reach the store as one block.
-                    items = [(arg, _Once(arg.release, self._release, nbytes))]
+                    items = [(arg, Loan(_hand_back, arg.release, self._release, nbytes))]
                     nbytes = 0  # now released by each item's `done`: when the store no longer reads its states
                     while ahead is None:
                         try:
@@ -204,7 +196,7 @@ class WriterThread(Sink):
                         except queue.Empty:
                             break
                         if nxt[0] == "append":
-                            items.append((nxt[1], _Once(nxt[1].release, self._release, nxt[2])))
+                            items.append((nxt[1], Loan(_hand_back, nxt[1].release, self._release, nxt[2])))
                         else:
                             ahead = nxt
                     try:

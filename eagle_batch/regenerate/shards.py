@@ -21,8 +21,8 @@ import os
 from collections.abc import Iterable
 from pathlib import Path
 
-from eagle_batch.store.format import fsync_dir, write_json_atomic
-from eagle_batch.store.spec import StoreLock
+from eagle_batch.store.durable import fsync_dir, write_json_atomic
+from eagle_batch.store.lock import StoreLock
 
 OUTPUT = "output"
 SHARDS = "shards"

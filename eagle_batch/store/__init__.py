@@ -4,18 +4,22 @@
 - `open_dataset(path)`: samples of a task store or an aggregated run (reader.py).
 - `aggregate(run_dir)`: RUN/dataset.json over the complete task stores (aggregate.py).
 - `verify(path) -> list[Problem]`: checksums, offsets, dtypes, values, metadata (verify.py).
-Format: docs/format.md; constants and the shard encoding: format.py.
+- `StoreWriterProtocol`: what the capture needs from a writer (protocol.py).
+Format: docs/format.md; names and layouts: format.py; a shard file's bytes: shard_codec.py.
 """
 
 # Imported eagerly, not through lazy wrappers: a wrapper named like its submodule is replaced by the module
-# object as soon as anything imports `eagle_batch.store.verify` (e.g. the writer's repair path), after which
-# `from eagle_batch.store import verify; verify(path)` raised "'module' object is not callable".
+# object as soon as anything imports `eagle_batch.store.verify` (recovery.py does, for repairs), after which
+# `from eagle_batch.store import verify; verify(path)` would raise "'module' object is not callable".
 from .aggregate import aggregate  # noqa: E402
+from .errors import StoreCorruptError, StoreError, StoreLockedError, StoreMismatchError
 from .format import LAYER_SEMANTICS
+from .protocol import StoreWriterProtocol
 from .reader import StoreDataset, TaskStore, open_dataset, read_record
-from .spec import StoreCorruptError, StoreError, StoreLockedError, StoreMismatchError, StoreSpec
+from .record import committed_samples_of_shard
+from .spec import StoreSpec
 from .verify import verify  # noqa: E402
-from .writer import TaskStoreWriter, committed_samples_of_shard, hidden_states_to_uint16
+from .writer import TaskStoreWriter, hidden_states_to_uint16
 
 __all__ = [
     "LAYER_SEMANTICS",
@@ -25,6 +29,7 @@ __all__ = [
     "StoreLockedError",
     "StoreMismatchError",
     "StoreSpec",
+    "StoreWriterProtocol",
     "TaskStore",
     "TaskStoreWriter",
     "aggregate",

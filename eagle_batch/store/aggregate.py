@@ -15,9 +15,11 @@ import json
 import time
 from pathlib import Path
 
-from .format import COMPLETE_NAME, TOKEN_ARRAYS, committed_samples, write_json_atomic
-from .reader import DATASET_NAME, read_attrs
-from .spec import StoreError, StoreMismatchError, StoreSpec
+from .durable import write_json_atomic
+from .errors import StoreError, StoreMismatchError
+from .format import COMPLETE_NAME, DATASET_NAME, TOKEN_ARRAYS, read_attrs
+from .record import committed_samples
+from .spec import StoreSpec
 
 INDEX_FORMAT = "eagle-batch-dataset"
 

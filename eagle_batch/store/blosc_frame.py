@@ -7,8 +7,8 @@ exponent half has ~3.2 bits of order-0 entropy. Nearly all of blosc-zstd-1's 1.4
 Huffman-coding those exponent bytes (zstd's literal compression), not from matches. Asking zstd for its
 `fast` strategy with a small hash table, a large acceleration (few match probes) and literal compression
 kept on gives the same ratio (1.414 vs 1.413 on real SmolLM2 states without repeats) at ~2.3x the speed
-(CI VM, one thread: 1.85-2.10 vs 0.86-0.89 GB/s; scripts/frame_probe.py, docs/benchmarks.md session 7). c-blosc cannot pass those parameters, so this module builds the
-frame around zstd's output: the bytes on disk are a standard blosc frame (same header, block starts and
+(one thread; `scripts/frame_probe.py`, docs/benchmarks.md "entropy coding only" has the command and the
+runs). c-blosc cannot pass those parameters, so this module builds the frame around zstd's output: the bytes on disk are a standard blosc frame (same header, block starts and
 per-block streams as c-blosc 1.x writes with splitting off), and every blosc decoder, zarr's included,
 reads them. Only the compressed bytes inside differ from what c-blosc at `clevel` would produce. The
 store asks for one block per chunk (see BloscFrameWriter).
@@ -43,14 +43,14 @@ OVERHEAD = 16  # c-blosc's BLOSC_MAX_OVERHEAD: the most a frame exceeds its chun
 # zstd parameters (zstd.h: ZSTD_cParameter). 1002 is ZSTD_c_literalCompressionMode (experimental
 # parameter 5, stable in value since zstd 1.4.5); 1 = ZSTD_ps_enable.
 _LEVEL, _WINDOW_LOG, _HASH_LOG, _MIN_MATCH, _TARGET_LENGTH, _STRATEGY, _LITERALS = 100, 101, 102, 105, 106, 107, 1002
-# Measured on real SmolLM2 bf16 states, the exponent-byte stream (CI VM, one thread; scripts/frame_probe.py):
-# level 1 ratio 2.408 at 0.52 GB/s; these parameters 2.414 at 1.30 GB/s (targetLength 64 is acceleration:
-# the match search skips ahead). With targetLength > 0 zstd turns literal compression off by default, hence
+# On real SmolLM2 bf16 states' exponent-byte stream (one thread; scripts/frame_probe.py, docs/benchmarks.md
+# "entropy coding only"): level 1 ratio 2.408, these parameters 2.414 at ~2.5x its speed (targetLength 64 is
+# acceleration: the match search skips ahead). With targetLength > 0 zstd turns literal compression off by default, hence
 # the explicit enable. Matches are rare but real: chat samples that share a
 # prefix (template, system prompt) have identical states there, and several short samples share a chunk.
 # A 4 MiB window (a whole chunk; zstd shrinks it to the input) with an 8k-entry hash table (32 KiB, in L1)
 # finds them: the demo's chat states 1.609x (c-blosc zstd-1 1.504x; a 128 KiB window and 1k entries
-# 1.410x) at about the same speed on states without repeats (1.85-2.10 vs 2.07-2.14 GB/s, both 1.414x).
+# 1.410x) at about the same speed on states without repeats (within ~10%, both 1.414x).
 ENTROPY_PARAMS = {_STRATEGY: 1, _WINDOW_LOG: 22, _HASH_LOG: 13, _MIN_MATCH: 7, _TARGET_LENGTH: 64, _LITERALS: 1}
 
 

@@ -18,7 +18,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from .aggregate import aggregate
-    from .spec import StoreError
+    from .errors import StoreError
 
     t0 = time.perf_counter()
     try:

@@ -19,8 +19,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from .format import committed_samples
-    from .spec import StoreError
+    from .errors import StoreError
+    from .record import committed_samples
     from .verify import store_paths, verify
 
     try:

@@ -1,34 +1,36 @@
-"""On-disk format of a task store: names, the bfloat16 Zarr data type, codecs, and the shard encoding.
+"""On-disk format of a task store: names, the bfloat16 Zarr data type, codecs, and each array's layout.
 
 A task store is a Zarr v3 group. Token-major arrays (`hidden_states [T, L, H]`, `input_ids [T]`,
 `loss_mask [T]`) share one token grid: `chunk_tokens`-row inner chunks inside `shard_tokens`-row shards
 (ShardingCodec, index at the end, index codecs bytes + crc32c). We encode shard files ourselves (so a
 whole shard is written once, fsynced and renamed, and compression runs on our own threads) in exactly
-the layout zarr's ShardingCodec reads; tests check that plain `zarr.open_array` reads them back.
-See docs/format.md for the full specification.
+the layout zarr's ShardingCodec reads (shard_codec.py); tests check that plain `zarr.open_array` reads
+them back. This module is the bottom of the package's imports (with errors.py): names and layouts only,
+no file writes. See docs/format.md for the full specification.
 """
 
 from __future__ import annotations
 
-import errno
 import json
 import os
-import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import ClassVar
+from typing import Any, ClassVar
 
-import crc32c
 import ml_dtypes
 import numpy as np
+
+from .errors import StoreCorruptError, StoreError
 
 FORMAT_NAME = "eagle-batch-task-store"
 FORMAT_VERSION = 1
 PROGRESS_NAME = "progress.json"  # the committed record; the only thing readers trust
 COMPLETE_NAME = "complete"  # written last by finalize()
 LOCK_NAME = ".lock"
-PARTIAL_SUFFIX = ".partial"
+PARTIAL_SUFFIX = ".partial"  # temporaries of atomic writes (durable.py); never committed
+DATASET_NAME = "dataset.json"  # RUN/dataset.json, the aggregate index (aggregate.py)
+INDEX_ARRAYS = ("offsets", "sample_ids")  # written by finalize()
 
 TOKEN_ARRAYS = ("hidden_states", "input_ids", "loss_mask")
 ARRAY_DTYPES = {"hidden_states": "bfloat16", "input_ids": "int32", "loss_mask": "uint8"}
@@ -36,6 +38,7 @@ ARRAY_DTYPES = {"hidden_states": "bfloat16", "input_ids": "int32", "loss_mask": 
 STORAGE_NP = {"hidden_states": np.dtype("<u2"), "input_ids": np.dtype("<i4"), "loss_mask": np.dtype("u1")}
 
 EMPTY = np.uint64(2**64 - 1)  # ShardingCodec's marker for an absent inner chunk
+CHUNK_TARGET_BYTES = 4 << 20  # store.chunk_tokens=0: inner chunks of about this many bytes of hidden states
 BF16 = np.dtype(ml_dtypes.bfloat16)
 
 LAYER_SEMANTICS = (
@@ -103,7 +106,8 @@ class Codec:
         if self.name == "blosc-zstd":
             from numcodecs import Blosc
 
-            # Byte shuffle + a large blocksize keeps bf16 exponent bytes together (FINDINGS section 4).
+            # Byte shuffle puts the low-entropy bf16 exponent bytes of a block side by side, where zstd's
+            # literal coding shrinks them; a large blocksize keeps more of them in one zstd stream.
             return Blosc(cname="zstd", clevel=self.level, shuffle=Blosc.SHUFFLE, blocksize=self.blocksize)
         if self.name == "zstd":
             from numcodecs import Zstd
@@ -226,119 +230,47 @@ class ArrayLayout:
         )
 
 
-def encode_index(offsets_nbytes: np.ndarray) -> bytes:
-    """[n, 2] uint64 (offset, nbytes) -> index bytes + crc32c, as ShardingCodec's index_codecs write it."""
-    raw = np.ascontiguousarray(offsets_nbytes, dtype="<u8").tobytes()
-    return raw + np.uint32(crc32c.crc32c(raw)).astype("<u4").tobytes()
+def auto_chunk_tokens(row_nbytes: int, shard_tokens: int) -> int:
+    """store.chunk_tokens=0: the largest power of two <= 4 MiB of hidden-state rows that divides
+    shard_tokens, within 16..1024 tokens (1024 keeps random reads of small models' samples cheap)."""
+    want = max(16, min(1024, CHUNK_TARGET_BYTES // max(1, row_nbytes)))
+    t = 1 << (int(want).bit_length() - 1)
+    while t > 1 and shard_tokens % t:
+        t >>= 1
+    return t
 
 
-def decode_index(buf: bytes, n_chunks: int, where: str) -> np.ndarray:
-    raw, crc = buf[:-4], int(np.frombuffer(buf[-4:], "<u4")[0])
-    if len(raw) != n_chunks * 16 or crc32c.crc32c(raw) != crc:
-        raise ShardError(f"{where}: shard index is damaged (checksum mismatch or wrong size)")
-    return np.frombuffer(raw, "<u8").reshape(n_chunks, 2)
+def make_layouts(spec, chunk_tokens: int, shard_tokens: int, codec: Codec) -> dict[str, ArrayLayout]:
+    """The three token arrays' layouts for a store holding `spec` (a StoreSpec)."""
+    rows = {"hidden_states": (spec.num_layers, spec.hidden_size), "input_ids": (), "loss_mask": ()}
+    return {n: ArrayLayout(n, rows[n], chunk_tokens, shard_tokens, codec) for n in TOKEN_ARRAYS}
 
 
-class ShardError(ValueError):
-    """A shard file that cannot be decoded (its path is in the message)."""
+# --- reading a store's metadata -------------------------------------------------------------------
 
 
-# --- durable file operations --------------------------------------------------------------------
-
-
-def committed_samples(store: Path) -> int:
-    """Samples in a task store's committed record (0 when it has none yet or cannot be read)."""
+def load_json(p: Path, what: str) -> Any:
+    """A JSON file of a store; missing or invalid, a StoreError that names it and `what` it is."""
     try:
-        return int(json.loads((Path(store) / PROGRESS_NAME).read_bytes())["num_samples"])
-    except (OSError, ValueError, KeyError, TypeError):
-        return 0
+        return json.loads(p.read_bytes())
+    except FileNotFoundError:
+        raise StoreError(f"{p} is missing: {what}") from None
+    except ValueError as e:
+        raise StoreCorruptError(f"{p} is not valid JSON ({e}): {what}") from None
 
 
-def fsync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
+def read_attrs(store: str | os.PathLike) -> dict:
+    p = Path(store) / "zarr.json"
+    meta = load_json(p, "the store's root group metadata; is this an eagle-batch task store?")
+    attrs = meta.get("attributes", {}).get("eagle_batch")
+    if not attrs:
+        raise StoreError(f"{p} has no 'eagle_batch' attributes; not an eagle-batch task store")
+    return attrs
 
 
-def partial_name(path: Path) -> Path:
-    # Same suffix as zarr's LocalStore temporaries, so one cleanup rule removes both.
-    return path.with_name(f"{path.name}.{uuid.uuid4().hex}{PARTIAL_SUFFIX}")
-
-
-_IOV_MAX = 1024
-
-
-def _write_all(fd: int, views: list[memoryview]) -> None:
-    """All of `views`, in order, with as few system calls as the kernel allows (writev): each call drops the
-    GIL once, not once per piece, which matters with many busy threads in one process."""
-    i = 0
-    while i < len(views):
-        n = os.writev(fd, views[i : i + _IOV_MAX])
-        while n:
-            if n >= len(views[i]):
-                n -= len(views[i])
-                i += 1
-            else:
-                views[i] = views[i][n:]
-                n = 0
-
-
-def write_atomic(path: Path, pieces: Sequence[bytes | memoryview], fsync: bool = True, sync_dir: bool = True) -> None:
-    """Write `pieces` to `path` via a `.partial` file and rename; with fsync, durable on return.
-
-    sync_dir=False leaves the rename's directory entry to the caller's fsync_dir (batched per commit)."""
-    tmp = partial_name(path)
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o666)
-    try:
-        _write_all(fd, [mv for mv in (memoryview(p).cast("B") for p in pieces) if len(mv)])
-        if fsync:
-            os.fsync(fd)
-    except BaseException as e:
-        os.close(fd)
-        tmp.unlink(missing_ok=True)
-        if isinstance(e, OSError) and e.errno in (errno.ENOSPC, errno.EDQUOT):
-            raise no_space_error(path, e) from e
-        raise
-    os.close(fd)
-    os.replace(tmp, path)
-    if fsync and sync_dir:
-        fsync_dir(path.parent)
-
-
-def no_space_error(path: Path, e: OSError):
-    """A full disk or quota as a StoreError that names the store and what to do (a bare ENOSPC names neither)."""
-    from .spec import StoreError
-
-    store = next((p for p in (path, *path.parents) if p.suffix == ".zarr"), path.parent)
-    what = "quota exceeded" if e.errno == errno.EDQUOT else "no space left on device"
-    return StoreError(
-        f"{store}: {what} while writing {path.relative_to(store) if store in path.parents else path}. "
-        "Everything committed before is intact (this write was not committed). Free space on that "
-        f"file system (`df -h {store.parent}`) or raise the quota, then resume the task "
-        "(`eagle-batch resume RUN`): it continues from its last commit."
-    )
-
-
-def write_json_atomic(path: Path, obj, fsync: bool = True) -> None:
-    write_atomic(path, [json.dumps(obj, separators=(",", ":")).encode()], fsync=fsync)
-
-
-def makedirs_durable(path: Path, fsync: bool = True, defer: set | None = None) -> None:
-    """mkdir -p that fsyncs the parent of every directory it creates (so the new entries survive);
-    with `defer`, adds those parents to the set instead, for one fsync each at the next commit."""
-    missing = []
-    p = path
-    while not p.exists():
-        missing.append(p)
-        p = p.parent
-    for d in reversed(missing):
-        try:
-            d.mkdir()
-        except FileExistsError:
-            pass
-        if defer is not None:
-            defer.add(d.parent)
-        elif fsync:
-            fsync_dir(d.parent)
+def read_layouts(store: str | os.PathLike, metas: dict | None = None) -> dict[str, ArrayLayout]:
+    out = {}
+    for name in TOKEN_ARRAYS:
+        meta = metas[name] if metas else load_json(Path(store) / name / "zarr.json", f"metadata of array {name}")
+        out[name] = ArrayLayout.from_zarr_json(name, meta)
+    return out

@@ -14,7 +14,6 @@ replaces the tail shard, whose committed prefix is identical anyway.
 from __future__ import annotations
 
 import bisect
-import json
 import os
 from collections import OrderedDict
 from collections.abc import Sequence
@@ -23,55 +22,32 @@ from typing import Any
 
 import numpy as np
 
+from .errors import ShardError, StoreCorruptError, StoreError
 from .format import (
     COMPLETE_NAME,
-    EMPTY,
-    FORMAT_NAME,
+    DATASET_NAME,
     PROGRESS_NAME,
-    TOKEN_ARRAYS,
-    ArrayLayout,
-    ShardError,
-    decode_index,
-    make_decoder,
+    load_json,
+    read_attrs,
+    read_layouts,
 )
-from .spec import StoreCorruptError, StoreError, StoreSpec
+from .record import read_record, sample_bounds
+from .shard_codec import ShardDecoder
+from .spec import StoreSpec
 
-DATASET_NAME = "dataset.json"
 MAX_OPEN_SHARDS = 64
 
-
-def _load_json(p: Path, what: str) -> Any:
-    try:
-        return json.loads(p.read_bytes())
-    except FileNotFoundError:
-        raise StoreError(f"{p} is missing: {what}") from None
-    except ValueError as e:
-        raise StoreCorruptError(f"{p} is not valid JSON ({e}): {what}") from None
-
-
-def read_record(store: str | os.PathLike) -> dict:
-    p = Path(store) / PROGRESS_NAME
-    r = _load_json(p, "not an eagle-batch task store (or it was never created); check the path")
-    if r.get("format") != FORMAT_NAME:
-        raise StoreError(f"{p}: format {r.get('format')!r} is not {FORMAT_NAME!r}; not an eagle-batch task store")
-    return r
-
-
-def read_attrs(store: str | os.PathLike) -> dict:
-    p = Path(store) / "zarr.json"
-    meta = _load_json(p, "the store's root group metadata; is this an eagle-batch task store?")
-    attrs = meta.get("attributes", {}).get("eagle_batch")
-    if not attrs:
-        raise StoreError(f"{p} has no 'eagle_batch' attributes; not an eagle-batch task store")
-    return attrs
-
-
-def read_layouts(store: str | os.PathLike, metas: dict | None = None) -> dict[str, ArrayLayout]:
-    out = {}
-    for name in TOKEN_ARRAYS:
-        meta = metas[name] if metas else _load_json(Path(store) / name / "zarr.json", f"metadata of array {name}")
-        out[name] = ArrayLayout.from_zarr_json(name, meta)
-    return out
+# Re-exported: read_record (package API), read_attrs, read_layouts and DATASET_NAME (callers of this module).
+__all__ = [
+    "DATASET_NAME",
+    "MAX_OPEN_SHARDS",
+    "StoreDataset",
+    "TaskStore",
+    "open_dataset",
+    "read_attrs",
+    "read_layouts",
+    "read_record",
+]
 
 
 class TaskStore:
@@ -94,10 +70,8 @@ class TaskStore:
         attrs = self._attrs or read_attrs(self.path)
         self.spec = StoreSpec.from_attributes(attrs)
         self.layouts = read_layouts(self.path, self._metas)
-        self._decoders = {n: make_decoder(lay.codec) for n, lay in self.layouts.items()}
-        lengths = np.asarray(self.record["lengths"], dtype=np.int64)
-        self._offsets = np.zeros(len(lengths) + 1, np.int64)
-        np.cumsum(lengths, out=self._offsets[1:])
+        self._decoders = {n: ShardDecoder(lay) for n, lay in self.layouts.items()}
+        self._offsets = sample_bounds(self.record["lengths"])
         if int(self._offsets[-1]) != int(self.record["num_tokens"]):
             raise StoreCorruptError(
                 f"{self.path / PROGRESS_NAME}: lengths sum to {self._offsets[-1]} but "
@@ -158,9 +132,9 @@ class TaskStore:
         size = os.fstat(fd).st_size
         n = lay.index_nbytes()
         try:
-            index = decode_index(os.pread(fd, n, size - n), lay.chunks_per_shard, str(f)) if size >= n else None
-            if index is None:
-                raise ShardError(f"{f}: file is shorter ({size} bytes) than its shard index")
+            if size < n:
+                raise ShardError(str(f), f"file is shorter ({size} bytes) than its shard index")
+            index = self._decoders[name].index(os.pread(fd, n, size - n), str(f))
         except ShardError as e:
             os.close(fd)
             raise StoreCorruptError(f"{e}; run `eagle-batch verify {self.path}`.") from None
@@ -192,12 +166,13 @@ class TaskStore:
             e = min(stop, s0 + S)
             fd, index = self._shard(name, k)
             c0, c1 = (t - s0) // C, (e - 1 - s0) // C
-            sel = index[c0 : c1 + 1]
-            if (sel[:, 0] == EMPTY).any():
+            try:  # the shard's path is built on the error path only (this loop runs per chunk read)
+                sel = dec.covered(index, c0, c1, "")
+            except ShardError:
                 raise StoreCorruptError(
-                    f"{lay.shard_path(self.path, k)}: an inner chunk the committed record "
-                    f"covers is absent; run `eagle-batch verify {self.path}`."
-                )
+                    f"{lay.shard_path(self.path, k)}: an inner chunk the committed record covers is absent; "
+                    f"run `eagle-batch verify {self.path}`."
+                ) from None
             first, last_end = int(sel[0, 0]), int(sel[-1, 0] + sel[-1, 1])
             contiguous = bool((sel[1:, 0] == sel[:-1, 0] + sel[:-1, 1]).all())
             blob = os.pread(fd, last_end - first, first) if contiguous else None
@@ -208,7 +183,12 @@ class TaskStore:
                     raise StoreCorruptError(
                         f"{lay.shard_path(self.path, k)} is truncated; run `eagle-batch verify {self.path}`."
                     )
-                chunk = np.frombuffer(dec(enc), lay.np_dtype).reshape(C, *lay.row_shape)
+                try:
+                    chunk = dec.chunk(enc, c, "")
+                except ShardError as err:
+                    raise StoreCorruptError(
+                        f"{lay.shard_path(self.path, k)}: {err.detail}; run `eagle-batch verify {self.path}`."
+                    ) from None
                 cs = s0 + c * C  # first token of this chunk
                 r0, r1 = max(t, cs), min(e, cs + C)
                 part = chunk[r0 - cs : r1 - cs]
@@ -336,7 +316,7 @@ def open_dataset(path: str | os.PathLike, layer_ids: Sequence[int] | None = None
     if p.is_file() and p.name == DATASET_NAME:
         p = p.parent
     if (p / DATASET_NAME).is_file():
-        index = _load_json(p / DATASET_NAME, "the aggregate index; rerun `eagle-batch aggregate`")
+        index = load_json(p / DATASET_NAME, "the aggregate index; rerun `eagle-batch aggregate`")
         stores, counts = [], []
         for entry in index["stores"]:
             stores.append(

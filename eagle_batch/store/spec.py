@@ -1,35 +1,14 @@
-"""What a task store holds (StoreSpec), its errors, and the per-store writer lock."""
+"""What a task store holds (StoreSpec): layer ids, hidden size and the attributes that identify the run.
+
+The store's exceptions are in errors.py and its writer lock in lock.py."""
 
 from __future__ import annotations
 
-import fcntl
-import json
-import os
-import socket
-import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from eagle_batch.errors import UserError
-
-from .format import LAYER_SEMANTICS, LOCK_NAME
-
-
-class StoreError(UserError, RuntimeError):
-    """Base class of store errors; messages name the store (and shard/field) and what to do."""
-
-
-class StoreLockedError(StoreError):
-    """Another process holds the store's writer lock."""
-
-
-class StoreMismatchError(StoreError):
-    """An existing store was written with a different spec or layout than the one asked for."""
-
-
-class StoreCorruptError(StoreError):
-    """Committed data is missing or damaged."""
+from .format import LAYER_SEMANTICS
 
 
 @dataclass
@@ -100,56 +79,3 @@ class StoreSpec:
             for k in self.IDENTITY
             if getattr(self, k) != getattr(other, k)
         ]
-
-
-def holder_info() -> dict[str, Any]:
-    env = os.environ
-    job = env.get("SLURM_JOB_ID", "")
-    if env.get("SLURM_ARRAY_JOB_ID"):
-        job = f"{env['SLURM_ARRAY_JOB_ID']}_{env.get('SLURM_ARRAY_TASK_ID', '')} (job id {job})"
-    return {
-        "host": socket.gethostname(),
-        "pid": os.getpid(),
-        "slurm_job": job,
-        "since": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-    }
-
-
-class StoreLock:
-    """Exclusive `flock` on STORE/.lock; the file's content names the holder (for the error message).
-
-    flock locks die with the process, so a SIGKILLed writer never leaves a stale lock. On network file
-    systems flock must be supported (Lustre: mount with `flock`; NFSv4 maps it to byte-range locks).
-    """
-
-    def __init__(self, store: Path):
-        self.path = store / LOCK_NAME
-        self.fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o666)
-        try:
-            fcntl.flock(self.fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            try:
-                holder = json.loads(os.pread(self.fd, 4096, 0) or b"{}")
-            except ValueError:
-                holder = {}
-            os.close(self.fd)
-            who = (
-                f"host {holder.get('host', '?')}, pid {holder.get('pid', '?')}, "
-                f"Slurm job {holder.get('slurm_job') or 'none'}, since {holder.get('since', '?')}"
-            )
-            raise StoreLockedError(
-                f"{store} is being written by another process ({who}). Only one writer per store is "
-                "allowed: wait for that task to finish, or cancel it (`scancel JOB` / kill the pid) and "
-                "retry; the lock is released automatically when the holder exits."
-            ) from None
-        os.ftruncate(self.fd, 0)
-        os.pwrite(self.fd, json.dumps(holder_info()).encode(), 0)
-
-    def release(self) -> None:
-        if self.fd >= 0:
-            try:
-                os.ftruncate(self.fd, 0)
-            finally:
-                fcntl.flock(self.fd, fcntl.LOCK_UN)
-                os.close(self.fd)
-                self.fd = -1

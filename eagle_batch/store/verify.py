@@ -18,21 +18,28 @@ from pathlib import Path
 import crc32c
 import numpy as np
 
+from .errors import ShardError, StoreError
 from .format import (
     ARRAY_DTYPES,
     COMPLETE_NAME,
-    EMPTY,
+    DATASET_NAME,
     PARTIAL_SUFFIX,
     PROGRESS_NAME,
     TOKEN_ARRAYS,
     ArrayLayout,
-    ShardError,
-    decode_index,
-    make_decoder,
+    read_attrs,
 )
-from .reader import DATASET_NAME, read_attrs, read_record
-from .spec import StoreError, StoreSpec
-from .writer import committed_samples_of_shard
+from .record import (
+    committed_samples_of_shard,
+    expected_shards,
+    read_record,
+    record_problems,
+    sample_bounds,
+    shard_table,
+    uncovered_shards,
+)
+from .shard_codec import ShardDecoder
+from .spec import StoreSpec
 
 
 @dataclass
@@ -123,19 +130,8 @@ def verify_store(store: Path, check_values: bool = True) -> list[Problem]:
     except (StoreError, TypeError, ValueError) as e:
         return [Problem(S, "metadata", f"group attributes: {e}")]
 
-    # The record itself.
-    n, t = record.get("num_samples"), record.get("num_tokens")
-    ids, lengths = record.get("sample_ids", []), record.get("lengths", [])
-    if not (len(ids) == len(lengths) == n):
-        out.append(
-            Problem(S, "record", f"{PROGRESS_NAME}: num_samples={n} but {len(ids)} ids and {len(lengths)} lengths")
-        )
-    if sum(lengths) != t:
-        out.append(Problem(S, "record", f"{PROGRESS_NAME}: lengths sum to {sum(lengths)}, num_tokens is {t}"))
-    if len(set(ids)) != len(ids):
-        out.append(Problem(S, "record", f"{PROGRESS_NAME}: duplicate sample ids"))
-    if any(x <= 0 for x in lengths):
-        out.append(Problem(S, "record", f"{PROGRESS_NAME}: a sample has no tokens"))
+    out += [Problem(S, "record", msg) for msg in record_problems(record)]
+    t = record.get("num_tokens")
 
     # Array metadata.
     layouts: dict[str, ArrayLayout] = {}
@@ -206,127 +202,88 @@ def _shard_problem(store: Path, record: dict, lay: ArrayLayout, k: int, kind: st
 def _verify_shards(store: Path, record: dict, lay: ArrayLayout, check_values: bool) -> list[Problem]:
     out: list[Problem] = []
     t = record["num_tokens"]
-    table = {int(s["index"]): s for s in record["shards"].get(lay.name, [])}
-    n_shards = -(-t // lay.shard_tokens)
-    for k in range(n_shards):
-        want_tokens = min(lay.shard_tokens, t - k * lay.shard_tokens)
-        info = table.get(k)
-        if info is None or info["tokens"] != want_tokens:
-            out.append(
-                _shard_problem(
-                    store,
-                    record,
-                    lay,
-                    k,
-                    "record",
-                    f"the record covers {want_tokens} tokens here but its shard table has "
-                    f"{'no entry' if info is None else info['tokens']}",
-                )
-            )
-            continue
-        f = lay.shard_path(store, k)
-        if not f.is_file():
-            out.append(_shard_problem(store, record, lay, k, "missing", "shard file is missing"))
-            continue
-        data = f.read_bytes()
-        if info["tokens"] < lay.shard_tokens and (len(data) != info["nbytes"] or crc32c.crc32c(data) != info["crc32c"]):
-            # A tail shard replaced by a commit that a kill interrupted before its record: harmless if the
-            # committed prefix still checks out (the writer's open() restores exactly that prefix).
-            p = _check_shard_values(lay, data, want_tokens, info, str(f))
-            if p is None or p[0] == "values":
-                out.append(
-                    Problem(
-                        str(store),
-                        "stray",
-                        "tail shard rewritten by an interrupted commit; its committed "
-                        "rows check out (raw crc32c) and reopening the store for writing restores them",
-                        array=lay.name,
-                        shard=k,
-                        file=str(f.relative_to(store)),
-                    )
-                )
-                if p is not None and check_values:
-                    out.append(_shard_problem(store, record, lay, k, *p))
-                continue
-        if len(data) != info["nbytes"]:
-            out.append(
-                _shard_problem(
-                    store,
-                    record,
-                    lay,
-                    k,
-                    "truncated" if len(data) < info["nbytes"] else "size",
-                    f"{len(data)} bytes, the record says {info['nbytes']}",
-                )
-            )
-            continue
-        if crc32c.crc32c(data) != info["crc32c"]:
-            out.append(_shard_problem(store, record, lay, k, "checksum", "crc32c of the file differs from the record"))
-            continue
-        if check_values:
-            p = _check_shard_values(lay, data, want_tokens, info, str(f))
-            if p:
-                out.append(_shard_problem(store, record, lay, k, *p))
+    table = shard_table(record, lay.name)
+    uncovered = {k: info for k, _, info in uncovered_shards(table, lay.shard_tokens, t)}
+    decoder = ShardDecoder(lay)
+    expected = expected_shards(lay.shard_tokens, t)
+    for k, want in expected:
+        if k in uncovered:
+            have = "no entry" if uncovered[k] is None else uncovered[k]["tokens"]
+            msg = f"the record covers {want} tokens here but its shard table has {have}"
+            out.append(_shard_problem(store, record, lay, k, "record", msg))
+        else:
+            out += _verify_shard(store, record, lay, decoder, k, want, table[k], check_values)
+    n_shards = len(expected)
     for k in sorted(set(table) - set(range(n_shards))):
-        out.append(
-            Problem(
-                str(store),
-                "record",
-                f"shard table lists shard {k} past the {t} committed tokens",
-                array=lay.name,
-                shard=k,
-            )
-        )
+        msg = f"shard table lists shard {k} past the {t} committed tokens"
+        out.append(Problem(str(store), "record", msg, array=lay.name, shard=k))
     root = store / lay.name / "c"
     if root.is_dir():
         for d in sorted(root.iterdir()):
             if d.name.isdigit() and int(d.name) >= n_shards:
+                msg = "shard past the committed record (an interrupted append); reopening the store for writing removes it"
                 out.append(
-                    Problem(
-                        str(store),
-                        "stray",
-                        "shard past the committed record (an interrupted append); "
-                        "reopening the store for writing removes it",
-                        array=lay.name,
-                        shard=int(d.name),
-                        file=str(d.relative_to(store)),
-                    )
+                    Problem(str(store), "stray", msg, array=lay.name, shard=int(d.name), file=str(d.relative_to(store)))
                 )
     return out
 
 
-def _check_shard_values(lay: ArrayLayout, data: bytes, tokens: int, info: dict, where: str) -> tuple[str, str] | None:
-    try:
-        index = decode_index(data[-lay.index_nbytes() :], lay.chunks_per_shard, where)
-    except ShardError as e:
-        return "decode", str(e)
-    dec = make_decoder(lay.codec)
+def _verify_shard(
+    store: Path, record: dict, lay: ArrayLayout, decoder: ShardDecoder, k: int, tokens: int, info: dict, values: bool
+) -> list[Problem]:
+    """Problems of committed shard k, which holds `tokens` committed rows and has the record entry `info`."""
+    f = lay.shard_path(store, k)
+    if not f.is_file():
+        return [_shard_problem(store, record, lay, k, "missing", "shard file is missing")]
+    data = f.read_bytes()
+    if info["tokens"] < lay.shard_tokens and (len(data) != info["nbytes"] or crc32c.crc32c(data) != info["crc32c"]):
+        # A tail shard replaced by a commit that a kill interrupted before its record: harmless if the
+        # committed prefix still checks out (the writer's open() restores exactly that prefix).
+        p = _check_shard_values(lay, decoder, data, tokens, info, str(f))
+        if p is None or p[0] == "values":
+            msg = (
+                "tail shard rewritten by an interrupted commit; its committed rows check out (raw crc32c) and "
+                "reopening the store for writing restores them"
+            )
+            out = [Problem(str(store), "stray", msg, array=lay.name, shard=k, file=str(f.relative_to(store)))]
+            if p is not None and values:
+                out.append(_shard_problem(store, record, lay, k, *p))
+            return out
+    if len(data) != info["nbytes"]:
+        kind = "truncated" if len(data) < info["nbytes"] else "size"
+        return [_shard_problem(store, record, lay, k, kind, f"{len(data)} bytes, the record says {info['nbytes']}")]
+    if crc32c.crc32c(data) != info["crc32c"]:
+        return [_shard_problem(store, record, lay, k, "checksum", "crc32c of the file differs from the record")]
+    if values:
+        p = _check_shard_values(lay, decoder, data, tokens, info, str(f))
+        if p:
+            return [_shard_problem(store, record, lay, k, *p)]
+    return []
+
+
+def _check_shard_values(
+    lay: ArrayLayout, decoder: ShardDecoder, data: bytes, tokens: int, info: dict, where: str
+) -> tuple[str, str] | None:
+    """(kind, message) of the first problem of the shard's committed rows, or None: they decode (the one
+    decoder of shard_codec), their crc32c matches the record, and their values are valid (no NaN/Inf hidden
+    states, masks 0/1, token ids >= 0)."""
     crc = 0
     nan = inf = bad = 0
-    for c in range(-(-tokens // lay.chunk_tokens)):
-        off, nb = index[c]
-        if off == EMPTY:
-            return "decode", f"inner chunk {c} is absent but the record covers it"
-        try:
-            rows = np.frombuffer(dec(data[int(off) : int(off + nb)]), lay.np_dtype)
-        except Exception as e:  # codec errors come in many types
-            return "decode", f"inner chunk {c} does not decode: {e}"
-        per_chunk = lay.chunk_tokens * (lay.row_nbytes // lay.np_dtype.itemsize)
-        if rows.size != per_chunk:
-            return "decode", f"inner chunk {c} decodes to {rows.size} values, expected {per_chunk}"
-        used = min(lay.chunk_tokens, tokens - c * lay.chunk_tokens)
-        rows = rows[: used * (lay.row_nbytes // lay.np_dtype.itemsize)]
-        crc = crc32c.crc32c(rows, crc)
-        if lay.name == "hidden_states":
-            special = (rows & 0x7F80) == 0x7F80  # bf16 exponent all ones: Inf (mantissa 0) or NaN
-            if special.any():
-                mant = rows[special] & 0x007F
-                nan += int((mant != 0).sum())
-                inf += int((mant == 0).sum())
-        elif lay.name == "loss_mask":
-            bad += int((rows > 1).sum())
-        elif lay.name == "input_ids":
-            bad += int((rows < 0).sum())
+    try:
+        for rows in decoder.chunks(data, tokens, where):
+            crc = crc32c.crc32c(rows, crc)
+            if lay.name == "hidden_states":
+                special = (rows & 0x7F80) == 0x7F80  # bf16 exponent all ones: Inf (mantissa 0) or NaN
+                if special.any():
+                    mant = rows[special] & 0x007F
+                    nan += int((mant != 0).sum())
+                    inf += int((mant == 0).sum())
+            elif lay.name == "loss_mask":
+                bad += int((rows > 1).sum())
+            elif lay.name == "input_ids":
+                bad += int((rows < 0).sum())
+    except ShardError as e:
+        return "decode", e.detail
     if crc != info["raw_crc32c"]:
         return "checksum", "decoded rows' crc32c differs from the record"
     if nan or inf:
@@ -357,7 +314,7 @@ def _verify_complete(store: Path, record: dict) -> list[Problem]:
             )
     except (OSError, ValueError) as e:
         out.append(Problem(S, "record", f"complete marker unreadable: {e}"))
-    want = np.concatenate([[0], np.cumsum(record["lengths"], dtype=np.int64)])
+    want = sample_bounds(record["lengths"])
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         try:

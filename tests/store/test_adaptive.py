@@ -15,11 +15,13 @@ from store_testlib import EveryOtherSlot, make_sample
 
 from eagle_batch.config import StoreConfig
 from eagle_batch.store import TaskStoreWriter, open_dataset, verify
+from eagle_batch.store.ingest import Ingest
+from eagle_batch.store.stream import Stream
 
 
 def _write(path, spec, cfg, samples, slots, commit_every=3, reopen_after=None):
     w = TaskStoreWriter.open(path, spec, cfg)
-    w._encode_slots = slots
+    w._ingest._encode_slots = slots
     stats = {"compressed": 0, "stored_raw": 0}
     for i, (sid, ids, mask, hs) in enumerate(samples):
         w.append(sid, ids, mask, hs)
@@ -31,7 +33,7 @@ def _write(path, spec, cfg, samples, slots, commit_every=3, reopen_after=None):
                 stats[k] += v
             w.close()
             w = TaskStoreWriter.open(path, spec, cfg)
-            w._encode_slots = slots
+            w._ingest._encode_slots = slots
     w.finalize()
     for k, v in w.chunk_stats().items():
         stats[k] += v
@@ -41,7 +43,7 @@ def _write(path, spec, cfg, samples, slots, commit_every=3, reopen_after=None):
 
 @pytest.mark.parametrize("busy_all", [True, False], ids=["all-raw", "mixed"])
 def test_raw_chunks_read_back_bit_exact_everywhere(tmp_path, spec, busy_all, monkeypatch):
-    monkeypatch.setattr(TaskStoreWriter, "_io_backlog", lambda self: 0)  # a disk that keeps up: raw allowed
+    monkeypatch.setattr(Ingest, "io_backlog", lambda self: 0)  # a disk that keeps up: raw allowed
     cfg = StoreConfig(chunk_tokens=8, shard_tokens=32, adaptive=True)
     samples = [make_sample(s) for s in range(40)]
     stats = _write(tmp_path / "a.zarr", spec, cfg, samples, EveryOtherSlot(busy_all), reopen_after=17)
@@ -69,7 +71,7 @@ def test_adaptive_off_or_other_codecs_always_compress(tmp_path, spec):
 
 def test_raw_store_same_bytes_as_stored_uncompressed(tmp_path, spec, monkeypatch):
     """Every raw frame is the 16-byte blosc header plus the chunk's bytes: size = raw size + 16 per chunk."""
-    monkeypatch.setattr(TaskStoreWriter, "_io_backlog", lambda self: 0)  # a disk that keeps up: raw allowed
+    monkeypatch.setattr(Ingest, "io_backlog", lambda self: 0)  # a disk that keeps up: raw allowed
     cfg = StoreConfig(chunk_tokens=8, shard_tokens=32, adaptive=True)
     samples = [make_sample(s, max_len=9) for s in range(64)]
     _write(tmp_path / "r.zarr", spec, cfg, samples, EveryOtherSlot(True), commit_every=1000)
@@ -87,10 +89,10 @@ def test_no_raw_chunks_while_the_disk_is_the_bottleneck(tmp_path, spec, monkeypa
     """With shard writes queued up, a raw chunk would only add bytes to the slowest stage: compress instead."""
     cfg = StoreConfig(chunk_tokens=8, shard_tokens=32, adaptive=True)
     samples = [make_sample(s) for s in range(12)]
-    monkeypatch.setattr(TaskStoreWriter, "_io_backlog", lambda self: TaskStoreWriter.IO_QUEUE_RAW_LIMIT)
+    monkeypatch.setattr(Ingest, "io_backlog", lambda self: Ingest.IO_QUEUE_RAW_LIMIT)
     stats = _write(tmp_path / "busy-disk.zarr", spec, cfg, samples, EveryOtherSlot(busy_all=True))
     assert stats["stored_raw"] == 0 and stats["compressed"] > 0
-    monkeypatch.setattr(TaskStoreWriter, "_io_backlog", lambda self: TaskStoreWriter.IO_QUEUE_RAW_LIMIT - 1)
+    monkeypatch.setattr(Ingest, "io_backlog", lambda self: Ingest.IO_QUEUE_RAW_LIMIT - 1)
     stats = _write(tmp_path / "idle-disk.zarr", spec, cfg, samples, EveryOtherSlot(busy_all=True))
     assert stats["compressed"] == 0 and stats["stored_raw"] > 0
 
@@ -99,12 +101,10 @@ def test_disk_backlog_counts_only_shards_whose_chunks_are_encoded(tmp_path, spec
     """Shards waiting for compression are the compression's backlog: counting them as the disk's would turn
     raw chunks off exactly when compression is the bottleneck, and make append wait at the disk's queue.
     Shards stuck in the write are the disk's."""
-    from eagle_batch.store import writer as writer_mod
-
     cfg = StoreConfig(chunk_tokens=8, shard_tokens=32, adaptive=True, fsync=False)
     encode_gate, disk_open = threading.Event(), threading.Event()
     disk_open.set()
-    real_job, real_write = writer_mod._Stream.encode_job, TaskStoreWriter._write_shard
+    real_job, real_write = Stream.encode_job, Ingest._write_shard
 
     def slow_encode(self, chunks, loan):
         encode_gate.wait(30)
@@ -121,11 +121,11 @@ def test_disk_backlog_counts_only_shards_whose_chunks_are_encoded(tmp_path, spec
             time.sleep(0.01)
         return pred()
 
-    monkeypatch.setattr(writer_mod._Stream, "encode_job", slow_encode)
-    monkeypatch.setattr(TaskStoreWriter, "_write_shard", slow_disk)
+    monkeypatch.setattr(Stream, "encode_job", slow_encode)
+    monkeypatch.setattr(Ingest, "_write_shard", slow_disk)
     w = TaskStoreWriter.open(tmp_path / "s.zarr", spec, cfg)
     rng = np.random.default_rng(0)
-    ids = [f"s{i}" for i in range(2 + TaskStoreWriter.IO_QUEUE_LIMIT + 2)]
+    ids = [f"s{i}" for i in range(2 + Ingest.IO_QUEUE_LIMIT + 2)]
 
     def append(sid):  # one full 32-token shard of each array
         w.append(
@@ -139,9 +139,9 @@ def test_disk_backlog_counts_only_shards_whose_chunks_are_encoded(tmp_path, spec
         for sid in ids[:2]:
             append(sid)
         # the token-id and mask shards are written, the hidden-state shards wait for compression ...
-        assert eventually(lambda: sum(not f.done() for f in w._pending_io) == 2)
+        assert eventually(lambda: sum(not f.done() for f in w._ingest._pending_io) == 2)
         time.sleep(0.05)
-        assert w._io_backlog() == 0  # ... which is not the disk's backlog
+        assert w._ingest.io_backlog() == 0  # ... which is not the disk's backlog
         # More shards than the disk's queue limit while compression is stuck: append must not wait (chunks
         # that find no compression slot are kept raw and written).
         more = threading.Thread(target=lambda: [append(sid) for sid in ids[2:]], daemon=True)
@@ -151,10 +151,10 @@ def test_disk_backlog_counts_only_shards_whose_chunks_are_encoded(tmp_path, spec
         assert w.chunk_stats()["stored_raw"] > 0
         disk_open.clear()
         encode_gate.set()
-        assert eventually(lambda: w._io_backlog() >= 2)  # every chunk encoded, the writes held by the disk
+        assert eventually(lambda: w._ingest.io_backlog() >= 2)  # every chunk encoded, the writes held by the disk
         disk_open.set()
         w.commit()
-        assert w._io_backlog() == 0
+        assert w._ingest.io_backlog() == 0
     finally:
         encode_gate.set()
         disk_open.set()

@@ -10,6 +10,7 @@ from eagle_batch.store import StoreSpec, TaskStoreWriter, open_dataset, verify
 from eagle_batch.store import encoder as enc_mod
 from eagle_batch.store.encoder import ChunkEncoder
 from eagle_batch.store.format import Codec, make_decoder
+from eagle_batch.store.ingest import Ingest
 
 CODECS = [Codec("blosc-zstd", 1), Codec("blosc-zstd", 5, 1 << 16), Codec("zstd", 1), Codec("zstd", 7), Codec("none")]
 
@@ -90,7 +91,7 @@ def _write_and_check(path, expect_direct, entropy_only, codec="blosc-zstd"):
     rng = np.random.default_rng(4)
     samples = []
     with TaskStoreWriter.open(path, spec, cfg) as w:
-        st = w._streams["hidden_states"]
+        st = w._ingest.streams["hidden_states"]
         assert st.encoder.direct is expect_direct
         assert st.encoder.entropy_only is entropy_only, st.encoder.why_not_entropy
         assert w.encoder_info()["entropy_only"] is entropy_only
@@ -105,7 +106,7 @@ def _write_and_check(path, expect_direct, entropy_only, codec="blosc-zstd"):
         w.finalize()
         if expect_direct:
             # ~25 full shards of 4 chunks each went through a bounded set of reused buffers
-            assert 0 < len(st.out_free) <= (w.IO_QUEUE_CAP + 2) * 4 + 2 * w.encode_threads + 2
+            assert 0 < len(st.out_free) <= (Ingest.IO_QUEUE_CAP + 2) * 4 + 2 * w.encode_threads + 2
     ds = open_dataset(path)
     assert len(ds) == len(samples)
     for i, (sid, hs, ids) in enumerate(samples):

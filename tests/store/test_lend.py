@@ -18,12 +18,13 @@ from store_testlib import EveryOtherSlot, make_sample
 from eagle_batch.config import StoreConfig
 from eagle_batch.store import TaskStoreWriter, open_dataset, verify
 from eagle_batch.store.crc import crc32c_combine
+from eagle_batch.store.ingest import Ingest
 
 
 @pytest.mark.parametrize("slots", ["free", "mixed", "all-busy"])
 def test_lent_rows_stored_bit_exact_and_released_once_after_last_read(tmp_path, spec, slots, monkeypatch):
     cfg = StoreConfig(chunk_tokens=8, shard_tokens=32, adaptive=True)
-    monkeypatch.setattr(TaskStoreWriter, "_io_backlog", lambda self: 0)  # raw chunks allowed whenever slots are busy
+    monkeypatch.setattr(Ingest, "io_backlog", lambda self: 0)  # raw chunks allowed whenever slots are busy
     raw_chunks = []
     samples = [make_sample(s) for s in range(40)]
     released: Counter = Counter()
@@ -36,7 +37,7 @@ def test_lent_rows_stored_bit_exact_and_released_once_after_last_read(tmp_path, 
     def open_writer():
         w = TaskStoreWriter.open(tmp_path / "a.zarr", spec, cfg)
         if slots != "free":  # "busy" slots keep chunks raw: lent rows must then be copied, not kept
-            w._encode_slots = EveryOtherSlot(busy_all=slots == "all-busy")
+            w._ingest._encode_slots = EveryOtherSlot(busy_all=slots == "all-busy")
         return w
 
     w = open_writer()
@@ -83,9 +84,9 @@ def test_lent_rows_held_until_their_chunks_are_encoded(tmp_path, spec):
     gate = threading.Event()
     released = []
     with TaskStoreWriter.open(tmp_path / "c.zarr", spec, cfg) as w:
-        stream = w._streams["hidden_states"]
-        encode = stream.encode
-        stream.encode = lambda chunk: (gate.wait(10), encode(chunk))[1]  # compression threads stall
+        stream = w._ingest.streams["hidden_states"]
+        encode = stream.encoder.encode  # what the compression threads call
+        stream.encoder.encode = lambda chunk, out: (gate.wait(10), encode(chunk, out))[1]  # they stall
         sid, ids, mask, hs = make_sample(5)
         w.append(sid, ids, mask, hs, on_release=lambda: released.append(threading.current_thread().name))
         assert released == [], "released while its chunks still wait for compression"
@@ -110,24 +111,24 @@ def test_blocks_of_samples_store_the_same_bytes_as_single_appends(tmp_path, spec
     """append_block (an engine step's requests back to back, lent as one block): the store reads back exactly
     what per-sample appends give, the block comes back once after its last read, and only the block's edges
     are copied (chunks across sample boundaries are compressed in place)."""
-    monkeypatch.setattr(TaskStoreWriter, "_io_backlog", lambda self: 0)
+    monkeypatch.setattr(Ingest, "io_backlog", lambda self: 0)
     cfg = StoreConfig(chunk_tokens=8, shard_tokens=32, adaptive=True)
     samples = [make_sample(s) for s in range(30)]
     groups = [samples[0:1], samples[1:5], samples[5:6], samples[6:13], samples[13:30]]
     released: Counter = Counter()
     blocks = []
     copied_chunks = Counter()  # hidden-state chunks that went through the stream's own buffer, per writer
-    real_submit = TaskStoreWriter._submit_encode
+    real_submit = Ingest.submit_encode
 
     def submit(self, st, chunks, loan):
         if st.layout.name == "hidden_states" and loan is None:
             copied_chunks[self.path.name] += len(chunks)
         return real_submit(self, st, chunks, loan)
 
-    monkeypatch.setattr(TaskStoreWriter, "_submit_encode", submit)
+    monkeypatch.setattr(Ingest, "submit_encode", submit)
     w = TaskStoreWriter.open(tmp_path / "blk.zarr", spec, cfg)
     if slots == "all-busy":
-        w._encode_slots = EveryOtherSlot(busy_all=True)
+        w._ingest._encode_slots = EveryOtherSlot(busy_all=True)
 
     for k, g in enumerate(groups):
         block = np.concatenate([s[3] for s in g])

@@ -6,6 +6,7 @@ import numpy as np
 
 from eagle_batch.config import StoreConfig
 from eagle_batch.store import StoreSpec, TaskStoreWriter
+from eagle_batch.store.ingest import Ingest
 
 
 def _write(path, n=12):
@@ -61,7 +62,7 @@ def test_lent_whole_chunks_go_a_few_per_job_within_one_shard(tmp_path, monkeypat
     threads), never past its shard's end (shards are submitted when full) nor over JOB_BYTES."""
     monkeypatch.setenv("EAGLE_BATCH_STORE_TRACE", str(tmp_path / "trace"))
     chunk_bytes = 16 * 2 * 32 * 2
-    monkeypatch.setattr(TaskStoreWriter, "JOB_BYTES", 3 * chunk_bytes)
+    monkeypatch.setattr(Ingest, "JOB_BYTES", 3 * chunk_bytes)
     spec = StoreSpec(layer_ids=[1, 2], hidden_size=32, model_name="t")
     cfg = StoreConfig(chunk_tokens=16, shard_tokens=64, fsync=False, adaptive=False)
     rng = np.random.default_rng(1)

@@ -143,7 +143,7 @@ def test_failed_commit_keeps_previous_record(tmp_path, spec, small_cfg, monkeypa
     w.commit()
     for s in samples[3:]:
         w.append(*s)
-    monkeypatch.setattr(w, "_write_record", lambda: (_ for _ in ()).throw(OSError("simulated crash")))
+    monkeypatch.setattr(w._progress, "write", lambda *a, **k: (_ for _ in ()).throw(OSError("simulated crash")))
     with pytest.raises(OSError):
         w.commit()
     w.close()

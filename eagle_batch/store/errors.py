@@ -1,0 +1,53 @@
+"""The store's exceptions, at the bottom of the package so that every module can raise them.
+
+`StoreError` and its subclasses reach users (they are `UserError`s): each message names the store (and the
+shard or field) and what to do. `ShardError` is internal: a shard file that does not decode; callers turn it
+into a `StoreCorruptError` or a verify `Problem` that says which store and what to run.
+"""
+
+from __future__ import annotations
+
+import errno
+from pathlib import Path
+
+from eagle_batch.errors import UserError
+
+
+class StoreError(UserError, RuntimeError):
+    """Base class of store errors; messages name the store (and shard/field) and what to do."""
+
+
+class StoreLockedError(StoreError):
+    """Another process holds the store's writer lock."""
+
+
+class StoreMismatchError(StoreError):
+    """An existing store was written with a different spec or layout than the one asked for."""
+
+
+class StoreCorruptError(StoreError):
+    """Committed data is missing or damaged."""
+
+
+class ShardError(ValueError):
+    """A shard file that cannot be decoded. `str()` names the file; `detail` says what is wrong without it."""
+
+    def __init__(self, where: str, detail: str):
+        super().__init__(f"{where}: {detail}" if where else detail)
+        self.where = where
+        self.detail = detail
+
+    def __reduce__(self):
+        return type(self), (self.where, self.detail)
+
+
+def no_space_error(path: Path, e: OSError) -> StoreError:
+    """A full disk or quota as a StoreError that names the store and what to do (a bare ENOSPC names neither)."""
+    store = next((p for p in (path, *path.parents) if p.suffix == ".zarr"), path.parent)
+    what = "quota exceeded" if e.errno == errno.EDQUOT else "no space left on device"
+    return StoreError(
+        f"{store}: {what} while writing {path.relative_to(store) if store in path.parents else path}. "
+        "Everything committed before is intact (this write was not committed). Free space on that "
+        f"file system (`df -h {store.parent}`) or raise the quota, then resume the task "
+        "(`eagle-batch resume RUN`): it continues from its last commit."
+    )

@@ -1,0 +1,83 @@
+"""A store's complete state: finalize() writes it, the recovery of a store that takes more samples undoes it.
+
+A complete store has `offsets` and `sample_ids` (zarr arrays for readers without eagle-batch), its array
+metadata consolidated into the root `zarr.json`, and the `complete` marker, written last: the marker's
+presence means everything before it is on disk. Undoing it goes in the reverse order, marker first, so a
+crash in between never leaves a marker over index arrays that no longer match the record.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import time
+import warnings
+from pathlib import Path
+
+import numpy as np
+
+from .durable import fsync_dir, fsync_tree, write_json_atomic
+from .format import COMPLETE_NAME, INDEX_ARRAYS
+
+
+def finalize_store(store: Path, sample_ids: list[str], lengths: list[int], commit: int, fsync: bool) -> None:
+    """Write offsets, sample_ids and consolidated metadata, sync them, then (last) the `complete` marker.
+    The caller has committed every sample it passes."""
+    import zarr
+
+    with warnings.catch_warnings():
+        # zarr notes our non-Zarr files (progress.json, .lock) and that consolidation is not in the v3 spec.
+        warnings.filterwarnings("ignore", message=".*(not recognized as a component|Consolidated metadata).*")
+        _write_index_arrays(zarr, store, sample_ids, lengths)
+    if fsync:
+        for d in INDEX_ARRAYS:
+            fsync_tree(store / d)
+        fsync_dir(store)
+    write_json_atomic(
+        store / COMPLETE_NAME,
+        {
+            "num_samples": len(sample_ids),
+            "num_tokens": int(sum(lengths)),
+            "commit": commit,
+            "finalized_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        },
+        fsync,
+    )
+
+
+def _write_index_arrays(zarr, store: Path, sample_ids: list[str], lengths: list[int]) -> None:
+    offsets = np.zeros(len(lengths) + 1, np.int64)
+    np.cumsum(lengths, out=offsets[1:])
+    root = zarr.open_group(store, mode="r+", zarr_format=3)
+    a = root.create_array(
+        "offsets",
+        shape=offsets.shape,
+        dtype="int64",
+        chunks=(max(1, min(len(offsets), 1 << 18)),),
+        compressors=None,
+        overwrite=True,
+    )
+    a[:] = offsets
+    ids = np.array(sample_ids, dtype=object)
+    s = root.create_array(
+        "sample_ids", shape=ids.shape, dtype=str, chunks=(max(1, min(len(ids), 1 << 16)),), overwrite=True
+    )
+    if len(ids):
+        s[:] = ids
+    zarr.consolidate_metadata(store, zarr_format=3)
+
+
+def unfinalize(store: Path, fsync: bool) -> None:
+    """Undo finalize(), or the part of it an interrupted finalize() did: the marker (synced away first),
+    then `offsets`/`sample_ids` and the consolidated metadata, which describe the state being left."""
+    marker = store / COMPLETE_NAME
+    if marker.is_file():
+        marker.unlink()
+        if fsync:
+            fsync_dir(store)
+    for name in INDEX_ARRAYS:
+        if (store / name).exists():
+            shutil.rmtree(store / name)
+    root_meta = json.loads((store / "zarr.json").read_bytes())
+    if root_meta.pop("consolidated_metadata", None) is not None:
+        write_json_atomic(store / "zarr.json", root_meta, fsync)
