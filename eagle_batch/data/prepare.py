@@ -108,14 +108,23 @@ def _percentiles(lengths: np.ndarray) -> dict:
 
 
 def _check_run_dir(cfg: RunConfig, force: bool) -> Path:
+    """Refuse to re-prepare a run whose stores hold committed samples (re-planning would give the tasks other
+    samples); stores an attempt created but never committed to (an engine that failed to start) hold nothing
+    and are removed."""
+    from eagle_batch.store.record import committed_samples
+
     run_dir = Path(cfg.run_dir)
-    stores = run_dir / "stores"
-    if stores.is_dir() and any(stores.iterdir()) and not force:
+    stores = sorted((run_dir / "stores").glob("task-*.zarr")) if (run_dir / "stores").is_dir() else []
+    holding = [p for p in stores if committed_samples(p) > 0]
+    if holding and not force:
         raise ConfigError(
-            f"{run_dir} already has extracted stores; re-preparing would change which samples "
-            "each task holds. Use a new run_dir, or pass --force if you really want to replace "
-            "the prepared data (then delete the stores)."
+            f"{run_dir} already has extracted stores ({len(holding)} with committed samples); re-preparing would "
+            "change which samples each task holds. Use a new run_dir, or pass --force if you really want to "
+            "replace the prepared data (then delete the stores)."
         )
+    for p in stores:
+        if p not in holding:
+            shutil.rmtree(p)
     return run_dir
 
 

@@ -58,18 +58,18 @@ step() {
   say "$name: exit $rc"
   return $rc
 }
-# capture RUN BACKEND MODEL: prepare, extract --wait, status, aggregate, verify, validate (its exit is kept,
-# not fatal: the next stage's numbers tell a capture bug from a compute disagreement); validate's JSON report
-# is OUT/validate-BACKEND.txt
+# capture LABEL RUN BACKEND MODEL: prepare, extract --wait, status, aggregate, verify, validate (its exit is
+# kept, not fatal: the next stage's numbers tell a capture bug from a compute disagreement); each command's
+# output is OUT/STEP-LABEL.txt (validate's JSON report: OUT/validate-LABEL.txt), one label per stage
 capture() {
-  local run=$1 backend=$2 model=$3
+  local label=$1 run=$2 backend=$3 model=$4
   local kv=(run_dir="$run" extract.backend="$backend" model.path="$model")
-  step "prepare-$backend" eagle-batch prepare "$base" "$cfg" "${kv[@]}" "${extra[@]}" --no-progress
-  step "extract-$backend" eagle-batch extract "$base" "$cfg" "${kv[@]}" "${extra[@]}" --wait --interval 5
-  step "status-$backend" eagle-batch status "$run"
-  step "aggregate-$backend" eagle-batch aggregate "$run"
-  step "verify-$backend" eagle-batch verify "$run"
-  step "validate-$backend" eagle-batch validate "$run" --samples 32 --json || true
+  step "prepare-$label" eagle-batch prepare "$base" "$cfg" "${kv[@]}" "${extra[@]}" --no-progress
+  step "extract-$label" eagle-batch extract "$base" "$cfg" "${kv[@]}" "${extra[@]}" --wait --interval 5
+  step "status-$label" eagle-batch status "$run"
+  step "aggregate-$label" eagle-batch aggregate "$run"
+  step "verify-$label" eagle-batch verify "$run"
+  step "validate-$label" eagle-batch validate "$run" --samples 32 --json || true
 }
 build() {  # build DEST [--fixed-route]
   # shellcheck disable=SC2086
@@ -122,8 +122,8 @@ EOF
       python3 -c "import json, sys; c = json.load(open(sys.argv[1])); print(json.dumps({k: c[k] for k in ('architectures', 'model_type')}), json.dumps(c['text_config']))" \
         "$work/kimi-fixed/config.json" > "$out/model-config.txt"
       ;;
-    native) capture "$work/run-native" native "$work/kimi-fixed" ;;
-    hooks) capture "$work/run-hooks" hooks "$work/kimi-fixed" ;;
+    native) capture native "$work/run-native" native "$work/kimi-fixed" ;;
+    hooks) capture hooks "$work/run-hooks" hooks "$work/kimi-fixed" ;;
     compare)
       # The same prompts through both backends: each layer id must be the same residual stream.
       step compare python3 - "$work/run-native" "$work/run-hooks" "$out/compare.json" <<'PY'
@@ -173,13 +173,13 @@ PY
       # The same shape with free (random) routing: router near-ties flip under bf16 in either engine, so
       # MoE layers are expected below 0.999 here (the dsv3-moe result); recorded for comparison only.
       build "$work/kimi-free"
-      capture "$work/run-free" native "$work/kimi-free"
+      capture free "$work/run-free" native "$work/kimi-free"
       ;;
     int4)
       # vLLM 0.26 serves pack-quantized int4 group-32 experts with CompressedTensorsWNA16MarlinMoEMethod (the
       # real Kimi path); validate's reference runs the dequantized weights (eagle_batch/models/int4.py).
       build "$work/kimi-int4" --fixed-route --int4-experts
-      capture "$work/run-int4" native "$work/kimi-int4"
+      capture int4 "$work/run-int4" native "$work/kimi-int4"
       ;;
     *) echo "unknown stage $stage (setup native hooks compare train evaluate free int4)"; exit 2 ;;
   esac

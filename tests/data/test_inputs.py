@@ -302,8 +302,21 @@ def test_refuses_to_replace_prepared_data_of_an_extracted_run(tmp_path, smollm2_
     path.write_text(json.dumps({"messages": CONV}) + "\n")
     cfg = make_cfg(tmp_path, smollm2_path, [path])
     prepare(cfg, progress=False, tokenizer=smollm2_tokenizer)
-    (tmp_path / "run" / "stores" / "task-00000.zarr").mkdir(parents=True)
-    with pytest.raises(ConfigError, match="already has extracted stores"):
+    import numpy as np
+
+    from eagle_batch.config import StoreConfig
+    from eagle_batch.store import StoreSpec, TaskStoreWriter
+
+    stores = tmp_path / "run" / "stores"
+    spec, store_cfg = StoreSpec(layer_ids=[1, 2], hidden_size=8, model_name="m"), StoreConfig(fsync=False)
+    # A store an attempt opened but never committed to (its engine failed to start) holds nothing: removed.
+    TaskStoreWriter.open(stores / "task-00001.zarr", spec, store_cfg).close()
+    assert prepare(cfg, progress=False, tokenizer=smollm2_tokenizer)["samples"] == 1
+    assert not (stores / "task-00001.zarr").exists()
+    with TaskStoreWriter.open(stores / "task-00000.zarr", spec, store_cfg) as w:
+        w.append("s0", np.arange(4, dtype=np.int32), np.ones(4, np.uint8), np.zeros((4, 2, 8), np.uint16))
+        w.commit()
+    with pytest.raises(ConfigError, match=r"already has extracted stores \(1 with committed samples\)"):
         prepare(cfg, progress=False, tokenizer=smollm2_tokenizer)
     assert prepare(cfg, progress=False, tokenizer=smollm2_tokenizer, force=True)["samples"] == 1
 
