@@ -72,6 +72,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument("--no-fsync", action="store_true", help="store.fsync=false for the eagle-batch phase")
     p.add_argument("--shm-bytes", type=int, default=0, help="extract.shm_bytes (the shared ring; 0 = default)")
+    p.add_argument("--store-threads", type=int, default=0, help="store.encode_threads (0 = default)")
+    p.add_argument("--store-trace", default="", help="store.trace_dir: the store writer's timeline goes there")
     p.add_argument(
         "--codec",
         default="",
@@ -123,6 +125,8 @@ def _cfg(args, path: Path, layer_ids: list[int], run_dir: str):
         f"store.fsync={'false' if args.no_fsync else 'true'}",
         f"store.adaptive={'false' if args.no_adaptive else 'true'}",
         f"extract.shm_bytes={args.shm_bytes}",
+        f"store.encode_threads={args.store_threads}",
+        f"store.trace_dir={args.store_trace}",
     ]
     if args.codec:
         over.append(f"store.codec={args.codec}")
@@ -227,15 +231,14 @@ def _eagle_run(cfg, samples, backend, work: Path, opts: dict[str, str], keep: bo
         cfg.store.adaptive = opts["adaptive"].lower() in ("1", "true", "yes")
     if "entropy" in opts:
         cfg.store.entropy_only = opts["entropy"].lower() in ("1", "true", "yes")
-    env = {"EAGLE_BATCH_STORE_THREADS": opts.get("threads"), "EAGLE_BATCH_STORE_IO_THREADS": opts.get("io_threads")}
-    saved_env = {k: os.environ.get(k) for k in env}
+    if "threads" in opts:
+        cfg.store.encode_threads = int(opts["threads"])
+    if "io_threads" in opts:
+        cfg.store.io_threads = int(opts["io_threads"])
     saved_switch = sys.getswitchinterval()
     store = work / "eagle-batch-store.zarr"
     shutil.rmtree(store, ignore_errors=True)
     try:
-        for k, v in env.items():
-            if v is not None:
-                os.environ[k] = v
         if "switch_ms" in opts:
             sys.setswitchinterval(float(opts["switch_ms"]) / 1000)
         spec = StoreSpec(
@@ -252,11 +255,6 @@ def _eagle_run(cfg, samples, backend, work: Path, opts: dict[str, str], keep: bo
             writer.close()
     finally:
         sys.setswitchinterval(saved_switch)
-        for k, v in saved_env.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
     out = dict(
         seconds=dt,
         samples=stats.samples,
@@ -421,6 +419,10 @@ def _run_phase(args, name: str, path: Path, work: Path, mp: str) -> dict:
         str(args.gpu_memory_utilization),
         "--shm-bytes",
         str(args.shm_bytes),
+        "--store-threads",
+        str(args.store_threads),
+        "--store-trace",
+        args.store_trace,
         "--layer-ids",
         ",".join(map(str, _layer_ids(args, path))),
     ]

@@ -118,6 +118,13 @@ class StoreConfig:
     # "memcpyed" frame every blosc reader decodes) instead of making the engine wait. Compression then
     # uses the CPU the node has spare; false compresses every chunk whatever it costs in throughput.
     adaptive: bool = True
+    # Compression threads (0: every CPU of the allocation but two, which the engine keeps) and shard-writing
+    # threads for hidden_states (0: as many as shard writes may be queued, so none waits for a thread).
+    encode_threads: int = 0
+    io_threads: int = 0
+    # A folder for the writer's timeline (one JSON line per append, encode, shard write and commit; see
+    # eagle_batch/store/trace.py), to see which stage a capture waits for; "" = off.
+    trace_dir: str = ""
 
 
 @dataclass

@@ -83,14 +83,15 @@ class Ingest:
         entropy_only: bool,
         trace: StoreTrace,
         threads: int | None = None,
+        io_threads: int | None = None,
     ):
         self.path = path
         self.fsync = fsync
         self.trace = trace
         self.tables = tables  # shard entries by array and index, filled in as shard writes finish
         # Compression of bf16 states is the CPU-heavy stage: by default every CPU of the allocation but two
-        # for the engine. EAGLE_BATCH_STORE_THREADS overrides it.
-        n_threads = threads or int(os.environ.get("EAGLE_BATCH_STORE_THREADS", 0)) or default_encode_threads()
+        # for the engine (store.encode_threads overrides it).
+        n_threads = threads or default_encode_threads()
         self.encode_threads = n_threads
         self._encode_pool = ThreadPoolExecutor(
             n_threads, thread_name_prefix="store-encode", initializer=_lower_thread_priority
@@ -98,7 +99,7 @@ class Ingest:
         # hidden_states shards are written (and fsynced) by as many threads as shard writes may be queued, so
         # none waits for a thread: one thread's writes into the page cache fall behind a fast GPU node. Order
         # between shards does not matter: each is its own file, and a commit waits for all of them.
-        self.io_threads = int(os.environ.get("EAGLE_BATCH_STORE_IO_THREADS", 0)) or self.IO_QUEUE_LIMIT
+        self.io_threads = io_threads or self.IO_QUEUE_LIMIT
         self._io_pools = {
             n: ThreadPoolExecutor(self.io_threads if n == "hidden_states" else 1, thread_name_prefix=f"store-io-{n}")
             for n in TOKEN_ARRAYS

@@ -1,6 +1,6 @@
 """Opt-in timeline of a store writer's work, to see which stage a capture waits for.
 
-`EAGLE_BATCH_STORE_TRACE=DIR`: each writer appends one JSON line per event to `DIR/<pid>-<id>.jsonl` when
+`store.trace_dir=DIR`: each writer appends one JSON line per event to `DIR/<pid>-<id>.jsonl` when
 it closes: `t` (seconds, time.perf_counter), `ev`, the thread's name, and the event's fields. Events:
 `append` (t0 = start, writer thread), `encode` (t0 = start, a compression thread; `raw` chunks are not
 encoded), `shard` (t0 = IO job start, `ready` = when its chunks were encoded, t = written), `commit`.
@@ -23,10 +23,6 @@ class StoreTrace:
         self._stop = threading.Event()
         if self.folder is not None:
             threading.Thread(target=self._sample_gil, name="store-trace-gil", daemon=True).start()
-
-    @classmethod
-    def from_env(cls) -> "StoreTrace":
-        return cls(os.environ.get("EAGLE_BATCH_STORE_TRACE"))
 
     @property
     def on(self) -> bool:

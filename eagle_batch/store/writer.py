@@ -133,10 +133,10 @@ class TaskStoreWriter:
         self.path = Path(path)
         self.spec = spec
         self.cfg = store_cfg if store_cfg is not None else StoreConfig()
-        self.fsync = bool(getattr(self.cfg, "fsync", True))
-        self.adaptive = bool(getattr(self.cfg, "adaptive", False))
-        self.entropy_only = bool(getattr(self.cfg, "entropy_only", StoreConfig.entropy_only))
-        self.trace = StoreTrace.from_env()
+        self.fsync = bool(self.cfg.fsync)
+        self.adaptive = bool(self.cfg.adaptive)
+        self.entropy_only = bool(self.cfg.entropy_only)
+        self.trace = StoreTrace(self.cfg.trace_dir or None)
         self._closed = False
         self._broken: BaseException | None = None
         self._lock = None
@@ -170,7 +170,8 @@ class TaskStoreWriter:
             adaptive=self.adaptive,
             entropy_only=self.entropy_only,
             trace=self.trace,
-            threads=threads,
+            threads=threads or c.encode_threads or None,
+            io_threads=c.io_threads or None,
         )
         for name, st in self._ingest.streams.items():  # continue the committed tail shards
             st.resume(*committed_tail(self.path, st.layout, self._progress.tables[name], self._progress.num_tokens))

@@ -56,10 +56,10 @@ case "$stage" in
                    # right after bench-capture-like-stock on the same machine, whose plain phase it is read against
                    python3 -m eagle_batch.bench.capture --build llama-1b --num-prompts 2048 --prompt-len 512 \
                    --work-dir $work/cap --no-fsync --engine-process in-process --phases eagle-batch --timeout 240 --json ;;
-  bench-capture-trace) # the like-stock eagle-batch phase with the store's timeline (EAGLE_BATCH_STORE_TRACE),
+  bench-capture-trace) # the like-stock eagle-batch phase with the store's timeline (store.trace_dir),
                    # summarised by scripts/gpu/trace_summary.py: which stage the writer waits for
                    rm -rf $work/trace
-                   EAGLE_BATCH_STORE_TRACE=$work/trace python3 -m eagle_batch.bench.capture --build llama-1b \
+                   python3 -m eagle_batch.bench.capture --build llama-1b --store-trace $work/trace \
                    --num-prompts 2048 --prompt-len 512 --work-dir $work/cap --no-fsync --engine-process background \
                    --phases plain,eagle-batch --timeout 240 --json
                    python3 scripts/gpu/trace_summary.py $work/trace > "$out/trace-summary.json"
@@ -73,9 +73,9 @@ case "$stage" in
                      case $v in
                        default) phases=plain,eagle-batch ;;
                        none) extra=(--codec none) ;;
-                       t15) threads=(EAGLE_BATCH_STORE_THREADS=15) ;;
+                       t15) threads=(--store-threads 15) ;;
                      esac
-                     env "${threads[@]}" EAGLE_BATCH_STORE_TRACE=$work/trace-$v python3 -m eagle_batch.bench.capture \
+                     python3 -m eagle_batch.bench.capture "${threads[@]}" --store-trace $work/trace-$v \
                        --build llama-1b --num-prompts 2048 --prompt-len 512 --work-dir $work/cap --no-fsync \
                        --engine-process background --phases $phases "${extra[@]}" --timeout 240 --json
                      for f in $work/cap/phase-eagle-batch-*.json; do cp $f "$out/$v-$(basename $f)"; done

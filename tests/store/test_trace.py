@@ -1,4 +1,4 @@
-"""EAGLE_BATCH_STORE_TRACE: a writer's timeline of appends, encodes, shard writes and commits."""
+"""store.trace_dir: a writer's timeline of appends, encodes, shard writes and commits."""
 
 import json
 
@@ -9,9 +9,9 @@ from eagle_batch.store import StoreSpec, TaskStoreWriter
 from eagle_batch.store.ingest import Ingest
 
 
-def _write(path, n=12):
+def _write(path, n=12, trace_dir=""):
     spec = StoreSpec(layer_ids=[1, 2], hidden_size=32, model_name="t")
-    cfg = StoreConfig(chunk_tokens=16, shard_tokens=64, fsync=False, adaptive=False)
+    cfg = StoreConfig(chunk_tokens=16, shard_tokens=64, fsync=False, adaptive=False, trace_dir=trace_dir)
     rng = np.random.default_rng(0)
     with TaskStoreWriter.open(path, spec, cfg) as w:
         for i in range(n):
@@ -27,9 +27,8 @@ def _write(path, n=12):
         w.finalize()
 
 
-def test_trace_records_every_stage_in_order(tmp_path, monkeypatch):
-    monkeypatch.setenv("EAGLE_BATCH_STORE_TRACE", str(tmp_path / "trace"))
-    _write(tmp_path / "s.zarr")
+def test_trace_records_every_stage_in_order(tmp_path):
+    _write(tmp_path / "s.zarr", trace_dir=str(tmp_path / "trace"))
     files = list((tmp_path / "trace").glob("*.jsonl"))
     assert len(files) == 1
     ev = [json.loads(line) for line in files[0].read_text().splitlines()]
@@ -51,7 +50,6 @@ def test_trace_records_every_stage_in_order(tmp_path, monkeypatch):
 
 
 def test_no_trace_by_default(tmp_path, monkeypatch):
-    monkeypatch.delenv("EAGLE_BATCH_STORE_TRACE", raising=False)
     monkeypatch.chdir(tmp_path)
     _write(tmp_path / "s.zarr", n=3)
     assert not list(tmp_path.rglob("*.jsonl"))
@@ -60,11 +58,10 @@ def test_no_trace_by_default(tmp_path, monkeypatch):
 def test_lent_whole_chunks_go_a_few_per_job_within_one_shard(tmp_path, monkeypatch):
     """Lent rows: one compression job takes several whole chunks (each job costs interpreter time on several
     threads), never past its shard's end (shards are submitted when full) nor over JOB_BYTES."""
-    monkeypatch.setenv("EAGLE_BATCH_STORE_TRACE", str(tmp_path / "trace"))
     chunk_bytes = 16 * 2 * 32 * 2
     monkeypatch.setattr(Ingest, "JOB_BYTES", 3 * chunk_bytes)
     spec = StoreSpec(layer_ids=[1, 2], hidden_size=32, model_name="t")
-    cfg = StoreConfig(chunk_tokens=16, shard_tokens=64, fsync=False, adaptive=False)
+    cfg = StoreConfig(chunk_tokens=16, shard_tokens=64, fsync=False, adaptive=False, trace_dir=str(tmp_path / "trace"))
     rng = np.random.default_rng(1)
     released = []
     with TaskStoreWriter.open(tmp_path / "s.zarr", spec, cfg) as w:
