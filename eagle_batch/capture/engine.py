@@ -16,6 +16,7 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from eagle_batch.config import RunConfig
+from eagle_batch.store.protocol import StoreWriterProtocol
 
 from .backend import make_backend
 from .writer import CaptureError, WriterThread
@@ -62,7 +63,7 @@ class CaptureStats:
 def run_capture(
     cfg: RunConfig,
     samples: Sequence[Any],
-    writer,
+    writer: StoreWriterProtocol,
     should_stop: Callable[[], bool] | None = None,
     backend=None,
     max_pending_bytes: int = 4 << 30,

@@ -46,7 +46,6 @@ connector, the worker object given to a worker extension).
 from __future__ import annotations
 
 import importlib.metadata
-import os
 import re
 from collections.abc import Iterator
 from typing import Any, NamedTuple
@@ -297,10 +296,6 @@ def current_batch_layout(worker) -> tuple[list[str], np.ndarray]:
             "update eagle_batch/capture/vllm_compat.current_batch_layout"
         )
     return req_ids, np.asarray(arr[: len(req_ids) + 1]).copy()
-
-
-def multiprocessing_enabled() -> bool:
-    return os.environ.get("VLLM_ENABLE_V1_MULTIPROCESSING", "1") not in ("0", "false", "False")
 
 
 def token_major_kv_layout() -> str:

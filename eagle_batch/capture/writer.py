@@ -28,6 +28,7 @@ import numpy as np
 import torch
 
 from eagle_batch.store.loan import Loan
+from eagle_batch.store.protocol import StoreWriterProtocol
 
 from .sink import CapturedRequest, Sink
 
@@ -97,7 +98,12 @@ def _hand_back(release: Callable[[], None] | None, unbudget: Callable[[int], Non
 
 class WriterThread(Sink):
     def __init__(
-        self, writer, num_layers: int, hidden_size: int, check_finite: bool = True, max_pending_bytes: int = 4 << 30
+        self,
+        writer: StoreWriterProtocol,
+        num_layers: int,
+        hidden_size: int,
+        check_finite: bool = True,
+        max_pending_bytes: int = 4 << 30,
     ):
         self.writer = writer
         self.num_layers = num_layers

@@ -14,15 +14,15 @@ import time
 from pathlib import Path
 from typing import Any
 
+from eagle_batch import environment
+
 from .errors import StoreLockedError
 from .format import LOCK_NAME
 
 
 def holder_info() -> dict[str, Any]:
-    env = os.environ
-    job = env.get("SLURM_JOB_ID", "")
-    if env.get("SLURM_ARRAY_JOB_ID"):
-        job = f"{env['SLURM_ARRAY_JOB_ID']}_{env.get('SLURM_ARRAY_TASK_ID', '')} (job id {job})"
+    sj = environment.slurm_job()
+    job = f"{sj.task_job_id} (job id {sj.job_id})" if sj.array_job_id else sj.job_id
     return {
         "host": socket.gethostname(),
         "pid": os.getpid(),
