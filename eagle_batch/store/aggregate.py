@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import time
+from collections.abc import Callable, Iterable
 from pathlib import Path
 
 from .durable import write_json_atomic
@@ -24,8 +25,9 @@ from .spec import StoreSpec
 INDEX_FORMAT = "eagle-batch-dataset"
 
 
-def aggregate(run_dir, *, fsync: bool = True) -> dict:
-    """Write RUN/dataset.json over RUN/stores/*.zarr; return the index (also lists incomplete stores)."""
+def aggregate(run_dir, *, fsync: bool = True, each: Callable[[list[Path]], Iterable[Path]] = iter) -> dict:
+    """Write RUN/dataset.json over RUN/stores/*.zarr; return the index (also lists incomplete stores).
+    `each` wraps the list of stores (a progress bar)."""
     run = Path(run_dir)
     root = run / "stores"
     if not root.is_dir():
@@ -38,7 +40,7 @@ def aggregate(run_dir, *, fsync: bool = True) -> dict:
     common_layout: dict | None = None
     first: Path | None = None
     samples = tokens = 0
-    for store in sorted(p for p in root.iterdir() if p.name.endswith(".zarr") and p.is_dir()):
+    for store in each(sorted(p for p in root.iterdir() if p.name.endswith(".zarr") and p.is_dir())):
         rel = str(store.relative_to(run))
         try:
             done = json.loads((store / COMPLETE_NAME).read_bytes())

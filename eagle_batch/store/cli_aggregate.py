@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import sys
 import time
@@ -13,16 +14,20 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--require-all", action="store_true", help="exit 1 if any task store is incomplete (the index is still written)"
     )
+    p.add_argument("--no-progress", action="store_true", help="no progress bar (there is none outside a terminal)")
     p.add_argument("--json", action="store_true", help="print a JSON summary instead of text")
 
 
 def run(args: argparse.Namespace) -> int:
+    from eagle_batch.progress import progress
+
     from .aggregate import aggregate
     from .errors import StoreError
 
     t0 = time.perf_counter()
     try:
-        index = aggregate(args.run_dir)
+        bar = functools.partial(progress, desc="aggregate", unit="store", enabled=not args.no_progress)
+        index = aggregate(args.run_dir, each=bar)
     except StoreError as e:
         print(f"eagle-batch aggregate: {e}", file=sys.stderr)
         return 1

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import sys
 from pathlib import Path
@@ -15,17 +16,21 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         action="store_true",
         help="check files and checksums only; skip decoding (faster; no NaN/Inf or raw-crc checks)",
     )
+    p.add_argument("--no-progress", action="store_true", help="no progress bar (there is none outside a terminal)")
     p.add_argument("--json", action="store_true", help="print the problems as one JSON object")
 
 
 def run(args: argparse.Namespace) -> int:
+    from eagle_batch.progress import progress
+
     from .errors import StoreError
     from .record import committed_samples
     from .verify import store_paths, verify
 
     try:
         stores = store_paths(Path(args.path))
-        problems = verify(args.path, check_values=not args.no_values)
+        bar = functools.partial(progress, desc="verify", unit="store", enabled=not args.no_progress)
+        problems = verify(args.path, check_values=not args.no_values, each=bar)
     except StoreError as e:
         print(f"eagle-batch verify: {e}", file=sys.stderr)
         return 2

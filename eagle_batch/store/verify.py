@@ -12,6 +12,7 @@ array and shard, and the samples a damaged shard covers (what a repair must reco
 from __future__ import annotations
 
 import json
+from collections.abc import Callable, Iterable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -79,11 +80,12 @@ def store_paths(path: Path) -> list[Path]:
     raise StoreError(f"{path} is neither a task store nor a run directory (no {PROGRESS_NAME}, no stores/)")
 
 
-def verify(path, check_values: bool = True) -> list[Problem]:
-    """All problems of a task store, or of every task store of a run (plus its dataset.json)."""
+def verify(path, check_values: bool = True, each: Callable[[list[Path]], Iterable[Path]] = iter) -> list[Problem]:
+    """All problems of a task store, or of every task store of a run (plus its dataset.json). `each` wraps
+    the list of stores (a progress bar)."""
     path = Path(path)
     problems: list[Problem] = []
-    for store in store_paths(path):
+    for store in each(store_paths(path)):
         problems += verify_store(store, check_values)
     if (path / DATASET_NAME).is_file():
         problems += _verify_dataset_index(path)

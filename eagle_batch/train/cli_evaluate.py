@@ -125,6 +125,7 @@ def run(args: argparse.Namespace) -> int:
         max_model_len=cfg.model.max_model_len,
         dtype=cfg.model.dtype,
         engine_env={"VLLM_BATCH_INVARIANT": "1"} if args.batch_invariant else None,
+        say=lambda line: print(f"evaluate: {line}", file=sys.stderr, flush=True),
     )
     r.pop("reference", None)
     gen = r.get("generated_tokens", 0)

@@ -22,7 +22,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -94,6 +94,17 @@ def _run_engine(spec: dict, timeout_s: float, env: dict[str, str] | None = None)
         return json.loads(out.read_text())
 
 
+def _timed(say: Callable[[str], None] | None, what: str, spec: dict, timeout_s: float, env) -> dict:
+    """One engine run, announced: start-up alone takes a minute or more, and nothing else shows meanwhile."""
+    t0 = time.monotonic()
+    if say:
+        say(f"{what}: starting a vLLM engine")
+    out = _run_engine(spec, timeout_s, env)
+    if say:
+        say(f"{what}: done in {time.monotonic() - t0:.0f} s (generation {out['elapsed_s']:.1f} s)")
+    return out
+
+
 def render_prompts(target_path: str | os.PathLike, prompts: Sequence[str | list[dict]]) -> list[list[int]]:
     """Plain strings and message lists both go through the target's chat template (generation prompt on)."""
     from transformers import AutoTokenizer
@@ -120,6 +131,7 @@ def measure_acceptance(
     max_model_len: int = 2048,
     dtype: str = "auto",
     engine_env: dict[str, str] | None = None,
+    say: Callable[[str], None] | None = None,
 ) -> dict[str, Any]:
     """Greedy-generate `prompts` with and without the EAGLE-3 draft in `draft_dir`.
 
@@ -138,9 +150,18 @@ def measure_acceptance(
     common = dict(
         target=str(target_path), prompts=prompt_ids, max_tokens=max_tokens, max_model_len=max_model_len, dtype=dtype
     )
+    work = f"{len(prompt_ids)} prompts x {max_tokens} tokens, greedy"
     if reference is None:
-        reference = _run_engine(dict(common, draft=None, k=0), timeout_s, engine_env)
-    spec = _run_engine(dict(common, draft=str(draft_dir), k=int(k)), timeout_s, engine_env) if draft_dir else None
+        reference = _timed(say, f"the target alone ({work})", dict(common, draft=None, k=0), timeout_s, engine_env)
+    spec = None
+    if draft_dir:
+        spec = _timed(
+            say,
+            f"the target with the draft, k={k}",
+            dict(common, draft=str(draft_dir), k=int(k)),
+            timeout_s,
+            engine_env,
+        )
     result: dict[str, Any] = {
         "k": k,
         "num_prompts": len(prompt_ids),
