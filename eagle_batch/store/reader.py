@@ -214,6 +214,12 @@ class TaskStore:
             "sample_id": self.sample_ids[i],
         }
 
+    def token_arrays(self, i: int) -> tuple[np.ndarray, np.ndarray]:
+        """(input_ids, loss_mask) of sample i, without reading its hidden states."""
+        self._ensure()
+        a, b = int(self._offsets[i]), int(self._offsets[i + 1])
+        return self.read_rows("input_ids", a, b), self.read_rows("loss_mask", a, b)
+
     def get(self, i: int, layers: Sequence[int] | None = None) -> dict[str, Any]:
         import torch
 
@@ -306,8 +312,14 @@ class StoreDataset:  # a map-style dataset for torch's DataLoader (no torch impo
         return self.stores[s].get(j, self._layer_positions(s))
 
     def get_arrays(self, i: int) -> dict[str, Any]:
+        """Sample i as numpy arrays: input_ids, loss_mask, hidden_states (bf16 as uint16 bits), sample_id."""
         s, j = self.locate(int(i))
         return self.stores[s].sample_arrays(j, self._layer_positions(s))
+
+    def token_arrays(self, i: int) -> tuple[np.ndarray, np.ndarray]:
+        """(input_ids, loss_mask) of sample i, without reading its hidden states."""
+        s, j = self.locate(int(i))
+        return self.stores[s].token_arrays(j)
 
 
 def open_dataset(path: str | os.PathLike, layer_ids: Sequence[int] | None = None) -> StoreDataset:

@@ -1,8 +1,7 @@
 """The training data path: store samples -> length-bucketed, token-budgeted, per-rank batches.
 
-- `TrainSamples(ds, aux_layer_ids, last_layer_id, max_length)`: wraps `open_dataset(RUN)` (or any
-  map-style dataset of dicts with input_ids / loss_mask / hidden_states [T, L, H] bf16 / sample_id and
-  `layer_ids`) and returns per sample: input_ids int64 [T], loss_mask uint8 [T], aux bf16 [T, 3H]
+- `TrainSamples(ds, aux_layer_ids, last_layer_id, max_length)`: wraps a `TrainingData` (`open_dataset(RUN)`,
+  or `InMemoryDataset` in tests) and returns per sample: input_ids int64 [T], loss_mask uint8 [T], aux bf16 [T, 3H]
   (the aux layers concatenated in the given order) and last bf16 [T, H] (layer N, pre-norm).
 - `BatchPlan(lengths, batch_tokens, seed, world_size)`: a deterministic plan per epoch. Samples are
   shuffled (seeded by seed + epoch), sorted by length inside windows of 64 batches' worth (so padding is
@@ -22,15 +21,40 @@ from __future__ import annotations
 import collections
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 import torch
 from torch.utils.data import DataLoader, Dataset
 
 
+class TrainingData(Protocol):
+    """What training reads: `eagle_batch.store.open_dataset`'s StoreDataset, or InMemoryDataset."""
+
+    @property
+    def layer_ids(self) -> list[int]: ...
+
+    def __len__(self) -> int: ...
+
+    def lengths(self) -> np.ndarray:
+        """Tokens of every sample (for length-bucketed batches), without reading the samples."""
+
+    def get_arrays(self, i: int) -> dict[str, Any]:
+        """Sample i as numpy arrays: input_ids [T], loss_mask [T], hidden_states [T, L, H] as bf16's uint16 bits."""
+
+    def token_arrays(self, i: int) -> tuple[np.ndarray, np.ndarray]:
+        """(input_ids, loss_mask) of sample i, without its hidden states."""
+
+
+def _bf16_bits(x: Any) -> np.ndarray:
+    if isinstance(x, torch.Tensor):
+        return x.to(torch.bfloat16).contiguous().view(torch.int16).numpy().view(np.uint16)
+    return np.asarray(x, dtype=np.uint16)
+
+
 class InMemoryDataset:
-    """Samples held in memory, with the same interface as `open_dataset` (tests, benchmarks)."""
+    """Samples held in memory (dicts of input_ids, loss_mask, hidden_states bf16 [T, L, H]), as TrainingData
+    (tests, benchmarks)."""
 
     def __init__(self, samples: Sequence[dict], layer_ids: Sequence[int]):
         self.samples = list(samples)
@@ -45,9 +69,18 @@ class InMemoryDataset:
     def lengths(self) -> np.ndarray:
         return np.array([len(s["input_ids"]) for s in self.samples], dtype=np.int64)
 
+    def get_arrays(self, i: int) -> dict[str, Any]:
+        x = self.samples[int(i)]
+        ids, lm = self.token_arrays(i)
+        return {"input_ids": ids, "loss_mask": lm, "hidden_states": _bf16_bits(x["hidden_states"])}
+
+    def token_arrays(self, i: int) -> tuple[np.ndarray, np.ndarray]:
+        x = self.samples[int(i)]
+        return np.asarray(x["input_ids"]), np.asarray(x["loss_mask"], dtype=np.uint8)
+
 
 class TrainSamples(Dataset):
-    def __init__(self, ds: Any, aux_layer_ids: Sequence[int], last_layer_id: int, max_length: int = 0):
+    def __init__(self, ds: TrainingData, aux_layer_ids: Sequence[int], last_layer_id: int, max_length: int = 0):
         self.ds = ds
         stored = list(ds.layer_ids)
         want = list(aux_layer_ids) + [int(last_layer_id)]
@@ -68,24 +101,17 @@ class TrainSamples(Dataset):
 
     def lengths(self) -> np.ndarray:
         if self._lengths is None:
-            if hasattr(self.ds, "lengths"):
-                self._lengths = np.asarray(self.ds.lengths(), dtype=np.int64)
-            else:
-                self._lengths = np.array([len(self.ds[i]["input_ids"]) for i in range(len(self.ds))], np.int64)
+            self._lengths = np.asarray(self.ds.lengths(), dtype=np.int64)
             if self.max_length:
                 self._lengths = np.minimum(self._lengths, self.max_length)
         return self._lengths
 
     def __getitem__(self, i: int) -> dict:
-        if hasattr(self.ds, "get_arrays"):
-            # numpy path of the store reader: hidden states as uint16 bits, viewed as bf16 without a copy
-            x = self.ds.get_arrays(int(i))
-            hs = torch.from_numpy(np.ascontiguousarray(x["hidden_states"])).view(torch.bfloat16)
-            ids = torch.from_numpy(x["input_ids"].astype(np.int64))
-            lm = torch.from_numpy(np.asarray(x["loss_mask"], dtype=np.uint8))
-        else:
-            x = self.ds[int(i)]
-            hs, ids, lm = x["hidden_states"], torch.as_tensor(x["input_ids"]).long(), torch.as_tensor(x["loss_mask"])
+        # hidden states arrive as uint16 bits and are viewed as bf16 without a copy
+        x = self.ds.get_arrays(int(i))
+        hs = torch.from_numpy(np.ascontiguousarray(x["hidden_states"])).view(torch.bfloat16)
+        ids = torch.from_numpy(np.asarray(x["input_ids"]).astype(np.int64))
+        lm = torch.from_numpy(np.asarray(x["loss_mask"], dtype=np.uint8))
         t = ids.shape[0] if not self.max_length else min(ids.shape[0], self.max_length)
         hs = hs[:t]
         if not self.identity:
@@ -284,24 +310,13 @@ class EpochLoader:
 # Draft vocabulary
 
 
-def token_frequencies(ds: Any, vocab_size: int, max_samples: int = 0) -> np.ndarray:
-    """Counts of the tokens the draft must predict (loss_mask == 1) over the training data.
-
-    Reads only input_ids and loss_mask when the store reader offers `read_rows` (no hidden states).
-    """
+def token_frequencies(ds: TrainingData, vocab_size: int, max_samples: int = 0) -> np.ndarray:
+    """Counts of the tokens the draft must predict (loss_mask == 1) over the training data (reads only
+    input_ids and loss_mask, no hidden states)."""
     counts = np.zeros(vocab_size, dtype=np.int64)
     n = len(ds) if not max_samples else min(len(ds), max_samples)
-    stores = getattr(ds, "stores", None)
     for i in range(n):
-        if stores is not None and hasattr(ds, "locate"):
-            s, j = ds.locate(i)
-            st = stores[s]
-            st._ensure()
-            a, b = int(st.offsets[j]), int(st.offsets[j + 1])
-            ids, lm = st.read_rows("input_ids", a, b), st.read_rows("loss_mask", a, b)
-        else:
-            x = ds[i]
-            ids, lm = np.asarray(x["input_ids"]), np.asarray(x["loss_mask"])
+        ids, lm = ds.token_arrays(i)
         ids = np.asarray(ids, dtype=np.int64).reshape(-1)
         lm = np.asarray(lm).reshape(-1).astype(bool)
         np.add.at(counts, ids[lm], 1)

@@ -2,7 +2,7 @@
 
     from eagle_batch.train.trainer import train
     result = train(cfg)                    # cfg: RunConfig; data = open_dataset(cfg.run_dir)
-    result = train(cfg, dataset=ds)        # any dataset with the open_dataset interface (tests)
+    result = train(cfg, dataset=ds)        # any train.data.TrainingData (tests: InMemoryDataset)
 
 The loss (train/loss.py): soft cross-entropy against the target's next-token distribution, computed from
 the stored last-layer state (id N, pre-final-norm) through the target's own final norm and lm_head
