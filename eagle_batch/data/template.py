@@ -24,7 +24,7 @@ How the mask is found (no per-model string formats anywhere):
 from __future__ import annotations
 
 import threading
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from itertools import chain
 from typing import Any
@@ -292,3 +292,12 @@ def tokenize_conversation(
         tokenizer, messages, max_length=max_length, non_prefix_stable="error", **template_kwargs
     )
     return ids.tolist(), mask.tolist()
+
+
+def prompt_ids(tokenizer, messages: list[dict], **template_kwargs: Any) -> list[int]:
+    """The token ids of `messages` through the chat template, ending with the generation prompt: what the
+    model is asked to continue. transformers 5 returns a BatchEncoding from apply_chat_template, 4.x a list."""
+    ids = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True, **template_kwargs)
+    if isinstance(ids, Mapping):
+        ids = ids["input_ids"]
+    return [int(i) for i in ids]

@@ -31,6 +31,7 @@ from typing import Any
 from eagle_batch.capture import vllm_compat as compat
 from eagle_batch.capture.backend import start_engine_defaults
 from eagle_batch.config import RunConfig
+from eagle_batch.data.template import prompt_ids
 from eagle_batch.launch.work import TaskContext
 
 from .plan import task_scripts, template_kwargs
@@ -147,8 +148,7 @@ class Generator:
         """The prompt for the conversation's next answer: its history through the chat template."""
         tools = conv.script.get("tools")
         kw = dict(self.kwargs, tools=tools) if tools else self.kwargs
-        ids = self.tok.apply_chat_template(conv.out, add_generation_prompt=True, tokenize=True, **kw)
-        return [int(i) for i in (ids["input_ids"] if isinstance(ids, dict) or hasattr(ids, "keys") else ids)]
+        return prompt_ids(self.tok, conv.out, **kw)
 
     def run(self, batch: list[dict]) -> tuple[list[dict], list[dict], dict[str, int]]:
         convs = [Conversation(s) for s in batch]

@@ -28,6 +28,7 @@ from eagle_batch.data.formats import BadRow, row_to_conversation
 from eagle_batch.data.plan import plan_lpt
 from eagle_batch.data.readers import decode_record, iter_records, resolve_inputs
 from eagle_batch.data.tally import SHAPE_REASONS, FileTally, file_warnings
+from eagle_batch.data.template import prompt_ids
 from eagle_batch.errors import UserError
 
 PREPARED = "prepared"
@@ -79,10 +80,9 @@ def _first_prompt_tokens(tok, script: list, tools, kwargs: dict) -> int:
     first = script[: script.index(None)]
     kw = dict(kwargs, tools=tools) if tools else kwargs
     try:
-        ids = tok.apply_chat_template(first, add_generation_prompt=True, tokenize=True, **kw)
+        return len(prompt_ids(tok, first, **kw))
     except Exception as e:  # jinja raise_exception(), TypeError from str + None, ...
         raise BadRow("template_error", f"chat template failed: {type(e).__name__}: {e}") from None
-    return len(ids["input_ids"] if hasattr(ids, "keys") else ids)
 
 
 def plan_regeneration(cfg: RunConfig, tokenizer=None) -> dict:

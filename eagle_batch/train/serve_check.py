@@ -109,15 +109,10 @@ def render_prompts(target_path: str | os.PathLike, prompts: Sequence[str | list[
     """Plain strings and message lists both go through the target's chat template (generation prompt on)."""
     from transformers import AutoTokenizer
 
+    from eagle_batch.data.template import prompt_ids
+
     tok = AutoTokenizer.from_pretrained(str(target_path))
-    out = []
-    for p in prompts:
-        msgs = [{"role": "user", "content": p}] if isinstance(p, str) else list(p)
-        ids = tok.apply_chat_template(msgs, add_generation_prompt=True, tokenize=True)
-        if isinstance(ids, dict) or hasattr(ids, "keys"):
-            ids = ids["input_ids"]
-        out.append([int(i) for i in ids])
-    return out
+    return [prompt_ids(tok, [{"role": "user", "content": p}] if isinstance(p, str) else list(p)) for p in prompts]
 
 
 def measure_acceptance(
