@@ -25,7 +25,6 @@ weights, synthetic vocabulary: see eagle_batch.bench.gpu_validate.MODELS; no dow
 from __future__ import annotations
 
 import argparse
-import fcntl
 import json
 import os
 import shutil
@@ -126,8 +125,9 @@ def _cfg(args, path: Path, layer_ids: list[int], run_dir: str):
         f"store.adaptive={'false' if args.no_adaptive else 'true'}",
         f"extract.shm_bytes={args.shm_bytes}",
         f"store.encode_threads={args.store_threads}",
-        f"store.trace_dir={args.store_trace}",
     ]
+    if args.store_trace:  # an empty value would read as null
+        over.append(f"store.trace_dir={args.store_trace}")
     if args.codec:
         over.append(f"store.codec={args.codec}")
     return make_config(
@@ -158,209 +158,6 @@ def _prompts(args, seed=1):
     return random_prompts(min(16, args.num_prompts), args.prompt_len, seed, vocab=min(vocab, 32000))
 
 
-def _du(path: Path) -> int:
-    return sum(f.stat().st_size for f in path.rglob("*") if f.is_file()) if path.exists() else 0
-
-
-def _phase_plain(args, cfg, samples, warm) -> dict:
-    from eagle_batch.capture.backend import VllmBackend
-
-    b = VllmBackend(cfg, cfg.model.layer_ids)
-    b._start()
-    try:
-        sp = [b._sampling_params(s.sample_id) for s in warm]
-        b.llm.generate(b._prompts(warm), sp, use_tqdm=False)
-        t0 = time.perf_counter()  # prompt building inside the clock, as in run_capture
-        prompts, sp = b._prompts(samples), [b._sampling_params(s.sample_id) for s in samples]
-        outs = b.llm.generate(prompts, sp, use_tqdm=False)
-        dt = time.perf_counter() - t0
-    finally:
-        b.close()
-    assert len(outs) == len(samples)
-    return dict(seconds=dt)
-
-
-class _Drop:
-    """A sink that only waits for each captured sample's copy and hands its memory back: the capture path's own
-    cost, without a store."""
-
-    def __init__(self):
-        self.samples = 0
-
-    def put(self, it):
-        if it.ready is not None:
-            it.ready()
-        if it.release is not None:  # a shared-ring slot: the ring only advances past released records
-            it.release()
-        self.samples += 1
-
-
-SWEEP_KEYS = ("codec", "threads", "io_threads", "adaptive", "entropy", "switch_ms")
-
-
-def parse_sweep(spec: str) -> list[tuple[str, dict[str, str]]]:
-    """'drop;default;none:codec=none' -> [("drop", {}), ("default", {}), ("none", {"codec": "none"})]."""
-    out = []
-    for part in (p.strip() for p in spec.split(";")):
-        if not part:
-            continue
-        name, _, kvs = part.partition(":")
-        opts = dict(kv.split("=", 1) for kv in kvs.split(",") if kv)
-        bad = [k for k in opts if k not in SWEEP_KEYS]
-        if bad or not name:
-            raise SystemExit(
-                f"--sweep {part!r}: unknown keys {bad} (choose from {SWEEP_KEYS})"
-                if bad
-                else f"--sweep {part!r}: every run needs a name"
-            )
-        out.append((name, opts))
-    return out
-
-
-def _eagle_run(cfg, samples, backend, work: Path, opts: dict[str, str], keep: bool) -> dict:
-    """One timed eagle-batch capture of `samples` into a fresh store on a started backend."""
-    import copy
-
-    from eagle_batch.capture.engine import run_capture
-    from eagle_batch.store import StoreSpec, TaskStoreWriter
-
-    cfg = copy.deepcopy(cfg)
-    if "codec" in opts:
-        cfg.store.codec = opts["codec"]
-    if "adaptive" in opts:
-        cfg.store.adaptive = opts["adaptive"].lower() in ("1", "true", "yes")
-    if "entropy" in opts:
-        cfg.store.entropy_only = opts["entropy"].lower() in ("1", "true", "yes")
-    if "threads" in opts:
-        cfg.store.encode_threads = int(opts["threads"])
-    if "io_threads" in opts:
-        cfg.store.io_threads = int(opts["io_threads"])
-    saved_switch = sys.getswitchinterval()
-    store = work / "eagle-batch-store.zarr"
-    shutil.rmtree(store, ignore_errors=True)
-    try:
-        if "switch_ms" in opts:
-            sys.setswitchinterval(float(opts["switch_ms"]) / 1000)
-        spec = StoreSpec(
-            layer_ids=backend.layer_ids, hidden_size=backend.hidden_size, model_name=Path(cfg.model.path).name
-        )
-        writer = TaskStoreWriter.open(store, spec, cfg.store)
-        try:
-            t0 = time.perf_counter()
-            stats = run_capture(cfg, samples, writer, backend=backend)  # returns after the final commit
-            dt = time.perf_counter() - t0
-            chunk_stats = writer.chunk_stats()
-            entropy_only = writer.encoder_info()["entropy_only"]
-        finally:
-            writer.close()
-    finally:
-        sys.setswitchinterval(saved_switch)
-    out = dict(
-        seconds=dt,
-        samples=stats.samples,
-        commits=stats.commits,
-        store_bytes=_du(store),
-        raw_bytes=stats.tokens * len(backend.layer_ids) * backend.hidden_size * 2,
-        codec=str(cfg.store.codec),
-        fsync=bool(cfg.store.fsync),
-        adaptive=bool(cfg.store.adaptive),
-        entropy_only=entropy_only,
-        chunks=chunk_stats,
-        chunk_tokens=writer.layouts["hidden_states"].chunk_tokens,
-        encode_threads=writer.encode_threads,
-        io_threads=writer.io_threads,
-        writer_busy_s=round(stats.writer_busy_s, 3),
-        backpressure_s=round(stats.backpressure_s, 3),
-        store_stall_s={k: round(v, 3) for k, v in writer.stall_s.items()},
-    )
-    out["compression_ratio"] = round(out["raw_bytes"] / max(out["store_bytes"], 1), 3)
-    if not keep:
-        shutil.rmtree(store, ignore_errors=True)
-    return out
-
-
-def _phase_eagle(args, cfg, samples, warm, work: Path) -> dict:
-    from eagle_batch.capture import make_backend
-
-    runs = parse_sweep(args.sweep) if args.sweep else [("default", {})]
-    backend = make_backend(cfg)
-    results = []
-    try:
-        backend.run_batch(warm, _Drop())
-        for name, opts in runs:
-            if name == "drop":
-                sink = _Drop()
-                t0 = time.perf_counter()
-                backend.run_batch(samples, sink)
-                r = dict(seconds=time.perf_counter() - t0, samples=sink.samples)
-            else:
-                r = _eagle_run(cfg, samples, backend, work, opts, args.keep)
-            r.update(name=name, options=opts, tok_s=sum(len(x.input_ids) for x in samples) / r["seconds"])
-            print(f"  sweep {name} {opts}: {r['tok_s']:,.0f} tok/s", file=sys.stderr, flush=True)
-            results.append(r)
-    finally:
-        backend.close()
-    main = next((r for r in results if r["name"] == "default"), results[-1])
-    out = {k: v for k, v in main.items() if k not in ("name", "options", "tok_s")}
-    if len(results) > 1:
-        out["sweep"] = results
-    return out
-
-
-def _phase_stock(args, cfg, samples, warm, work: Path) -> dict:
-    import torch
-
-    if not torch.cuda.is_available():
-        return dict(skipped="vLLM's ExampleHiddenStatesConnector creates torch.cuda streams/events: CUDA only")
-    from eagle_batch.capture import vllm_compat as compat
-    from eagle_batch.capture.backend import VllmBackend
-
-    files = work / "stock-files"
-    shutil.rmtree(files, ignore_errors=True)
-    files.mkdir(parents=True)
-    b = VllmBackend(cfg, cfg.model.layer_ids)
-    # Its files are written on engine steps after the request finished: the background engine process
-    # keeps stepping, an in-process engine would not (FINDINGS section 1: load_hidden_states deadlocks).
-    os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "1"
-    b._start(
-        speculative_config=compat.speculative_config(b.layer_ids),
-        kv_transfer_config={
-            "kv_connector": "ExampleHiddenStatesConnector",
-            "kv_role": "kv_producer",
-            "kv_connector_extra_config": {"shared_storage_path": str(files)},
-        },
-    )
-
-    def wait_written(outs):
-        paths = []
-        for o in outs:
-            p = (o.kv_transfer_params or {}).get("hidden_states_path")
-            if p is None:
-                raise RuntimeError(f"stock connector returned no hidden_states_path for request {o.request_id}")
-            lock = p + ".lock"
-            if os.path.exists(lock):
-                with open(lock) as lf:
-                    fcntl.flock(lf, fcntl.LOCK_SH)  # released by the writer thread when the file is complete
-            paths.append(p)
-        return paths
-
-    try:
-        from vllm import SamplingParams
-
-        sp = SamplingParams(max_tokens=1, temperature=0.0, detokenize=False)
-        wait_written(b.llm.generate(b._prompts(warm), sp, use_tqdm=False))
-        prompts = b._prompts(samples)
-        t0 = time.perf_counter()
-        paths = wait_written(b.llm.generate(prompts, sp, use_tqdm=False))
-        dt = time.perf_counter() - t0
-    finally:
-        b.close()
-    out = dict(seconds=dt, files=len(paths), bytes=_du(files))
-    if not args.keep:
-        shutil.rmtree(files, ignore_errors=True)
-    return out
-
-
 def _child(args) -> int:
     os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = args.mp
     path = Path(args.model_path)
@@ -368,12 +165,14 @@ def _child(args) -> int:
     work = Path(args.work_dir)
     cfg = _cfg(args, path, layer_ids, str(work / "run"))
     samples, warm = _prompts(args, 1), _prompts(args, 2)
+    from .capture_phases import phase_eagle, phase_plain, phase_stock
+
     if args.phase == "plain":
-        r = _phase_plain(args, cfg, samples, warm)
+        r = phase_plain(args, cfg, samples, warm)
     elif args.phase == "eagle-batch":
-        r = _phase_eagle(args, cfg, samples, warm, work)
+        r = phase_eagle(args, cfg, samples, warm, work)
     else:
-        r = _phase_stock(args, cfg, samples, warm, work)
+        r = phase_stock(args, cfg, samples, warm, work)
     tokens = sum(len(x.input_ids) for x in samples)
     r.update(phase=args.phase, tokens=tokens)
     if "seconds" in r:
@@ -454,19 +253,31 @@ def _run_phase(args, name: str, path: Path, work: Path, mp: str) -> dict:
 def run(args: argparse.Namespace) -> int:
     if args.phase:
         return _child(args)
-    from eagle_batch.bench.gpu_validate import build_random_model, versions
+    from eagle_batch.bench.gpu_validate import build_random_model
 
     work = Path(args.work_dir or tempfile.mkdtemp(prefix="eb-bench-capture-"))
     work.mkdir(parents=True, exist_ok=True)
     path = Path(args.model) if args.model else build_random_model(args.build, work / "models", args.dtype)
     args.model_path = str(path)
-    import torch
-
-    cuda = torch.cuda.is_available()
     phases = [p for p in args.phases.split(",") if p]
     bad = [p for p in phases if p not in PHASES]
     if bad:
         raise SystemExit(f"unknown phases {bad}; choose from {PHASES}")
+    results = _run_phases(args, phases, path, work)
+    out = _result(args, path, results)
+    if not args.work_dir and not args.keep:
+        shutil.rmtree(work, ignore_errors=True)
+    _print(args, out, results)
+    failed = [n for n, r in results.items() if "error" in r]
+    for n in failed:
+        print(f"phase {n} failed:\n{results[n]['log_tail']}", file=sys.stderr)
+    return 1 if failed else 0
+
+
+def _run_phases(args, phases: list[str], path: Path, work: Path) -> dict[str, dict]:
+    import torch
+
+    cuda = torch.cuda.is_available()
     results: dict[str, dict] = {}
     # Engine placement: in-process (VLLM_ENABLE_V1_MULTIPROCESSING=0; for eagle-batch the connector hands
     # states over without a copy, but the engine, writer and store threads share one GIL) or vLLM's
@@ -490,6 +301,12 @@ def run(args: argparse.Namespace) -> int:
             )
         else:
             results[name] = _run_phase(args, name, path, work, "1")
+    return results
+
+
+def _result(args, path: Path, results: dict[str, dict]) -> dict:
+    from eagle_batch.bench.gpu_validate import versions
+
     tok = lambda n: results.get(n, {}).get("tok_s")  # noqa: E731
     out = dict(
         bench="capture",
@@ -515,23 +332,20 @@ def run(args: argparse.Namespace) -> int:
         out["stock_ratio_vs_plain"] = round(tok("stock") / tok("plain"), 4)
     if tok("stock") and tok("eagle-batch"):
         out["ratio_vs_stock"] = round(tok("eagle-batch") / tok("stock"), 4)
-    if not args.work_dir and not args.keep:
-        shutil.rmtree(work, ignore_errors=True)
+    return out
+
+
+def _print(args, out: dict, results: dict[str, dict]) -> None:
     if getattr(args, "json", False):
         print(json.dumps(out, indent=2))
-    else:
-        for n, r in results.items():
-            print(
-                f"{n:<12} "
-                + (f"{r['tok_s']:>12,.0f} tok/s" if "tok_s" in r else r.get("skipped") or r.get("error", "?"))
-            )
-        if "ratio_vs_plain" in out:
-            print(f"eagle-batch / plain = {out['ratio_vs_plain']:.3f}")
-        print(json.dumps(out))
-    failed = [n for n, r in results.items() if "error" in r]
-    for n in failed:
-        print(f"phase {n} failed:\n{results[n]['log_tail']}", file=sys.stderr)
-    return 1 if failed else 0
+        return
+    for n, r in results.items():
+        print(
+            f"{n:<12} " + (f"{r['tok_s']:>12,.0f} tok/s" if "tok_s" in r else r.get("skipped") or r.get("error", "?"))
+        )
+    if "ratio_vs_plain" in out:
+        print(f"eagle-batch / plain = {out['ratio_vs_plain']:.3f}")
+    print(json.dumps(out))
 
 
 if __name__ == "__main__":

@@ -166,9 +166,7 @@ def make_config(
 
 def _child(args) -> int:
     """One (model, TP) cell in a fresh process: capture, then the transformers reference, compare."""
-    import torch
 
-    from eagle_batch.capture import make_backend
     from eagle_batch.capture.hf import hf_hidden_states, load_hf_model
     from eagle_batch.capture.validate import LayerAccumulator
 
@@ -187,33 +185,7 @@ def _child(args) -> int:
         path, spec["layer_ids"], args.tp, args.dtype, max(lengths) + 8, args.backend, tempfile.mkdtemp(), over
     )
 
-    class Keep:
-        def __init__(self):
-            self.items = {}
-
-        def put(self, it):
-            if it.ready is not None:
-                it.ready()
-            if it.release is not None:  # keep a copy, give the ring slot back (see Sink)
-                it.states, release = it.states.clone(), it.release
-                it.release = None
-                release()
-            self.items[it.sample_id] = it
-
-    t0 = time.perf_counter()
-    backend = make_backend(cfg)
-    start_s = time.perf_counter() - t0
-    keep = Keep()
-    try:
-        backend.run_batch(samples, keep)
-    finally:
-        backend.close()
-    del backend
-    import gc
-
-    gc.collect()
-    if torch.cuda.is_available():
-        torch.cuda.empty_cache()
+    keep, start_s = _capture(cfg, samples)
     model = load_hf_model(str(path), args.dtype)
     acc = LayerAccumulator(spec["layer_ids"])
     echo_ok = True
@@ -240,22 +212,72 @@ def _child(args) -> int:
         layers=[vars(l) for l in rep.layers],
     )
     if fp32_reference:
-        # How far is each bf16 engine from the fp32 computation of the same weights? If transformers' own
-        # bf16 run is as far from it as vLLM's capture, the bf16-vs-bf16 gap is bf16 itself, not capture.
         del model
-        gc.collect()
-        model32 = load_hf_model(str(path), "float32")
-        cap32, hf32 = LayerAccumulator(spec["layer_ids"]), LayerAccumulator(spec["layer_ids"])
-        for s in samples:
-            ref32 = hf_hidden_states(model32, s.input_ids, spec["layer_ids"]).cpu()
-            cap32.add(s.sample_id, keep.items[s.sample_id].states.to(torch.float32), ref32)
-            hf32.add(s.sample_id, refs[s.sample_id].to(torch.float32), ref32)
-        out["vs_fp32_reference"] = {
-            "capture": [vars(l) for l in cap32.report(args.min_cosine, args.max_rel_err).layers],
-            "transformers_bf16": [vars(l) for l in hf32.report(args.min_cosine, args.max_rel_err).layers],
-        }
+        out["vs_fp32_reference"] = _vs_fp32(args, path, spec["layer_ids"], samples, keep, refs)
     Path(args.result).write_text(json.dumps(out))
     return 0
+
+
+class _Keep:
+    """A sink that keeps every captured request (a copy, giving a shared-ring slot straight back)."""
+
+    def __init__(self):
+        self.items = {}
+
+    def put(self, it):
+        if it.ready is not None:
+            it.ready()
+        if it.release is not None:
+            it.states, release = it.states.clone(), it.release
+            it.release = None
+            release()
+        self.items[it.sample_id] = it
+
+
+def _capture(cfg, samples) -> tuple[_Keep, float]:
+    """Run the samples through a fresh backend; (what it captured, engine start seconds). Frees the engine."""
+    import gc
+
+    import torch
+
+    from eagle_batch.capture import make_backend
+
+    t0 = time.perf_counter()
+    backend = make_backend(cfg)
+    start_s = time.perf_counter() - t0
+    keep = _Keep()
+    try:
+        backend.run_batch(samples, keep)
+    finally:
+        backend.close()
+    del backend
+    gc.collect()
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()
+    return keep, start_s
+
+
+def _vs_fp32(args, path: Path, layer_ids, samples, keep: _Keep, refs: dict) -> dict:
+    """How far is each bf16 engine from the fp32 computation of the same weights? If transformers' own bf16
+    run is as far from it as vLLM's capture, the bf16-vs-bf16 gap is bf16 itself, not capture."""
+    import gc
+
+    import torch
+
+    from eagle_batch.capture.hf import hf_hidden_states, load_hf_model
+    from eagle_batch.capture.validate import LayerAccumulator
+
+    gc.collect()
+    model32 = load_hf_model(str(path), "float32")
+    cap32, hf32 = LayerAccumulator(layer_ids), LayerAccumulator(layer_ids)
+    for s in samples:
+        ref32 = hf_hidden_states(model32, s.input_ids, layer_ids).cpu()
+        cap32.add(s.sample_id, keep.items[s.sample_id].states.to(torch.float32), ref32)
+        hf32.add(s.sample_id, refs[s.sample_id].to(torch.float32), ref32)
+    return {
+        "capture": [vars(l) for l in cap32.report(args.min_cosine, args.max_rel_err).layers],
+        "transformers_bf16": [vars(l) for l in hf32.report(args.min_cosine, args.max_rel_err).layers],
+    }
 
 
 def versions() -> dict:
@@ -314,57 +336,7 @@ def run(args: argparse.Namespace) -> int:
             raise SystemExit(f"unknown model {name!r}; choose from {', '.join(MODELS)}")
         path = build_random_model(name, out / "models", args.dtype)
         for tp in [int(t) for t in str(args.tp).split(",") if t]:
-            res = out / f"result-{name}-tp{tp}.json"
-            cmd = [
-                sys.executable,
-                "-m",
-                "eagle_batch.bench.gpu_validate",
-                "--models",
-                name,
-                "--tp",
-                str(tp),
-                "--backend",
-                args.backend,
-                "--dtype",
-                args.dtype,
-                "--num-prompts",
-                str(args.num_prompts),
-                "--lengths",
-                args.lengths,
-                "--max-num-batched-tokens",
-                str(args.max_num_batched_tokens),
-                "--gpu-memory-utilization",
-                str(args.gpu_memory_utilization),
-                "--min-cosine",
-                str(args.min_cosine),
-                "--max-rel-err",
-                str(args.max_rel_err),
-                "--model-path",
-                str(path),
-                "--result",
-                str(res),
-            ] + ["--fp32-reference"] * args.fp32_reference
-            env = dict(os.environ)
-            env["PYTHONPATH"] = os.pathsep.join([str(Path(__file__).resolve().parents[2]), env.get("PYTHONPATH", "")])
-            t0 = time.perf_counter()
-            proc = subprocess.run(cmd, env=env, timeout=args.timeout, capture_output=True, text=True)
-            if proc.returncode != 0 or not res.is_file():
-                tail = (proc.stdout + proc.stderr)[-3000:]
-                results.append(
-                    dict(
-                        model=name,
-                        tp=tp,
-                        backend=args.backend,
-                        passed=False,
-                        error=f"exit {proc.returncode}",
-                        log_tail=tail,
-                    )
-                )
-                print(f"[{name} TP={tp}] FAILED (exit {proc.returncode}):\n{tail}", file=sys.stderr)
-                continue
-            r = json.loads(res.read_text())
-            r["wall_s"] = round(time.perf_counter() - t0, 1)
-            results.append(r)
+            results.append(_run_cell(args, name, tp, path, out / f"result-{name}-tp{tp}.json"))
     summary = dict(
         versions=versions(),
         criterion=f"cos_mean >= {args.min_cosine} per layer",
@@ -372,26 +344,53 @@ def run(args: argparse.Namespace) -> int:
         passed=bool(results) and all(r.get("passed") for r in results),
     )
     if not getattr(args, "json", False):
-        print(f"{'model':<16}{'TP':>3} {'layer':>6} {'cos_mean':>10} {'cos_min':>10} {'max_rel':>10}")
-        for r in results:
-            for l in r.get("layers", []):
-                print(
-                    f"{r['model']:<16}{r['tp']:>3} {l['layer_id']:>6} {l['cos_mean']:>10.6f} {l['cos_min']:>10.6f} "
-                    f"{l['max_rel']:>10.2e}{'' if l['passed'] else '  FAIL'}"
-                )
-            for who, rows in r.get("vs_fp32_reference", {}).items():
-                print(
-                    f"  vs transformers fp32, {who}: cos_mean "
-                    + " ".join(f"L{l['layer_id']}={l['cos_mean']:.6f}" for l in rows)
-                    + "  cos_min "
-                    + " ".join(f"{l['cos_min']:.4f}" for l in rows)
-                )
-            if "error" in r:
-                print(f"{r['model']:<16}{r['tp']:>3}  error: {r['error']}")
+        _print_table(results)
         print(f"overall: {'PASS' if summary['passed'] else 'FAIL'}")
     (out / "gpu_validate.json").write_text(json.dumps(summary, indent=2))
     print(json.dumps(summary, indent=None if not getattr(args, "json", False) else 2))
     return 0 if summary["passed"] else 1
+
+
+def _run_cell(args, name: str, tp: int, path: Path, res: Path) -> dict:
+    """One (model, TP) cell in a fresh process (every engine starts clean); its result or its failure."""
+    cmd = [sys.executable, "-m", "eagle_batch.bench.gpu_validate", "--models", name, "--tp", str(tp)]
+    cmd += ["--backend", args.backend, "--dtype", args.dtype, "--num-prompts", str(args.num_prompts)]
+    cmd += ["--lengths", args.lengths, "--max-num-batched-tokens", str(args.max_num_batched_tokens)]
+    cmd += ["--gpu-memory-utilization", str(args.gpu_memory_utilization), "--min-cosine", str(args.min_cosine)]
+    cmd += ["--max-rel-err", str(args.max_rel_err), "--model-path", str(path), "--result", str(res)]
+    cmd += ["--fp32-reference"] * args.fp32_reference
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join([str(Path(__file__).resolve().parents[2]), env.get("PYTHONPATH", "")])
+    t0 = time.perf_counter()
+    proc = subprocess.run(cmd, env=env, timeout=args.timeout, capture_output=True, text=True)
+    if proc.returncode != 0 or not res.is_file():
+        tail = (proc.stdout + proc.stderr)[-3000:]
+        print(f"[{name} TP={tp}] FAILED (exit {proc.returncode}):\n{tail}", file=sys.stderr)
+        return dict(
+            model=name, tp=tp, backend=args.backend, passed=False, error=f"exit {proc.returncode}", log_tail=tail
+        )
+    r = json.loads(res.read_text())
+    r["wall_s"] = round(time.perf_counter() - t0, 1)
+    return r
+
+
+def _print_table(results: list[dict]) -> None:
+    print(f"{'model':<16}{'TP':>3} {'layer':>6} {'cos_mean':>10} {'cos_min':>10} {'max_rel':>10}")
+    for r in results:
+        for l in r.get("layers", []):
+            print(
+                f"{r['model']:<16}{r['tp']:>3} {l['layer_id']:>6} {l['cos_mean']:>10.6f} {l['cos_min']:>10.6f} "
+                f"{l['max_rel']:>10.2e}{'' if l['passed'] else '  FAIL'}"
+            )
+        for who, rows in r.get("vs_fp32_reference", {}).items():
+            print(
+                f"  vs transformers fp32, {who}: cos_mean "
+                + " ".join(f"L{l['layer_id']}={l['cos_mean']:.6f}" for l in rows)
+                + "  cos_min "
+                + " ".join(f"{l['cos_min']:.4f}" for l in rows)
+            )
+        if "error" in r:
+            print(f"{r['model']:<16}{r['tp']:>3}  error: {r['error']}")
 
 
 if __name__ == "__main__":

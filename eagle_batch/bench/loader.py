@@ -175,16 +175,12 @@ def measure_loader(
     }
 
 
-def step_sim(store: Path, args) -> dict:
+def _sim_model(args, dev):
+    """A draft for a `args.hidden`-wide target with random weights, its target head and optimizer."""
     import torch
 
-    from eagle_batch.train.data import BatchPlan, EpochLoader
     from eagle_batch.train.model import DraftConfig, Eagle3Draft, TargetHead
-    from eagle_batch.train.trainer import ttt_loss
 
-    dev = torch.device(
-        "cuda" if (args.device == "auto" and torch.cuda.is_available()) or args.device == "cuda" else "cpu"
-    )
     h = args.hidden
     ids = _layer_ids(args.num_layers)
     cfg = DraftConfig(
@@ -213,6 +209,20 @@ def step_sim(store: Path, args) -> dict:
         model.draft_to_target,
     ).to(dev)
     opt = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=1e-4)
+    return model, head, opt
+
+
+def step_sim(store: Path, args) -> dict:
+    """Training steps of a draft fed by the trainer's loader from `store`: how long each step waits for data."""
+    import torch
+
+    from eagle_batch.train.data import BatchPlan, EpochLoader
+    from eagle_batch.train.trainer import ttt_loss
+
+    dev = torch.device(
+        "cuda" if (args.device == "auto" and torch.cuda.is_available()) or args.device == "cuda" else "cpu"
+    )
+    model, head, opt = _sim_model(args, dev)
     ts = _samples(store, args.num_layers)
     plan = BatchPlan(ts.lengths(), args.batch_tokens, args.seed, 1)
     warm = 3
@@ -249,7 +259,7 @@ def step_sim(store: Path, args) -> dict:
     return {
         "device": str(dev),
         "device_name": torch.cuda.get_device_name(dev) if dev.type == "cuda" else "cpu",
-        "hidden": h,
+        "hidden": args.hidden,
         "draft_params_m": sum(p.numel() for p in model.parameters()) / 1e6,
         "ttt": args.ttt,
         "batch_tokens": args.batch_tokens,

@@ -216,100 +216,115 @@ def _machine(bench_dir: Path) -> dict:
 
 def run(args: argparse.Namespace) -> int:
     from eagle_batch.config import StoreConfig
-    from eagle_batch.store import StoreSpec, TaskStoreWriter, open_dataset
 
-    rng = np.random.default_rng(args.seed)
     pool, pool_info = real_state_pool(args.pool_rows)
     if len(pool) < 64:
         raise SystemExit("--pool-rows must be >= 64 so that every chunk holds distinct rows")
-    row_bytes = pool[0].nbytes
-    T = args.sample_tokens
-    n_samples = max(1, int(args.raw_mb * 1e6 // (row_bytes * T)))
     base = Path(args.dir) if args.dir else Path(tempfile.gettempdir())
     base.mkdir(parents=True, exist_ok=True)
     work = Path(tempfile.mkdtemp(prefix="bench-store-", dir=base))
-    store = work / "task-00000.zarr"
     # Adaptive off by default: the ratio measured is the codec's, not what a busy machine left CPU for.
     cfg = StoreConfig(codec=args.codec, level=args.level, adaptive=args.adaptive, entropy_only=not args.no_entropy_only)
+    try:
+        written, order = _write(args, work / "task-00000.zarr", pool, cfg)
+        result = {**_settings(args, cfg), **written, **_read(args, work / "task-00000.zarr", pool, order)}
+        result.update(states=pool_info, machine=_machine(work))
+    finally:
+        if not args.keep:
+            shutil.rmtree(work, ignore_errors=True)
+    print(json.dumps(result) if args.json else json.dumps(result, indent=2))
+    return 0
+
+
+def _settings(args, cfg) -> dict:
+    return {
+        "bench": "store",
+        "codec": args.codec,
+        "level": args.level,
+        "blocksize": cfg.blocksize if args.codec == "blosc-zstd" else None,
+        "chunk_tokens": cfg.chunk_tokens,
+        "shard_tokens": cfg.shard_tokens,
+        "commit_every": args.commit_every,
+        "adaptive": args.adaptive,
+        "fsync": True,
+        "read_cache": "dropped (posix_fadvise DONTNEED) before reads",
+    }
+
+
+def _write(args, store: Path, pool: np.ndarray, cfg) -> tuple[dict, np.ndarray]:
+    """Samples of `args.sample_tokens` rows drawn from the pool into a fresh store; the write figures, and
+    the pool rows in store order (what the reads must give back)."""
+    from eagle_batch.store import StoreSpec, TaskStoreWriter
+
+    rng = np.random.default_rng(args.seed)
+    row_bytes, T = pool[0].nbytes, args.sample_tokens
+    n_samples = max(1, int(args.raw_mb * 1e6 // (row_bytes * T)))
     spec = StoreSpec(layer_ids=LAYER_IDS, hidden_size=WIDE, model_name="SmolLM2-135M-Instruct-x13-wide")
     # Sample i's rows: a shuffled walk through the pool (consecutive rows distinct within every chunk).
     order = np.concatenate([rng.permutation(len(pool)) for _ in range(-(-n_samples * T // len(pool)))])
     ids = rng.integers(0, 49152, n_samples * T).astype(np.int32)
     mask = (rng.random(n_samples * T) < 0.6).astype(np.uint8)
     batch = np.empty((T, *pool.shape[1:]), np.uint16)
-    try:
-        t0 = time.perf_counter()
-        cpu0 = time.process_time()  # all threads of this process: compression, crc, copies, syscalls
-        append_s = 0.0
-        with TaskStoreWriter.open(store, spec, cfg, threads=args.threads or None) as w:
-            for i in range(n_samples):
-                np.take(pool, order[i * T : (i + 1) * T], axis=0, out=batch)  # the "GPU output" of sample i
-                a = time.perf_counter()
-                w.append(f"s{i}", ids[i * T : (i + 1) * T], mask[i * T : (i + 1) * T], batch)
-                if (i + 1) % args.commit_every == 0:
-                    w.commit()
-                append_s += time.perf_counter() - a
+    t0 = time.perf_counter()
+    cpu0 = time.process_time()  # all threads of this process: compression, crc, copies, syscalls
+    append_s = 0.0
+    with TaskStoreWriter.open(store, spec, cfg, threads=args.threads or None) as w:
+        for i in range(n_samples):
+            np.take(pool, order[i * T : (i + 1) * T], axis=0, out=batch)  # the "GPU output" of sample i
             a = time.perf_counter()
-            w.finalize()
+            w.append(f"s{i}", ids[i * T : (i + 1) * T], mask[i * T : (i + 1) * T], batch)
+            if (i + 1) % args.commit_every == 0:
+                w.commit()
             append_s += time.perf_counter() - a
-            chunks, threads, encoder = w.chunk_stats(), w.encode_threads, w.encoder_info()
-        write_cpu_s = time.process_time() - cpu0
-        write_s = append_s  # only the store's time, not building the batches
-        wall_s = time.perf_counter() - t0
-        raw = n_samples * T * row_bytes
-        stored = sum(
-            f.stat().st_size for f in (store / "hidden_states").rglob("*") if f.is_file() and f.name != "zarr.json"
-        )
-        _drop_cache(store)
-        ds = open_dataset(store)
-        picks = rng.integers(0, len(ds), args.reads)
-        t1 = time.perf_counter()
-        cpu1 = time.process_time()
-        got = 0
-        for i in picks:
-            got += ds.get_arrays(int(i))["hidden_states"].nbytes
-        read_s = time.perf_counter() - t1
-        read_cpu_s = time.process_time() - cpu1
-        # Spot-check bit-exactness of what was read.
-        j = int(picks[0])
-        assert np.array_equal(ds.get_arrays(j)["hidden_states"], pool[order[j * T : (j + 1) * T]])
-        result = {
-            "bench": "store",
-            "codec": args.codec,
-            "level": args.level,
-            "blocksize": cfg.blocksize if args.codec == "blosc-zstd" else None,
-            "chunk_tokens": cfg.chunk_tokens,
-            "shard_tokens": cfg.shard_tokens,
+        a = time.perf_counter()
+        w.finalize()
+        append_s += time.perf_counter() - a
+        chunks, threads, encoder = w.chunk_stats(), w.encode_threads, w.encoder_info()
+    write_cpu_s = time.process_time() - cpu0
+    wall_s = time.perf_counter() - t0
+    raw = n_samples * T * row_bytes
+    stored = sum(
+        f.stat().st_size for f in (store / "hidden_states").rglob("*") if f.is_file() and f.name != "zarr.json"
+    )
+    return (
+        {
             "ratio": round(raw / stored, 4),
-            "write_mb_s": round(raw / 1e6 / write_s, 1),
+            "write_mb_s": round(raw / 1e6 / append_s, 1),  # only the store's time, not building the batches
             "write_wall_mb_s": round(raw / 1e6 / wall_s, 1),
-            # Raw MB per CPU-second: insensitive to a busy machine; times the writer threads of a real
-            # node (if the disk keeps up) it estimates that node's write rate.
+            # Raw MB per CPU-second: insensitive to a busy machine; times the writer threads of a real node (if
+            # the disk keeps up) it estimates that node's write rate.
             "write_mb_per_cpu_s": round(raw / 1e6 / write_cpu_s, 1),
-            "read_samples_s": round(args.reads / read_s, 2),
-            "read_mb_s": round(got / 1e6 / read_s, 1),
-            "read_ms_per_sample": round(1000 * read_s / args.reads, 2),
-            "read_mb_per_cpu_s": round(got / 1e6 / read_cpu_s, 1),
             "raw_mb": round(raw / 1e6, 1),
             "stored_mb": round(stored / 1e6, 1),
             "samples": n_samples,
             "sample_tokens": T,
             "row_shape": list(pool.shape[1:]),
-            "commit_every": args.commit_every,
             "threads": threads,
-            "adaptive": args.adaptive,
             "chunks": chunks,
             "encoder": encoder,
-            "fsync": True,
-            "read_cache": "dropped (posix_fadvise DONTNEED) before reads",
-            "states": pool_info,
-            "machine": _machine(work),
-        }
-    finally:
-        if not args.keep:
-            shutil.rmtree(work, ignore_errors=True)
-    if args.json:
-        print(json.dumps(result))
-    else:
-        print(json.dumps(result, indent=2))
-    return 0
+        },
+        order,
+    )
+
+
+def _read(args, store: Path, pool: np.ndarray, order: np.ndarray) -> dict:
+    """Random whole-sample reads with a cold page cache; checks that what was read is what was written."""
+    from eagle_batch.store import open_dataset
+
+    T = args.sample_tokens
+    _drop_cache(store)
+    ds = open_dataset(store)
+    picks = np.random.default_rng(args.seed + 1).integers(0, len(ds), args.reads)
+    t1 = time.perf_counter()
+    cpu1 = time.process_time()
+    got = sum(ds.get_arrays(int(i))["hidden_states"].nbytes for i in picks)
+    read_s = time.perf_counter() - t1
+    read_cpu_s = time.process_time() - cpu1
+    j = int(picks[0])  # spot-check bit-exactness of what was read
+    assert np.array_equal(ds.get_arrays(j)["hidden_states"], pool[order[j * T : (j + 1) * T]])
+    return {
+        "read_samples_s": round(args.reads / read_s, 2),
+        "read_mb_s": round(got / 1e6 / read_s, 1),
+        "read_ms_per_sample": round(1000 * read_s / args.reads, 2),
+        "read_mb_per_cpu_s": round(got / 1e6 / read_cpu_s, 1),
+    }
