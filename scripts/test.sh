@@ -24,8 +24,9 @@ if [ "$#" -gt 0 ]; then
 fi
 # Lint and format (the pre-commit hooks' checks) before the suite: a failure here fails the run, after the tests.
 rc=0
-echo "ruff check, ruff format --check"
+echo "ruff check, ruff format --check, structure (import cycles, module and function length)"
 ruff check --output-format concise . && ruff format --check --quiet . || rc=1
+python scripts/check_structure.py || rc=1
 # The fault-injection suite forks task processes from the test process; it runs in a pytest process of
 # its own so that no thread left behind by earlier in-process vLLM engines is inherited by a fork.
 run_pytest --ignore=tests/faults || rc=$?
