@@ -57,12 +57,12 @@ case "$stage" in
                    python3 -m eagle_batch.bench.capture --build llama-1b --num-prompts 2048 --prompt-len 512 \
                    --work-dir $work/cap --no-fsync --engine-process in-process --phases eagle-batch --timeout 240 --json ;;
   bench-capture-trace) # the like-stock eagle-batch phase with the store's timeline (store.trace_dir),
-                   # summarised by scripts/gpu/trace_summary.py: which stage the writer waits for
+                   # summarised by lab/trace_summary.py: which stage the writer waits for
                    rm -rf $work/trace
                    python3 -m eagle_batch.bench.capture --build llama-1b --store-trace $work/trace \
                    --num-prompts 2048 --prompt-len 512 --work-dir $work/cap --no-fsync --engine-process background \
                    --phases plain,eagle-batch --timeout 240 --json
-                   python3 scripts/gpu/trace_summary.py $work/trace > "$out/trace-summary.json"
+                   python3 lab/trace_summary.py $work/trace > "$out/trace-summary.json"
                    tar -czf "$out/trace.tgz" -C $work trace ;;
   bench-capture-diagnose) # which resource the like-stock eagle-batch phase is short of: traced runs of the same phase
                    # with the default store (after plain), with codec none (no compression CPU) and with half the
@@ -78,8 +78,8 @@ case "$stage" in
                      python3 -m eagle_batch.bench.capture "${threads[@]}" --store-trace $work/trace-$v \
                        --build llama-1b --num-prompts 2048 --prompt-len 512 --work-dir $work/cap --no-fsync \
                        --engine-process background --phases $phases "${extra[@]}" --timeout 240 --json
-                     for f in $work/cap/phase-eagle-batch-*.json; do cp $f "$out/$v-$(basename $f)"; done
-                     python3 scripts/gpu/trace_summary.py $work/trace-$v > "$out/trace-summary-$v.json"
+                     for f in "$work"/cap/phase-eagle-batch-*.json; do cp "$f" "$out/$v-$(basename "$f")"; done
+                     python3 lab/trace_summary.py $work/trace-$v > "$out/trace-summary-$v.json"
                    done
                    tar -czf "$out/trace.tgz" -C $work trace-default trace-none trace-t15 ;;
   bench-capture-sweep) # like-stock, with the eagle-batch phase as several runs on one engine (same warm engine, so
