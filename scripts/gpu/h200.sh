@@ -84,10 +84,10 @@ case "$stage" in
                    tar -czf "$out/trace.tgz" -C $work trace-default trace-none trace-t15 ;;
   bench-capture-sweep) # like-stock, with the eagle-batch phase as several runs on one engine (same warm engine, so
                    # their ratios carry less noise than separate phases): by default the capture alone without a
-                   # store (drop), the default store twice, c-blosc's own zstd-1 (store.entropy_only off, the
-                   # default before session 7), codec none. SWEEP=... overrides the list (bench
-                   # capture --sweep; session 6 used "drop;default;none:codec=none;t12:threads=12;sw1:switch_ms=1;
-                   # default;drop" and "drop;default;t8:threads=8;io4:io_threads=4;none:codec=none;default;drop");
+                   # store (drop), the default store twice, c-blosc's own zstd-1 (cblosc: store.entropy_only
+                   # off), codec none. SWEEP=... overrides the list (bench capture --sweep "NAME[:key=value,...];...",
+                   # e.g. "drop;default;t8:threads=8;io4:io_threads=4;none:codec=none;default;drop"; the sweeps
+                   # behind docs/decisions/0014, 0015 and 0018 are written out there);
                    # SPREAD=0.5 gives prompts of 256..768 tokens (chat-like varied lengths) instead of 512 each.
                    python3 -m eagle_batch.bench.capture --build llama-1b --num-prompts 2048 --prompt-len 512 \
                      --prompt-len-spread "${SPREAD:-0}" --work-dir $work/cap --no-fsync --engine-process background \
