@@ -64,9 +64,9 @@ ok = torch.tensor([True])
 
 
 def one(base, fsync, io):
-    os.environ["EAGLE_BATCH_STORE_IO_THREADS"] = str(io)
     d = tempfile.mkdtemp(dir=base)
-    w = TaskStoreWriter.open(os.path.join(d, "s.zarr"), spec, StoreConfig(fsync=fsync, chunk_tokens=CHUNK))
+    cfg = StoreConfig(fsync=fsync, chunk_tokens=CHUNK, io_threads=io)
+    w = TaskStoreWriter.open(os.path.join(d, "s.zarr"), spec, cfg)
     wt = WriterThread(w, L, H)
     smp = [SimpleNamespace(sample_id=f"s{i}", input_ids=ids, loss_mask=np.ones(T, np.uint8)) for i in range(n)]
     wt.expect(smp)

@@ -1,4 +1,4 @@
-"""Summarise store traces (EAGLE_BATCH_STORE_TRACE) of a capture: which stage the writer waited for.
+"""Summarise store traces (store.trace_dir) of a capture: which stage the writer waited for.
 
     python lab/trace_summary.py TRACE_DIR [--json]
 
