@@ -5,7 +5,10 @@
 # Debian 12 (Slurm 22.05), as root, no systemd: every daemon is started directly. Idempotent: a second
 # call with everything up returns in about a second; a changed slurm.conf restarts the Slurm daemons.
 # The node advertises 8 CPUs and 8 GPUs whatever the machine has (fake /dev-style character devices)
-# so jobs ask for GPUs exactly as on a real GPU node. See FINDINGS section 5 for why each setting.
+# so jobs ask for GPUs exactly as on a real GPU node. Why each setting: beside it in the generated files
+# below, and in docs/slurm.md ("The local Slurm for tests"). Accounting (slurmdbd + MariaDB) is not
+# optional: without it `sacct` fails, submitit cannot tell a cancelled or OOM-killed job from a running one
+# (it never writes a result) and waits forever.
 #
 #   .ci/slurm-up.sh            # install if needed, start, wait until the node is idle and sacct answers
 #   .ci/slurm-down.sh          # stop the daemons (keeps packages and the accounting database)

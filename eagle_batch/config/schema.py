@@ -77,7 +77,7 @@ class ExtractConfig:
     # TP=1 only (TP>1 always runs vLLM's workers in their own processes): where the engine runs.
     # background = vLLM's engine-core process, states reach the store through the shared ring; in-process =
     # this process, no IPC but the engine shares one interpreter lock with the store's threads. auto:
-    # background for the native backend on CUDA (faster in every side-by-side H200 run, docs/benchmarks.md),
+    # background for the native backend on CUDA (faster in every side-by-side H200 run: docs/decisions/0017),
     # in-process otherwise (CPU; hooks, whose states would travel through vLLM's RPC). An explicit
     # VLLM_ENABLE_V1_MULTIPROCESSING in the environment wins.
     engine_process: str = "auto"
@@ -102,21 +102,22 @@ class StoreConfig:
     level: int = 1
     # blosc-zstd hidden states only: eagle-batch frames the chunks itself and asks zstd only for entropy
     # coding (fast strategy, small hash table, Huffman-coded literals), which is where bf16 states' gain
-    # is: level 1's ratio or better at ~2.3x the speed, ordinary blosc frames on disk (store/blosc_frame.py).
+    # is: level 1's ratio or better for far less CPU, ordinary blosc frames on disk (store/blosc_frame.py;
+    # docs/decisions/0012).
     # `level` then has no effect; false compresses with c-blosc at `level`.
     entropy_only: bool = True
     # Blosc block size in bytes; 1 MiB keeps exponent and mantissa bytes apart after byte shuffle.
     blocksize: int = 1 << 20
     # Rows per inner chunk (the unit of compression and of random reads); 0 = about 4 MiB of hidden
     # states: 64 tokens at hidden 7168 x 4 layers, 256 at 2048. Per-chunk work on the capture's threads is
-    # fixed-cost Python, so chunks much smaller than that cap the write rate (H200 host: 1 MiB chunks
-    # 2.3 GB/s, 4 MiB 3.6 GB/s).
+    # fixed-cost Python, so chunks much smaller than that cap the write rate (docs/decisions/0013).
     chunk_tokens: int = 0
     shard_tokens: int = 4096
     fsync: bool = True
-    # blosc-zstd only: when every compression thread is busy, store the chunk uncompressed (a blosc
-    # "memcpyed" frame every blosc reader decodes) instead of making the engine wait. Compression then
-    # uses the CPU the node has spare; false compresses every chunk whatever it costs in throughput.
+    # blosc-zstd only: when every compression thread is busy while the disk keeps up, store the chunk
+    # uncompressed (a blosc "memcpyed" frame every blosc reader decodes) instead of making the engine wait.
+    # Compression then uses the CPU the node has spare; false compresses every chunk whatever it costs in
+    # throughput (docs/decisions/0014).
     adaptive: bool = True
     # Compression threads (0: every CPU of the allocation but two, which the engine keeps) and shard-writing
     # threads for hidden_states (0: as many as shard writes may be queued, so none waits for a thread).

@@ -6,9 +6,9 @@ hidden states have almost none: after the byte shuffle the mantissa half of a bl
 exponent half has ~3.2 bits of order-0 entropy. Nearly all of blosc-zstd-1's 1.41x comes from
 Huffman-coding those exponent bytes (zstd's literal compression), not from matches. Asking zstd for its
 `fast` strategy with a small hash table, a large acceleration (few match probes) and literal compression
-kept on gives the same ratio (1.414 vs 1.413 on real SmolLM2 states without repeats) at ~2.3x the speed
-(one thread; `scripts/frame_probe.py`, docs/benchmarks.md "entropy coding only" has the command and the
-runs). c-blosc cannot pass those parameters, so this module builds the frame around zstd's output: the bytes on disk are a standard blosc frame (same header, block starts and
+kept on gives the same ratio for a fraction of the CPU (docs/decisions/0012 has the measurements and the
+`lab/frame_probe.py` command). c-blosc cannot pass those parameters, so this module builds the frame
+around zstd's output: the bytes on disk are a standard blosc frame (same header, block starts and
 per-block streams as c-blosc 1.x writes with splitting off), and every blosc decoder, zarr's included,
 reads them. Only the compressed bytes inside differ from what c-blosc at `clevel` would produce. The
 store asks for one block per chunk (see BloscFrameWriter).
@@ -43,14 +43,13 @@ OVERHEAD = 16  # c-blosc's BLOSC_MAX_OVERHEAD: the most a frame exceeds its chun
 # zstd parameters (zstd.h: ZSTD_cParameter). 1002 is ZSTD_c_literalCompressionMode (experimental
 # parameter 5, stable in value since zstd 1.4.5); 1 = ZSTD_ps_enable.
 _LEVEL, _WINDOW_LOG, _HASH_LOG, _MIN_MATCH, _TARGET_LENGTH, _STRATEGY, _LITERALS = 100, 101, 102, 105, 106, 107, 1002
-# On real SmolLM2 bf16 states' exponent-byte stream (one thread; scripts/frame_probe.py, docs/benchmarks.md
-# "entropy coding only"): level 1 ratio 2.408, these parameters 2.414 at ~2.5x its speed (targetLength 64 is
-# acceleration: the match search skips ahead). With targetLength > 0 zstd turns literal compression off by default, hence
-# the explicit enable. Matches are rare but real: chat samples that share a
-# prefix (template, system prompt) have identical states there, and several short samples share a chunk.
-# A 4 MiB window (a whole chunk; zstd shrinks it to the input) with an 8k-entry hash table (32 KiB, in L1)
-# finds them: the demo's chat states 1.609x (c-blosc zstd-1 1.504x; a 128 KiB window and 1k entries
-# 1.410x) at about the same speed on states without repeats (within ~10%, both 1.414x).
+# The fast strategy with targetLength 64 (acceleration: the match search skips ahead) keeps level 1's ratio
+# on the exponent bytes; with targetLength > 0 zstd turns literal compression off by default, hence the
+# explicit enable. Matches are rare but real: chat samples that share a prefix (template, system prompt)
+# have identical states there, and several short samples share a chunk, so the window spans a whole chunk
+# (4 MiB; zstd shrinks it to the input) and the hash table has 8k entries (32 KiB, in L1): smaller ones miss
+# those repeats, larger ones gain little. The parameter sets tried and their ratios and rates:
+# docs/decisions/0012.
 ENTROPY_PARAMS = {_STRATEGY: 1, _WINDOW_LOG: 22, _HASH_LOG: 13, _MIN_MATCH: 7, _TARGET_LENGTH: 64, _LITERALS: 1}
 
 
@@ -104,9 +103,8 @@ class BloscFrameWriter:
 
     `blocksize`: c-blosc's blocksize argument, or None for one block per chunk (what the store uses: the
     frame header carries the block size, so every decoder reads it, and a chunk then costs one zstd call.
-    Each call drops and retakes the GIL, which can wait behind busy Python threads; 1 MiB blocks of a 3.5
-    MiB chunk took 4 zstd calls and 2.4x the time of one block beside a spinning thread (4.27 vs 1.75 s per
-    100 chunks, scripts/frame_probe.py), the same alone.
+    Each call drops and retakes the GIL, which can wait behind busy Python threads, so a block per MiB
+    costs several such waits per chunk where one block costs one (docs/decisions/0013 has the measurement).
     zstd's own 128 KiB blocks keep exponent and mantissa bytes apart either way: same ratio).
 
     `encode(chunk, out)` writes one frame into `out` (at least `len(chunk bytes) + 16` bytes) and returns

@@ -2,9 +2,9 @@
 
 numcodecs' `Blosc.encode` / `Zstd.encode` compress without the GIL, but then trim their result with
 `dest[:cbytes]`: a fresh bytes object and a copy of the whole encoded chunk (~3 MB for a 4 MiB chunk of
-bf16 states) made while holding the GIL, plus page faults on the new allocation. With 30 compression
-threads feeding one GPU that copy serialised them: on an H200 host they sat half idle, waiting for the
-interpreter, while the capture fell behind the engine.
+bf16 states) made while holding the GIL, plus page faults on the new allocation. Every compression thread
+pays that copy in series with the capture's other threads (docs/decisions/0016 measures how much of an
+encode holds the GIL each way).
 
 So the store calls the same C functions numcodecs ships (`blosc_compress_ctx` from its blosc extension,
 `ZSTD_compress` from its zstd extension) through ctypes, which drops the GIL for the call, writing into
@@ -14,9 +14,9 @@ falls back to numcodecs' own `encode` and says so in `direct`. The on-disk forma
 
 With `entropy_only` (store.entropy_only, the default) a blosc-zstd chunk is instead framed by
 `BloscFrameWriter` (blosc_frame.py): the same blosc frame format, zstd asked only for what pays on bf16
-states (Huffman-coded exponent bytes), ~2.3x the speed at the same ratio. It is checked at construction to
-decode back to its input through numcodecs; where it does not, the c-blosc path above is used and
-`why_not_entropy` says why.
+states (Huffman-coded exponent bytes), far faster at the same ratio (docs/decisions/0012). It is checked at
+construction to decode back to its input through numcodecs; where it does not, the c-blosc path above is
+used and `why_not_entropy` says why.
 """
 
 from __future__ import annotations

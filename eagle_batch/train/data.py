@@ -264,10 +264,10 @@ class _BatchStream(torch.utils.data.Sampler):
 class EpochLoader:
     """The trainer's loader: one stream of batches across epoch boundaries.
 
-    A DataLoader per epoch restarts its workers and drains its prefetch queue at every epoch end: at
-    hidden 7168 with 8 workers on an H200 host, each worker needs ~4 s for a 16k-token batch (0.94 GB
-    of states), so every epoch began with a ~4 s stall (data wait 32% of step time on a 7-batch
-    epoch). Here the workers never stop and prefetching runs on into the next epoch.
+    A DataLoader per epoch restarts its workers and drains its prefetch queue at every epoch end, so each
+    epoch starts by waiting for a worker to decode a whole batch (seconds at hidden 7168: a 16k-token batch
+    is ~0.94 GB of states; docs/decisions/0019). Here the workers never stop and prefetching runs on into
+    the next epoch.
 
         for epoch, batch_in_epoch, batch in EpochLoader(samples, plan, rank, 8).stream(epoch, skip): ...
     """

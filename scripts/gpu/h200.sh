@@ -57,12 +57,12 @@ case "$stage" in
                    python3 -m eagle_batch.bench.capture --build llama-1b --num-prompts 2048 --prompt-len 512 \
                    --work-dir $work/cap --no-fsync --engine-process in-process --phases eagle-batch --timeout 240 --json ;;
   bench-capture-trace) # the like-stock eagle-batch phase with the store's timeline (store.trace_dir),
-                   # summarised by scripts/gpu/trace_summary.py: which stage the writer waits for
+                   # summarised by lab/trace_summary.py: which stage the writer waits for
                    rm -rf $work/trace
                    python3 -m eagle_batch.bench.capture --build llama-1b --store-trace $work/trace \
                    --num-prompts 2048 --prompt-len 512 --work-dir $work/cap --no-fsync --engine-process background \
                    --phases plain,eagle-batch --timeout 240 --json
-                   python3 scripts/gpu/trace_summary.py $work/trace > "$out/trace-summary.json"
+                   python3 lab/trace_summary.py $work/trace > "$out/trace-summary.json"
                    tar -czf "$out/trace.tgz" -C $work trace ;;
   bench-capture-diagnose) # which resource the like-stock eagle-batch phase is short of: traced runs of the same phase
                    # with the default store (after plain), with codec none (no compression CPU) and with half the
@@ -78,16 +78,16 @@ case "$stage" in
                      python3 -m eagle_batch.bench.capture "${threads[@]}" --store-trace $work/trace-$v \
                        --build llama-1b --num-prompts 2048 --prompt-len 512 --work-dir $work/cap --no-fsync \
                        --engine-process background --phases $phases "${extra[@]}" --timeout 240 --json
-                     for f in $work/cap/phase-eagle-batch-*.json; do cp $f "$out/$v-$(basename $f)"; done
-                     python3 scripts/gpu/trace_summary.py $work/trace-$v > "$out/trace-summary-$v.json"
+                     for f in "$work"/cap/phase-eagle-batch-*.json; do cp "$f" "$out/$v-$(basename "$f")"; done
+                     python3 lab/trace_summary.py $work/trace-$v > "$out/trace-summary-$v.json"
                    done
                    tar -czf "$out/trace.tgz" -C $work trace-default trace-none trace-t15 ;;
   bench-capture-sweep) # like-stock, with the eagle-batch phase as several runs on one engine (same warm engine, so
                    # their ratios carry less noise than separate phases): by default the capture alone without a
-                   # store (drop), the default store twice, c-blosc's own zstd-1 (store.entropy_only off, the
-                   # default before session 7), codec none. SWEEP=... overrides the list (bench
-                   # capture --sweep; session 6 used "drop;default;none:codec=none;t12:threads=12;sw1:switch_ms=1;
-                   # default;drop" and "drop;default;t8:threads=8;io4:io_threads=4;none:codec=none;default;drop");
+                   # store (drop), the default store twice, c-blosc's own zstd-1 (cblosc: store.entropy_only
+                   # off), codec none. SWEEP=... overrides the list (bench capture --sweep "NAME[:key=value,...];...",
+                   # e.g. "drop;default;t8:threads=8;io4:io_threads=4;none:codec=none;default;drop"; the sweeps
+                   # behind docs/decisions/0014, 0015 and 0018 are written out there);
                    # SPREAD=0.5 gives prompts of 256..768 tokens (chat-like varied lengths) instead of 512 each.
                    python3 -m eagle_batch.bench.capture --build llama-1b --num-prompts 2048 --prompt-len 512 \
                      --prompt-len-spread "${SPREAD:-0}" --work-dir $work/cap --no-fsync --engine-process background \

@@ -1,6 +1,6 @@
-"""Summarise store traces (EAGLE_BATCH_STORE_TRACE) of a capture: which stage the writer waited for.
+"""Summarise store traces (store.trace_dir) of a capture: which stage the writer waited for.
 
-    python scripts/gpu/trace_summary.py TRACE_DIR [--json]
+    python lab/trace_summary.py TRACE_DIR [--json]
 
 Per trace file: the span from the first append to the last commit; the writer thread's time in append;
 compression threads' busy fraction over the append span; for full hidden_states shards, the time their IO

@@ -1,7 +1,7 @@
 """Ingest probe: how fast can the capture's writer path (WriterThread -> TaskStoreWriter) take states, with
 no engine? Finds the store-side ceiling of `bench capture` on a host, stage by stage.
 
-    PYTHONPATH=. OUT=/tmp/probe python3 scripts/gpu/ingest_probe.py POOL.npz [DIR ...]
+    PYTHONPATH=. OUT=/tmp/probe python3 lab/ingest_probe.py POOL.npz [DIR ...]
 
 A producer thread hands [512, 4, 2048] bf16 samples (real SmolLM2 rows from the `bench store` pool, cut to
 width 2048; see host_probe.py) to a WriterThread as fast as it takes them, like the shm receiver does;
@@ -53,10 +53,10 @@ res["cgroup_memory_max"] = sh(
 )
 res["mem"] = sh("free -g")
 
-from eagle_batch.capture.sink import CapturedRequest
-from eagle_batch.capture.writer import WriterThread
-from eagle_batch.config import StoreConfig
-from eagle_batch.store import StoreSpec, TaskStoreWriter
+from eagle_batch.capture.sink import CapturedRequest  # noqa: E402
+from eagle_batch.capture.writer import WriterThread  # noqa: E402
+from eagle_batch.config import StoreConfig  # noqa: E402
+from eagle_batch.store import StoreSpec, TaskStoreWriter  # noqa: E402
 
 spec = StoreSpec(layer_ids=[2, 8, 13, 16], hidden_size=H, model_name="probe")
 ids = np.zeros(T, np.int64)
@@ -64,9 +64,9 @@ ok = torch.tensor([True])
 
 
 def one(base, fsync, io):
-    os.environ["EAGLE_BATCH_STORE_IO_THREADS"] = str(io)
     d = tempfile.mkdtemp(dir=base)
-    w = TaskStoreWriter.open(os.path.join(d, "s.zarr"), spec, StoreConfig(fsync=fsync, chunk_tokens=CHUNK))
+    cfg = StoreConfig(fsync=fsync, chunk_tokens=CHUNK, io_threads=io)
+    w = TaskStoreWriter.open(os.path.join(d, "s.zarr"), spec, cfg)
     wt = WriterThread(w, L, H)
     smp = [SimpleNamespace(sample_id=f"s{i}", input_ids=ids, loss_mask=np.ones(T, np.uint8)) for i in range(n)]
     wt.expect(smp)

@@ -1,12 +1,12 @@
 """CPU seconds per GB of the capture's writer path (WriterThread -> TaskStoreWriter) on this machine, per codec,
 no fsync, store in /dev/shm, adaptive off, producer as fast as the writer takes it.
 
-    PYTHONPATH=. GB=2 python scripts/store_cpu_probe.py POOL.npz none,blosc-zstd
-    PYTHONPATH=. GB=2 SPREAD=0.5 MODES=single,blocks python scripts/store_cpu_probe.py POOL.npz blosc-zstd
-    PYTHONPATH=. GB=2 ENTROPY=1,0,1,0 MODES=blocks python scripts/store_cpu_probe.py POOL.npz blosc-zstd
+    PYTHONPATH=. GB=2 python lab/store_cpu_probe.py POOL.npz none,blosc-zstd
+    PYTHONPATH=. GB=2 SPREAD=0.5 MODES=single,blocks python lab/store_cpu_probe.py POOL.npz blosc-zstd
+    PYTHONPATH=. GB=2 ENTROPY=1,0,1,0 MODES=blocks python lab/store_cpu_probe.py POOL.npz blosc-zstd
 
 POOL.npz: `bench store`'s SmolLM2 row pool (rows [N, 4, 7168] uint16), cut to width 2048 as in
-scripts/gpu/ingest_probe.py. Samples are 512 tokens, or with SPREAD=s drawn from 512 x [1 - s, 1 + s]. They
+lab/ingest_probe.py. Samples are 512 tokens, or with SPREAD=s drawn from 512 x [1 - s, 1 + s]. They
 arrive as the shared-memory receiver hands them over: records of 16 samples back to back; MODES picks how
 the writer thread sees them: `single` (each sample handed to the store alone) and/or `blocks` (with their
 record, so a record's queued samples go to the store as one block: the shared-memory path). Prints one JSON line per codec and

@@ -2,7 +2,7 @@
 64 MiB buffers; its progress relative to spinning alone for the same time is printed per operation
 (1.0: the operation never holds the GIL; 0.5: it holds it about half the time).
 
-    PYTHONPATH=. python scripts/encoder_gil_probe.py
+    PYTHONPATH=. python lab/encoder_gil_probe.py
 """
 
 import threading

@@ -1,6 +1,6 @@
 """The store's entropy-only blosc frames against c-blosc's zstd-1, side by side in one process (one thread).
 
-    PYTHONPATH=. python scripts/frame_probe.py POOL.npz [STORE.zarr]
+    PYTHONPATH=. python lab/frame_probe.py POOL.npz [STORE.zarr]
 
 POOL.npz: `bench store`'s SmolLM2 row pool (rows [N, 4, 7168] uint16; `real_state_pool(512)` of
 eagle_batch/bench/store.py saved as `rows`). STORE.zarr: a task store whose `hidden_states` to measure

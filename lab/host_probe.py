@@ -1,7 +1,7 @@
 """Host probe for the store's write path: codec speed per core and with threads / processes, memcpy and
 crc32c rates, the whole TaskStoreWriter with and without fsync, and the disk's fdatasync rate.
 
-    PYTHONPATH=. OUT=/tmp/probe python3 scripts/gpu/host_probe.py [POOL.npz]
+    PYTHONPATH=. OUT=/tmp/probe python3 lab/host_probe.py [POOL.npz]
 
 POOL.npz: the real SmolLM2 state pool of `eagle-batch bench store` (default: computed or read from its
 cache; copy the cached file to a machine without the model). Rows are cut to width 2048, the 1B Llama
@@ -122,7 +122,7 @@ res["encode"] = enc
 print(json.dumps(enc), flush=True)
 
 # memcpy / crc
-import crc32c
+import crc32c  # noqa: E402  (a probe: imports where each part starts)
 
 big = np.concatenate(chunks)  # 32 MiB
 dst = np.empty_like(big)
@@ -136,8 +136,8 @@ for _ in range(30):
 res["crc32c_gb_s"] = round(30 * big.nbytes / (time.perf_counter() - t0) / 1e9, 2)
 
 # TaskStoreWriter end to end (2 GiB raw of [512, 4, 2048] samples)
-from eagle_batch.config import StoreConfig
-from eagle_batch.store import StoreSpec, TaskStoreWriter
+from eagle_batch.config import StoreConfig  # noqa: E402
+from eagle_batch.store import StoreSpec, TaskStoreWriter  # noqa: E402
 
 spec = StoreSpec(layer_ids=[2, 8, 13, 16], hidden_size=H, model_name="probe")
 T = 512
