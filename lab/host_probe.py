@@ -136,8 +136,8 @@ for _ in range(30):
 res["crc32c_gb_s"] = round(30 * big.nbytes / (time.perf_counter() - t0) / 1e9, 2)
 
 # TaskStoreWriter end to end (2 GiB raw of [512, 4, 2048] samples)
-from eagle_batch.config import StoreConfig  # noqa: E402
-from eagle_batch.store import StoreSpec, TaskStoreWriter  # noqa: E402
+from eagle_batch.config import StoreConfig
+from eagle_batch.store import StoreSpec, TaskStoreWriter
 
 spec = StoreSpec(layer_ids=[2, 8, 13, 16], hidden_size=H, model_name="probe")
 T = 512

@@ -53,10 +53,10 @@ res["cgroup_memory_max"] = sh(
 )
 res["mem"] = sh("free -g")
 
-from eagle_batch.capture.sink import CapturedRequest  # noqa: E402
-from eagle_batch.capture.writer import WriterThread  # noqa: E402
-from eagle_batch.config import StoreConfig  # noqa: E402
-from eagle_batch.store import StoreSpec, TaskStoreWriter  # noqa: E402
+from eagle_batch.capture.sink import CapturedRequest
+from eagle_batch.capture.writer import WriterThread
+from eagle_batch.config import StoreConfig
+from eagle_batch.store import StoreSpec, TaskStoreWriter
 
 spec = StoreSpec(layer_ids=[2, 8, 13, 16], hidden_size=H, model_name="probe")
 ids = np.zeros(T, np.int64)
