@@ -29,6 +29,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--num-prompts", type=int, default=0, help="use at most N prompts (0 = all)")
     p.add_argument("--k", type=int, default=3, help="draft tokens per step (num_speculative_tokens)")
     p.add_argument("--max-tokens", type=int, default=128, help="tokens generated per prompt")
+    p.add_argument(
+        "--batch",
+        type=int,
+        default=0,
+        help="decode at most N sequences at once (the engines' max_num_seqs; 1 = one prompt after another, "
+        "the latency case); default: every prompt at once",
+    )
     p.add_argument("--json", action="store_true", help="print the result as one JSON object")
     p.add_argument("--out", default="", help="also write the result as JSON to this file")
     p.add_argument(
@@ -125,6 +132,7 @@ def run(args: argparse.Namespace) -> int:
         max_model_len=cfg.model.max_model_len,
         dtype=cfg.model.dtype,
         engine_env={"VLLM_BATCH_INVARIANT": "1"} if args.batch_invariant else None,
+        max_num_seqs=args.batch,
         say=lambda line: print(f"evaluate: {line}", file=sys.stderr, flush=True),
     )
     r.pop("reference", None)
@@ -148,6 +156,6 @@ def run(args: argparse.Namespace) -> int:
         )
         print(
             f"decode: {r['target_alone_tok_s']} tok/s alone, {r['with_draft_tok_s']} tok/s with the draft "
-            f"({gen} tokens, all prompts at once)"
+            f"({gen} tokens, " + (f"batch {args.batch})" if args.batch else "all prompts at once)")
         )
     return 0 if r["identical_outputs"] else 1

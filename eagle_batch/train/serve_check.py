@@ -127,6 +127,7 @@ def measure_acceptance(
     dtype: str = "auto",
     engine_env: dict[str, str] | None = None,
     say: Callable[[str], None] | None = None,
+    max_num_seqs: int = 0,
 ) -> dict[str, Any]:
     """Greedy-generate `prompts` with and without the EAGLE-3 draft in `draft_dir`.
 
@@ -143,7 +144,12 @@ def measure_acceptance(
     target_path = servable_target(target_path)
     prompt_ids = render_prompts(target_path, prompts)
     common = dict(
-        target=str(target_path), prompts=prompt_ids, max_tokens=max_tokens, max_model_len=max_model_len, dtype=dtype
+        target=str(target_path),
+        prompts=prompt_ids,
+        max_tokens=max_tokens,
+        max_model_len=max_model_len,
+        dtype=dtype,
+        max_num_seqs=int(max_num_seqs),
     )
     work = f"{len(prompt_ids)} prompts x {max_tokens} tokens, greedy"
     if reference is None:
@@ -159,6 +165,7 @@ def measure_acceptance(
         )
     result: dict[str, Any] = {
         "k": k,
+        "batch": int(max_num_seqs) or len(prompt_ids),
         "num_prompts": len(prompt_ids),
         "max_tokens": max_tokens,
         "reference": reference,
@@ -199,6 +206,8 @@ def _engine_main(inp: Path, out: Path) -> None:
         disable_log_stats=False,
         seed=0,
     )
+    if spec.get("max_num_seqs"):
+        kwargs["max_num_seqs"] = int(spec["max_num_seqs"])
     if spec.get("draft"):
         kwargs["speculative_config"] = {"method": "eagle3", "model": spec["draft"], "num_speculative_tokens": spec["k"]}
     llm = LLM(**kwargs)
