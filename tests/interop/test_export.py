@@ -9,7 +9,7 @@ import numpy as np
 import pyarrow as pa
 import pytest
 import torch
-from conftest import EPS, HIDDEN, LAYERS, N_LAYERS, write_store
+from interop_testlib import EPS, HIDDEN, LAYERS, N_LAYERS, write_store
 from safetensors.torch import load_file
 
 from eagle_batch.cli import main

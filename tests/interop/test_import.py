@@ -7,7 +7,7 @@ import json
 
 import numpy as np
 import torch
-from conftest import LAYERS, N_LAYERS
+from interop_testlib import LAYERS, N_LAYERS
 from safetensors.torch import save_file
 
 from eagle_batch.cli import main

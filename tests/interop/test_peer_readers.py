@@ -16,7 +16,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from conftest import EPS, HIDDEN
+from interop_testlib import EPS, HIDDEN
 
 from eagle_batch.cli import main
 
