@@ -138,3 +138,22 @@ def test_export_refusals_name_the_fix(tmp_path, store, samples, target, capsys):
     (busy / "x").write_text("user file")
     assert main(["export-data", str(store), str(busy), "--format", "speculators"]) == 1
     assert "not empty" in capsys.readouterr().err
+
+
+def test_export_of_an_aggregated_run_takes_the_target_from_its_config(tmp_path, samples, target):
+    from eagle_batch.config import load_config, save_config
+    from eagle_batch.store import aggregate
+
+    run = tmp_path / "run"
+    write_store(run / "stores" / "task-00000.zarr", samples[:5])
+    write_store(run / "stores" / "task-00001.zarr", samples[5:])
+    aggregate(run, fsync=False)
+    save_config(load_config(None, [f"run_dir={run}", f"model.path={target}"]), run)
+    out = tmp_path / "sf"
+    assert main(["export-data", str(run), str(out), "--format", "specforge", "--no-fsync"]) == 0  # no --target
+    for i, (_, ids, _, hs) in enumerate(samples):  # global sample index across the two stores
+        d = torch.load(out / f"rows_0-2000/data_{i}.ckpt", weights_only=True)
+        assert d["input_ids"].tolist() == ids.tolist()
+        assert torch.equal(
+            d["aux_hidden_state"][0].view(torch.int16), bf16(hs[:, :3]).reshape(len(ids), -1).view(torch.int16)
+        )
