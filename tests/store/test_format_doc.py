@@ -121,3 +121,15 @@ def test_open_group_needs_the_bfloat16_registration(tmp_path):
     assert alt.stdout.split() == [str(n), str(n)]
     msg = re.search(r"`(ValueError: [^`]*)`", DOC.read_text())
     assert msg and " ".join(msg.group(1).split()) in plain.stderr  # the page quotes zarr's error as it is
+
+
+def test_lock_content_is_what_the_page_says(tmp_path):
+    # While a writer holds the flock: one line of JSON naming it; once it closes: an empty file.
+    spec = StoreSpec(layer_ids=LAYERS, hidden_size=H, num_hidden_layers=N)
+    w = TaskStoreWriter.open(tmp_path / "s.zarr", spec, StoreConfig(fsync=False))
+    held = json.loads((tmp_path / "s.zarr" / ".lock").read_text())
+    assert sorted(held) == ["host", "pid", "since", "slurm_job"] and re.fullmatch(
+        r"\d{4}-\d\d-\d\dT[\d:]{8}Z", held["since"]
+    )
+    w.close()
+    assert (tmp_path / "s.zarr" / ".lock").read_bytes() == b""
