@@ -1,7 +1,7 @@
 """SpecForge's offline EAGLE-3 features (checked against specforge 0.2.0, `OfflineEagle3Dataset` and
 `scripts/prepare_hidden_states.py`):
 
-    OUT/rows_{g}-{g+2000}/data_{i}.ckpt    torch.save of {"input_ids": int64 [T], "loss_mask": int64 [T],
+    OUT/rows_{g}-{g+5000}/data_{i}.ckpt    torch.save of {"input_ids": int64 [T], "loss_mask": int64 [T],
                                            "hidden_state": bf16 [1, T, H] = the last layer N AFTER the
                                            target's final norm, "aux_hidden_state": bf16 [1, T, n_aux * H]
                                            = the aux layers ascending, concatenated on the last axis}
@@ -21,7 +21,9 @@ import numpy as np
 
 from .layers import PeerLayers, to_output_convention
 
-GROUP = 2000
+# Samples per rows_* folder, as SpecForge's prepare_hidden_states.py groups them; its reader walks OUT
+# recursively, so the grouping only keeps folders small.
+GROUP = 5000
 NORM_ROWS = 1024  # tokens normalized at once: bounds the float32 copy to NORM_ROWS x H
 
 

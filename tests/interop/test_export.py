@@ -89,10 +89,10 @@ def test_specforge_export_applies_final_norm_and_groups(tmp_path, store, samples
     w = final_norm_weight(target).float()
     files = sorted(out.rglob("*.ckpt"))
     assert [f.relative_to(out).as_posix() for f in files] == sorted(
-        f"rows_0-2000/data_{i}.ckpt" for i in range(len(samples))
+        f"rows_0-5000/data_{i}.ckpt" for i in range(len(samples))
     )
     for i, (_, ids, mask, hs) in enumerate(samples):
-        d = torch.load(out / f"rows_0-2000/data_{i}.ckpt", weights_only=True)
+        d = torch.load(out / f"rows_0-5000/data_{i}.ckpt", weights_only=True)
         t = len(ids)
         assert d["input_ids"].dtype == torch.int64 and d["input_ids"].tolist() == ids.tolist()
         assert d["loss_mask"].dtype == torch.int64 and d["loss_mask"].tolist() == mask.tolist()
@@ -110,8 +110,8 @@ def test_specforge_export_applies_final_norm_and_groups(tmp_path, store, samples
 
 def test_specforge_group_folders():
     fmt = SpecForgeFormat(peer_layers(LAYERS, N_LAYERS, "x"), torch.ones(HIDDEN), EPS)
-    assert fmt.sample_path(1999) == "rows_0-2000/data_1999.ckpt"
-    assert fmt.sample_path(2000) == "rows_2000-4000/data_2000.ckpt"
+    assert fmt.sample_path(4999) == "rows_0-5000/data_4999.ckpt"
+    assert fmt.sample_path(5000) == "rows_5000-10000/data_5000.ckpt"
 
 
 def test_export_refusals_name_the_fix(tmp_path, store, samples, target, capsys):
@@ -152,7 +152,7 @@ def test_export_of_an_aggregated_run_takes_the_target_from_its_config(tmp_path, 
     out = tmp_path / "sf"
     assert main(["export-data", str(run), str(out), "--format", "specforge", "--no-fsync"]) == 0  # no --target
     for i, (_, ids, _, hs) in enumerate(samples):  # global sample index across the two stores
-        d = torch.load(out / f"rows_0-2000/data_{i}.ckpt", weights_only=True)
+        d = torch.load(out / f"rows_0-5000/data_{i}.ckpt", weights_only=True)
         assert d["input_ids"].tolist() == ids.tolist()
         assert torch.equal(
             d["aux_hidden_state"][0].view(torch.int16), bf16(hs[:, :3]).reshape(len(ids), -1).view(torch.int16)
