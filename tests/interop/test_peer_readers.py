@@ -1,5 +1,6 @@
 """The export read by the peers' own dataset classes (speculators 0.9.0 `ArrowDataset`, SpecForge 0.2.0
-`OfflineEagle3Dataset`) gives back the store's tokens, masks and states.
+`OfflineEagle3Dataset`) gives back the store's tokens, masks and states; speculators' trainer builds its
+draft from it (`--dry-run`: vocabulary maps from token_freq.pt, aux layer ids).
 
 The peers pin other torch / transformers versions than eagle-batch, so scripts/setup.sh installs them
 without dependencies into .venv-peers/ (with `datasets` and the few of its dependencies .venv lacks); the
@@ -8,9 +9,11 @@ reading runs in a subprocess whose path starts there. Skipped only when that fol
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
+from collections import Counter
 from pathlib import Path
 
 import numpy as np
@@ -19,6 +22,8 @@ import torch
 from interop_testlib import EPS, HIDDEN
 
 from eagle_batch.cli import main
+from eagle_batch.config import StoreConfig, model_info
+from eagle_batch.store import StoreSpec, TaskStoreWriter
 
 ROOT = Path(__file__).resolve().parents[2]
 PEERS = ROOT / ".venv-peers"
@@ -82,3 +87,42 @@ def test_specforge_offline_dataset_reads_the_export(tmp_path, store, samples, ta
         last = bf16(hs[:, 3]).float()
         normed = (last * torch.rsqrt(last.pow(2).mean(-1, keepdim=True) + EPS) * w).to(torch.bfloat16)
         assert torch.equal(x["target"][0], normed)  # SpecForge's target: the final state after the norm
+
+
+def test_speculators_trainer_builds_its_draft_from_the_export(tmp_path, smollm2_path):
+    """`speculators train --dry-run` (its CLI, config resolution, vocabulary maps, draft build) on an export
+    of SmolLM2-shaped states: the draft vocabulary is the top tokens of token_freq.pt, the aux layer ids the
+    export's, and the command line is the one the GPU comparison uses."""
+    info = model_info(smollm2_path)
+    n = info.num_hidden_layers
+    layers = [2, n // 2, n - 3, n]
+    g = np.random.default_rng(1)
+    samples = []
+    for i in range(6):
+        t = int(g.integers(20, 60))
+        hs = (g.standard_normal((t, 4, info.hidden_size)).astype(np.float32).view(np.uint32) >> 16).astype(np.uint16)
+        samples.append((f"q{i}", g.integers(0, 300, t).astype(np.int32), (g.random(t) < 0.7).astype(np.uint8), hs))
+    store = tmp_path / "task-00000.zarr"
+    spec = StoreSpec(layer_ids=layers, hidden_size=info.hidden_size, num_hidden_layers=n)
+    w = TaskStoreWriter.open(store, spec, StoreConfig(fsync=False))
+    for s in samples:
+        w.append(*s)
+    w.commit()
+    w.finalize()
+    w.close()
+    out = tmp_path / "spec"
+    assert main(["export-data", str(store), str(out), "--format", "speculators", "--no-fsync"]) == 0
+    aux = [str(k) for k in layers[:3]]
+    cmd = [sys.executable, "-m", "speculators", "train", "--speculator-type", "eagle3", "--dry-run"]
+    cmd += ["--verifier-name-or-path", str(smollm2_path), "--data-path", str(out), "--on-missing", "raise"]
+    cmd += ["--target-layer-ids", *aux, "--draft-vocab-size", "64", "--save-path", str(tmp_path / "ckpt")]
+    env = {**os.environ, "PYTHONPATH": str(PEERS), "HF_HUB_OFFLINE": "1"}
+    r = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=300, cwd=tmp_path)
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    counts = Counter(int(t) for _, ids, mask, _ in samples for t in ids[mask == 1])
+    assert len(counts) > 64  # enough distinct targets that speculators pads nothing
+    top = sorted(sorted(counts, key=lambda k: (-counts[k], k))[:64])
+    d2t = np.load(out / "d2t-64.npy")  # speculators stores target id - draft index
+    assert (d2t + np.arange(64)).tolist() == top
+    conf = json.loads((tmp_path / "ckpt" / "config.json").read_text())
+    assert conf["eagle_aux_hidden_state_layer_ids"] == layers[:3]
