@@ -12,12 +12,15 @@ FORMATS = ("speculators", "specforge")
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("source", help="a run directory (aggregated: RUN/dataset.json) or one task store")
-    p.add_argument("out", help="output folder (new or empty, or an earlier export of the same data to resume)")
+    p.add_argument("source", metavar="RUN", help="a run directory (aggregated: RUN/dataset.json) or one task store")
+    p.add_argument(
+        "out", metavar="OUT", help="output folder (new or empty, or an earlier export of the same data to resume)"
+    )
     p.add_argument("--format", required=True, choices=FORMATS, help="the peer trainer whose files to write")
     p.add_argument(
         "--target",
         default="",
+        metavar="MODEL_DIR",
         help="the target model folder: its final norm (specforge) and its number of decoder layers when the "
         "store does not record it (default: model.path of RUN/config.yaml)",
     )
@@ -25,6 +28,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "--num-hidden-layers",
         type=int,
         default=0,
+        metavar="N",
         help="the target's number of decoder layers N, for stores that do not record it",
     )
     p.add_argument("--no-fsync", action="store_true", help="do not fsync each file (faster; not crash-safe)")

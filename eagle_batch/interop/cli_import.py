@@ -11,17 +11,22 @@ from pathlib import Path
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument(
-        "src", help="speculators data folder (the save_to_disk dataset with hidden_states/hs_{i}.safetensors)"
+        "src",
+        metavar="SRC",
+        help="speculators data folder (the save_to_disk dataset with hidden_states/hs_{i}.safetensors)",
     )
-    p.add_argument("store", help="the task store to write, e.g. RUN/stores/task-00000.zarr")
+    p.add_argument("store", metavar="STORE", help="the task store to write, e.g. RUN/stores/task-00000.zarr")
     p.add_argument(
         "--aux-layer-ids",
         type=int,
         nargs="+",
+        metavar="ID",
         required=True,
         help="the aux layers the files hold, ascending, in vLLM's convention (speculators' --target-layer-ids)",
     )
-    p.add_argument("--num-hidden-layers", type=int, required=True, help="the target's number of decoder layers N")
+    p.add_argument(
+        "--num-hidden-layers", type=int, required=True, metavar="N", help="the target's number of decoder layers N"
+    )
     p.add_argument("--model-name", default="", help="the target's name, recorded in the store's attributes")
     p.add_argument("--no-progress", action="store_true", help="no progress bar (there is none outside a terminal)")
     p.add_argument("--json", action="store_true", help="print a JSON summary instead of text")
