@@ -157,3 +157,38 @@ def test_export_of_an_aggregated_run_takes_the_target_from_its_config(tmp_path, 
         assert torch.equal(
             d["aux_hidden_state"][0].view(torch.int16), bf16(hs[:, :3]).reshape(len(ids), -1).view(torch.int16)
         )
+
+
+def test_export_killed_midway_resumes_to_the_same_files(tmp_path):
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+    from pathlib import Path
+
+    from interop_testlib import make_samples
+
+    samples = make_samples(150, seed=5)
+    store = write_store(tmp_path / "task-00000.zarr", samples)
+    out = tmp_path / "spec"
+    root = Path(__file__).resolve().parents[2]
+    cmd = [sys.executable, "-m", "eagle_batch.cli", "export-data", str(store), str(out), "--format", "speculators"]
+    p = subprocess.Popen(cmd, env={**os.environ, "PYTHONPATH": str(root)}, stdout=subprocess.DEVNULL)
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline and p.poll() is None:
+        done = out / DONE_NAME
+        if done.is_file() and done.read_bytes().count(b"\n") >= 20:
+            break
+        time.sleep(0.01)
+    p.send_signal(signal.SIGKILL)
+    p.wait()
+    killed_at = (out / DONE_NAME).read_bytes().count(b"\n")
+    assert 20 <= killed_at < len(samples), killed_at  # killed midway, not before or after
+    assert not (out / "state.json").exists()  # the dataset index comes last: no reader takes a partial export
+    assert main(["export-data", str(store), str(out), "--format", "speculators", "--json", "--no-fsync"]) == 0
+    for i, (_, ids, _, hs) in enumerate(samples):
+        f = load_file(str(out / "hidden_states" / f"hs_{i}.safetensors"))
+        assert torch.equal(f["hidden_states"].view(torch.int16), bf16(hs).view(torch.int16)), i
+        assert f["token_ids"].tolist() == ids.tolist()
+    assert not list(out.rglob("*.partial")) and json.loads((out / MANIFEST_NAME).read_text())["complete"]
