@@ -1,5 +1,5 @@
-"""SpecForge's offline EAGLE-3 features (checked against specforge 0.2.0, `OfflineEagle3Dataset` and
-`scripts/prepare_hidden_states.py`):
+"""SpecForge's offline EAGLE-3 features (checked against specforge 0.2.0's `OfflineEagle3Dataset`; the file
+names and grouping are those of SpecForge's `scripts/prepare_hidden_states.py`, which the wheel does not ship):
 
     OUT/rows_{g}-{g+5000}/data_{i}.ckpt    torch.save of {"input_ids": int64 [T], "loss_mask": int64 [T],
                                            "hidden_state": bf16 [1, T, H] = the last layer N AFTER the
