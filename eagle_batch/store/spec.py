@@ -15,7 +15,10 @@ from .format import LAYER_SEMANTICS
 class StoreSpec:
     """The fixed description of a store's contents, saved as the Zarr group's attributes.
 
-    `layer_ids[j]` is the layer whose states are `hidden_states[:, j]` (semantics in `layer_semantics`).
+    `layer_ids[j]` is the layer whose states are `hidden_states[:, j]` (semantics in `layer_semantics`, which
+    refer to `num_hidden_layers`, N: 0 where the writer did not know it). `tokenizer` names the tokenizer
+    (a folder or hub name, never a host path) and `tokenizer_sha256` identifies its files
+    (`eagle_batch.config.tokenizer_sha256`; docs/format.md gives the recipe).
     """
 
     layer_ids: list[int]
@@ -23,6 +26,8 @@ class StoreSpec:
     model_name: str = ""
     model_revision: str = ""
     tokenizer: str = ""
+    tokenizer_sha256: str = ""
+    num_hidden_layers: int = 0
     config_hash: str = ""
     dtype: str = "bfloat16"
     layer_semantics: str = LAYER_SEMANTICS
@@ -32,6 +37,7 @@ class StoreSpec:
     def __post_init__(self) -> None:
         self.layer_ids = [int(x) for x in self.layer_ids]
         self.hidden_size = int(self.hidden_size)
+        self.num_hidden_layers = int(self.num_hidden_layers)
         if not self.layer_ids:
             raise ValueError("StoreSpec.layer_ids is empty; pass the captured layer ids (e.g. [2, 15, 27, 30]).")
         if self.hidden_size <= 0:
@@ -56,17 +62,20 @@ class StoreSpec:
         return cls(**known)
 
     @classmethod
-    def from_config(cls, cfg, layer_ids: list[int], hidden_size: int) -> "StoreSpec":
+    def from_config(cls, cfg, layer_ids: list[int], hidden_size: int, num_hidden_layers: int = 0) -> "StoreSpec":
         """Spec for a run: model name/revision/tokenizer from cfg.model, hash of the data sections."""
-        from eagle_batch.config import config_hash
+        from eagle_batch.config import config_hash, tokenizer_sha256
 
         m = cfg.model
+        tok = Path(m.tokenizer or m.path)
         return cls(
             layer_ids=list(layer_ids),
             hidden_size=hidden_size,
             model_name=m.name or Path(m.path).name,
             model_revision=m.revision,
-            tokenizer=m.tokenizer or m.path,
+            tokenizer=tok.name,
+            tokenizer_sha256=tokenizer_sha256(tok),
+            num_hidden_layers=num_hidden_layers,
             config_hash=config_hash(cfg),
         )
 
