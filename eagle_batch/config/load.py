@@ -106,10 +106,33 @@ def config_dict(cfg: RunConfig) -> dict:
 
 
 def config_hash(cfg: RunConfig, sections: Sequence[str] = ("model", "data", "extract", "store")) -> str:
-    """Fingerprint of the sections that determine the extracted data (not Slurm or training knobs)."""
-    d = config_dict(cfg)
-    payload = json.dumps({k: d[k] for k in sections}, sort_keys=True, default=str)
+    """Fingerprint of the sections that determine the extracted data (not Slurm or training knobs).
+
+    Fields at their schema default are left out: a release that adds a field whose default keeps the
+    old behaviour leaves the fingerprint of every existing run (stored in its task stores, compared on
+    resume) unchanged, so an upgrade never turns a resumable run into a mismatch."""
+    d, defaults = config_dict(cfg), config_dict(RunConfig())
+    return fingerprint({k: d[k] for k in sections}, {k: defaults[k] for k in sections})
+
+
+def fingerprint(values: dict, defaults: dict) -> str:
+    """sha256 (16 hex digits) of `values` without the entries equal to `defaults` (recursively)."""
+    payload = json.dumps(_without_defaults(values, defaults), sort_keys=True, default=str)
     return hashlib.sha256(payload.encode()).hexdigest()[:16]
+
+
+def _without_defaults(values: dict, defaults: dict) -> dict:
+    out = {}
+    for key, value in values.items():
+        default = defaults.get(key, _MISSING)
+        if isinstance(value, dict) and isinstance(default, dict):
+            out[key] = _without_defaults(value, default)
+        elif value != default:
+            out[key] = value
+    return out
+
+
+_MISSING = object()
 
 
 def save_config(cfg: RunConfig, run_dir: str | os.PathLike, name: str = RESOLVED_NAME) -> Path:

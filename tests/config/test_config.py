@@ -81,6 +81,25 @@ def test_save_and_reload_round_trip(tmp_path):
     assert again == cfg and config_hash(again) == config_hash(cfg)
 
 
+def test_config_hash_survives_a_new_field_at_its_default_and_sees_every_change():
+    """A release adding a field (at a default that keeps the old behaviour) must not change the
+    fingerprint stored in existing runs' task stores; any value away from its default must."""
+    from eagle_batch.config.load import fingerprint
+
+    old = {"store": {"codec": "zstd", "chunk_tokens": 512}, "model": {"path": "/m"}}
+    old_defaults = {"store": {"codec": "zstd", "chunk_tokens": 256}, "model": {"path": ""}}
+    new = {"store": {**old["store"], "dtype": "bfloat16"}, "model": old["model"]}
+    new_defaults = {"store": {**old_defaults["store"], "dtype": "bfloat16"}, "model": old_defaults["model"]}
+    assert fingerprint(old, old_defaults) == fingerprint(new, new_defaults)
+    assert fingerprint(old, old_defaults) != fingerprint(
+        {**new, "store": {**new["store"], "dtype": "fp8"}}, new_defaults
+    )
+
+    base = load_config(None, ["run_dir=/r", "model.path=/m"])
+    assert config_hash(base) != config_hash(load_config(None, ["run_dir=/r", "model.path=/m", "data.max_length=777"]))
+    assert config_hash(base) == config_hash(load_config(None, ["run_dir=/r", "model.path=/m", "slurm.partition=other"]))
+
+
 def test_default_layer_ids_follow_eagle3_rule():
     assert default_layer_ids(61) == [2, 30, 58, 61]  # Kimi-K2.5 / DeepSeek-V3
     assert default_layer_ids(30) == [2, 15, 27, 30]  # SmolLM2
