@@ -92,6 +92,7 @@ class VllmBackend:
         )
         if m.revision:
             kw["revision"] = m.revision
+        kw.update(compat.cpu_mla_engine_args(self.info.uses_mla, m.dtype))
         kw.update(dict(self.cfg.extract.extra_engine_args or {}))
         return kw
 

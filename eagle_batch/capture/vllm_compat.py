@@ -105,6 +105,16 @@ def on_cpu_platform() -> bool:
     return bool(current_platform.is_cpu())
 
 
+def cpu_mla_engine_args(uses_mla: bool, dtype: str) -> dict[str, Any]:
+    """Engine arguments a float32 MLA model needs on the CPU: vLLM's CPU platform prefers its AMX MLA
+    kernels wherever the CPU has AMX tiles, and they take bf16/fp16/int8/fp8/int4 weights only (a float32
+    model fails while loading); the reference CPU MLA backend runs every dtype. Empty on a GPU, for
+    models without MLA and for other dtypes."""
+    if not uses_mla or dtype not in ("float32", "float") or not on_cpu_platform():
+        return {}
+    return {"attention_config": {"backend": "CPU_MLA"}}
+
+
 # ---------------------------------------------------------------------------------------------------
 # Engine arguments
 # ---------------------------------------------------------------------------------------------------

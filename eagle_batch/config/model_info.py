@@ -29,6 +29,7 @@ class ModelInfo:
     # set: then vLLM derives a longer limit itself and we do not guess it).
     max_positions: int = 0
     rms_norm_eps: float = 1e-6  # the final norm's epsilon (the config's `rms_norm_eps`)
+    uses_mla: bool = False  # multi-head latent attention (DeepSeek-V3, Kimi): the config has a kv_lora_rank
 
 
 def _text_config(cfg: dict) -> dict:
@@ -66,6 +67,7 @@ def model_info(model_path: str | Path) -> ModelInfo:
         num_key_value_heads=int(tc.get("num_key_value_heads", heads) or heads),
         max_positions=0 if tc.get("rope_scaling") else int(tc.get("max_position_embeddings", 0) or 0),
         rms_norm_eps=float(tc.get("rms_norm_eps", 1e-6)),
+        uses_mla=bool(tc.get("kv_lora_rank")),
     )
 
 

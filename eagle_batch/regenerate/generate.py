@@ -30,7 +30,7 @@ from typing import Any
 
 from eagle_batch.capture import vllm_compat as compat
 from eagle_batch.capture.backend import start_engine_defaults
-from eagle_batch.config import RunConfig
+from eagle_batch.config import RunConfig, model_info
 from eagle_batch.data.template import prompt_ids
 from eagle_batch.launch.work import TaskContext
 
@@ -131,6 +131,7 @@ class Generator:
         )
         if m.revision:
             kw["revision"] = m.revision
+        kw.update(compat.cpu_mla_engine_args(model_info(m.path).uses_mla, m.dtype))
         kw.update(dict(cfg.extract.extra_engine_args or {}))
         start_engine_defaults("regenerate")
         self.llm = LLM(**kw)

@@ -197,6 +197,9 @@ def _engine_main(inp: Path, out: Path) -> None:
     from vllm import LLM, SamplingParams
     from vllm.inputs import TokensPrompt
 
+    from eagle_batch.capture.vllm_compat import cpu_mla_engine_args
+    from eagle_batch.config import model_info
+
     spec = json.loads(inp.read_text())
     kwargs: dict[str, Any] = dict(
         model=spec["target"],
@@ -208,6 +211,7 @@ def _engine_main(inp: Path, out: Path) -> None:
     )
     if spec.get("max_num_seqs"):
         kwargs["max_num_seqs"] = int(spec["max_num_seqs"])
+    kwargs.update(cpu_mla_engine_args(model_info(spec["target"]).uses_mla, kwargs["dtype"]))
     if spec.get("draft"):
         kwargs["speculative_config"] = {"method": "eagle3", "model": spec["draft"], "num_speculative_tokens": spec["k"]}
     llm = LLM(**kwargs)

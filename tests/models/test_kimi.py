@@ -137,6 +137,20 @@ def test_vllm_loads_the_config_and_knows_the_architecture(kimi_path):
     assert default_layer_ids(info.num_hidden_layers) == [2, 4, 5, 8]
 
 
+@pytest.mark.vllm
+def test_float32_mla_engines_on_the_cpu_take_the_reference_mla_backend(kimi_path, tiny_model):
+    """vLLM's CPU platform prefers AMX MLA kernels where the CPU has AMX tiles; they refuse float32 weights,
+    so every engine eagle-batch starts asks for the reference CPU MLA backend for a float32 MLA model (the
+    capture test below fails on an AMX machine without it) and leaves other models and dtypes alone."""
+    from eagle_batch.capture.vllm_compat import cpu_mla_engine_args, on_cpu_platform
+    from eagle_batch.config import model_info
+
+    assert model_info(kimi_path).uses_mla and not model_info(tiny_model("llama")).uses_mla
+    assert on_cpu_platform()
+    assert cpu_mla_engine_args(True, "float32") == {"attention_config": {"backend": "CPU_MLA"}}
+    assert cpu_mla_engine_args(True, "bfloat16") == {} == cpu_mla_engine_args(False, "float32")
+
+
 def test_transformers_reference_is_the_language_model(kimi_path, tmp_path, monkeypatch):
     from eagle_batch.capture import hf
 
