@@ -8,7 +8,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .format import LAYER_SEMANTICS
+from .format import HIDDEN_DTYPES, LAYER_SEMANTICS
 
 
 @dataclass
@@ -16,6 +16,8 @@ class StoreSpec:
     """The fixed description of a store's contents, saved as the Zarr group's attributes.
 
     `layer_ids[j]` is the layer whose states are `hidden_states[:, j]` (semantics in `layer_semantics`).
+    `dtype` (store.dtype) is how they are stored: `bfloat16` (the model's bits) or `float8_e4m3` (codes and a
+    scale per row, store/fp8.py).
     """
 
     layer_ids: list[int]
@@ -36,8 +38,11 @@ class StoreSpec:
             raise ValueError("StoreSpec.layer_ids is empty; pass the captured layer ids (e.g. [2, 15, 27, 30]).")
         if self.hidden_size <= 0:
             raise ValueError(f"StoreSpec.hidden_size={self.hidden_size} must be positive (the model's hidden size).")
-        if self.dtype != "bfloat16":
-            raise ValueError(f"StoreSpec.dtype={self.dtype!r}: only bfloat16 hidden states are stored.")
+        if self.dtype not in HIDDEN_DTYPES:
+            raise ValueError(
+                f"store.dtype={self.dtype!r} is not a hidden-state dtype eagle-batch stores; "
+                f"use one of {', '.join(HIDDEN_DTYPES)}."
+            )
         if not self.eagle_batch_version:
             from eagle_batch import __version__
 
@@ -68,6 +73,7 @@ class StoreSpec:
             model_revision=m.revision,
             tokenizer=m.tokenizer or m.path,
             config_hash=config_hash(cfg),
+            dtype=cfg.store.dtype,
         )
 
     # Fields that must agree between an existing store and a writer resuming it.
