@@ -202,3 +202,15 @@ def test_trainer_reads_a_float8_store_as_bf16(tmp_path, fp8_spec, small_cfg):
     x = ts[1]
     assert x["aux"].dtype == torch.bfloat16
     assert torch.equal(x["aux"], want[:, :2].reshape(len(want), -1)) and torch.equal(x["last"], want[:, 2])
+
+
+def test_bench_error_metrics_bound_what_e4m3_can_hold():
+    """bench store's fp8_error: per layer; in E4M3's normal range within 2^-4 (+ bf16's rounding of it)."""
+    from eagle_batch.bench.fp8_error import METRICS, layer_errors
+
+    bits = np.concatenate([make_sample(i)[3] for i in range(8)])
+    got = layer_errors(bits, LAYERS)
+    assert got["layer_ids"] == LAYERS and all(len(got[m]) == len(LAYERS) for m in METRICS)
+    assert all(0.999 < c <= 1.0 for c in got["cosine_min"])
+    assert all(e <= 2.0**-4 * (1 + 2.0**-7) for e in got["max_rel_err_normal"])
+    assert all(0 < e < 0.05 for e in got["rel_l2_mean"])
