@@ -63,15 +63,23 @@ def bf16_to_f32(bits: np.ndarray) -> np.ndarray:
     return (bits.astype(np.uint32) << 16).view(np.float32)
 
 
+QUANTIZE_PIECE_BYTES = 1 << 20  # bf16 bytes quantized per pass: its float32 temporaries stay in cache
+
+
 def quantize(bits: np.ndarray) -> Fp8Rows:
     """bf16 states [T, L, H] (uint16 bits) -> codes and row scales (module docstring). NaN/Inf states give
     non-finite scales: callers check `np.isfinite(rows.scales)`."""
-    x = bf16_to_f32(bits)
-    amax = np.abs(x).max(axis=-1)
-    scales = amax / np.float32(E4M3_MAX)
-    q = x / np.where(scales > 0, scales, np.float32(1))[..., None]
-    np.clip(q, -E4M3_MAX, E4M3_MAX, out=q)
-    return Fp8Rows(q.astype(E4M3).view(np.uint8), scales.astype(np.float32, copy=False))
+    codes = np.empty(bits.shape, np.uint8)
+    scales = np.empty(bits.shape[:2], np.float32)
+    step = max(1, QUANTIZE_PIECE_BYTES // max(1, bits[0].nbytes if len(bits) else 1))
+    for s in range(0, len(bits), step):
+        x = bf16_to_f32(bits[s : s + step])
+        sc = np.abs(x).max(axis=-1) / np.float32(E4M3_MAX)
+        q = x / np.where(sc > 0, sc, np.float32(1))[..., None]
+        np.clip(q, -E4M3_MAX, E4M3_MAX, out=q)
+        codes[s : s + step] = q.astype(E4M3).view(np.uint8)
+        scales[s : s + step] = sc
+    return Fp8Rows(codes, scales)
 
 
 def dequantize_f32(codes: np.ndarray, scales: np.ndarray) -> np.ndarray:
