@@ -24,10 +24,11 @@ def _bf16(n: int, seed: int) -> torch.Tensor:
     return x.to(torch.bfloat16)
 
 
-def test_pack_gives_the_store_quantization_bit_for_bit(monkeypatch):
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)])
+def test_pack_gives_the_store_quantization_bit_for_bit(monkeypatch, device):
     monkeypatch.setattr(fp8, "PASS_TOKENS", 7)  # several passes, the last one partial
     rows = _bf16(30, 1)
-    packed = fp8.pack(rows)
+    packed = fp8.pack(rows.to(device)).cpu()
     assert packed.dtype == torch.uint8 and tuple(packed.shape) == (30, fp8.packed_row_nbytes(L, H))
     got = fp8.unpack(packed.numpy(), L, H)
     want = quantize(rows.view(torch.uint16).numpy())
