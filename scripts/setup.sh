@@ -41,6 +41,18 @@ else
   echo "setup: .venv already has everything; nothing to install (EAGLE_BATCH_REINSTALL=1 reinstalls)"
 fi
 python -c "import vllm, eagle_batch; print('eagle-batch', eagle_batch.__version__, 'vllm', vllm.__version__)"
+# The peer trainers whose own readers tests/interop/test_peer_readers.py checks `export-data` against. They pin
+# other torch / transformers versions than ours, so they go without their dependencies into .venv-peers/,
+# off .venv's path (the test puts it first on a subprocess's path), with `datasets` and the three of its
+# dependencies .venv lacks; everything else they import comes from .venv.
+if [ ! -f .venv-peers/.installed ] || [ "${EAGLE_BATCH_REINSTALL:-0}" = 1 ]; then
+  echo "setup: installing the peer trainers (speculators, SpecForge) in .venv-peers"
+  rm -rf .venv-peers
+  python -m pip install -q --no-deps --target .venv-peers \
+    speculators==0.9.0 hs-connectors==0.9.0 specforge==0.2.0 datasets==5.1.0 \
+    pandas==3.1.1 xxhash==4.1.0 multiprocess==0.70.19
+  touch .venv-peers/.installed
+fi
 # Convert the shipped SmolLM2 GGUF to a local HF folder once (about a minute); tests and the demo use it.
 HF_HUB_OFFLINE=1 python -m eagle_batch.models.smollm2 >/dev/null 2>&1 && echo "SmolLM2 ready"
 if [ "$WITH_SLURM" = 1 ]; then

@@ -1,7 +1,7 @@
 """Configuration: dataclass schema + omegaconf loading. See schema.py for every key."""
 
 from .load import ConfigError, config_dict, config_hash, load_config, load_run_config, save_config, to_yaml
-from .model_info import ModelInfo, default_layer_ids, model_info, resolve_layer_ids
+from .model_info import ModelInfo, default_layer_ids, model_info, resolve_layer_ids, tokenizer_sha256
 from .schema import (
     ContainerConfig,
     DataConfig,
@@ -49,4 +49,5 @@ __all__ = [
     "resolve_layer_ids",
     "save_config",
     "to_yaml",
+    "tokenizer_sha256",
 ]

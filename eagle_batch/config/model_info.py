@@ -7,6 +7,7 @@ layer's output BEFORE the final norm.
 
 from __future__ import annotations
 
+import hashlib
 import json
 from dataclasses import dataclass
 from pathlib import Path
@@ -27,6 +28,7 @@ class ModelInfo:
     # The longest sequence the model's positions cover without rope scaling (0 = not stated, or rope scaling
     # set: then vLLM derives a longer limit itself and we do not guess it).
     max_positions: int = 0
+    rms_norm_eps: float = 1e-6  # the final norm's epsilon (the config's `rms_norm_eps`)
 
 
 def _text_config(cfg: dict) -> dict:
@@ -63,7 +65,34 @@ def model_info(model_path: str | Path) -> ModelInfo:
         num_attention_heads=heads,
         num_key_value_heads=int(tc.get("num_key_value_heads", heads) or heads),
         max_positions=0 if tc.get("rope_scaling") else int(tc.get("max_position_embeddings", 0) or 0),
+        rms_norm_eps=float(tc.get("rms_norm_eps", 1e-6)),
     )
+
+
+# The files that define a tokenizer's behaviour, in the order they are hashed (those absent are skipped).
+TOKENIZER_FILES = (
+    "tokenizer.json",
+    "tokenizer_config.json",
+    "special_tokens_map.json",
+    "tokenizer.model",
+    "vocab.json",
+    "merges.txt",
+    "added_tokens.json",
+    "chat_template.jinja",
+)
+
+
+def tokenizer_sha256(folder: str | Path) -> str:
+    """A tokenizer's identity independent of where it lies: sha256 over `<name>\n<sha256 of its bytes>\n`
+    for each of TOKENIZER_FILES present in `folder` ("" when none is)."""
+    h = hashlib.sha256()
+    found = False
+    for name in TOKENIZER_FILES:
+        f = Path(folder) / name
+        if f.is_file():
+            found = True
+            h.update(f"{name}\n{hashlib.sha256(f.read_bytes()).hexdigest()}\n".encode())
+    return h.hexdigest() if found else ""
 
 
 def default_layer_ids(num_hidden_layers: int) -> list[int]:

@@ -20,7 +20,7 @@ from .work import TaskContext
 def store_spec(cfg: RunConfig) -> StoreSpec:
     """The StoreSpec for this run: the same layer ids and hidden size capture resolves from the config."""
     info = model_info(cfg.model.path)
-    return StoreSpec.from_config(cfg, resolve_layer_ids(cfg.model, info), info.hidden_size)
+    return StoreSpec.from_config(cfg, resolve_layer_ids(cfg.model, info), info.hidden_size, info.num_hidden_layers)
 
 
 def capture_work(ctx: TaskContext) -> bool:

@@ -58,9 +58,10 @@ CHUNK_TARGET_BYTES = 4 << 20  # store.chunk_tokens=0: inner chunks of about this
 BF16 = np.dtype(ml_dtypes.bfloat16)
 
 LAYER_SEMANTICS = (
-    "layer id k = residual stream (hidden state) after k decoder layers; id 0 = embeddings; id N (the "
-    "number of decoder layers) = last layer's output before the final norm. hidden_states[:, j] holds "
-    "layer_ids[j]. See eagle_batch/capture/layers.py."
+    "layer id k = residual stream (hidden state) after k decoder layers (the input of decoder layer k, vLLM's "
+    "convention); id 0 = embeddings; id N = num_hidden_layers (the number of decoder layers, an attribute of "
+    "its own) = last layer's output before the final norm. hidden_states[:, j] holds layer_ids[j]. See "
+    "eagle_batch/capture/layers.py."
 )
 
 

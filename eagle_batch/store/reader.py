@@ -325,6 +325,15 @@ class StoreDataset:  # a map-style dataset for torch's DataLoader (no torch impo
             )
         return list(self.stores[0].layer_ids)
 
+    @property
+    def spec(self) -> StoreSpec:
+        """The first store's spec (an aggregated run's stores share it: aggregate checks their identity)."""
+        if not self.stores:
+            raise StoreError("this dataset has no task store, so no spec; aggregate a run whose extraction finished")
+        store = self.stores[0]
+        store._ensure()
+        return store.spec
+
     def with_layers(self, layer_ids: Sequence[int]) -> "StoreDataset":
         """The same samples with only `layer_ids` (by layer id, in the given order)."""
         return StoreDataset(self.stores, np.diff(self._cum).tolist(), layer_ids)
@@ -352,6 +361,11 @@ class StoreDataset:  # a map-style dataset for torch's DataLoader (no torch impo
         """(input_ids, loss_mask) of sample i, without reading its hidden states."""
         s, j = self.locate(int(i))
         return self.stores[s].token_arrays(j)
+
+    def sample_id(self, i: int) -> str:
+        """The id of sample i (from the committed record; reads no array)."""
+        s, j = self.locate(int(i))
+        return self.stores[s].sample_ids[j]
 
 
 def open_dataset(path: str | os.PathLike, layer_ids: Sequence[int] | None = None) -> StoreDataset:

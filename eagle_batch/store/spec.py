@@ -15,9 +15,12 @@ from .format import HIDDEN_DTYPES, LAYER_SEMANTICS
 class StoreSpec:
     """The fixed description of a store's contents, saved as the Zarr group's attributes.
 
-    `layer_ids[j]` is the layer whose states are `hidden_states[:, j]` (semantics in `layer_semantics`).
-    `dtype` (store.dtype) is how they are stored: `bfloat16` (the model's bits) or `float8_e4m3` (codes and a
-    scale per row, store/fp8.py).
+    `layer_ids[j]` is the layer whose states are `hidden_states[:, j]` (semantics in `layer_semantics`, which
+    refer to `num_hidden_layers`, N: 0 where the writer did not know it). `tokenizer` names the tokenizer
+    (a folder or hub name, never a host path) and `tokenizer_sha256` identifies its files
+    (`eagle_batch.config.tokenizer_sha256`; docs/format.md gives the recipe). `dtype` (store.dtype) is how
+    the states are stored: `bfloat16` (the model's bits) or `float8_e4m3` (codes and a scale per row,
+    store/fp8.py).
     """
 
     layer_ids: list[int]
@@ -25,6 +28,8 @@ class StoreSpec:
     model_name: str = ""
     model_revision: str = ""
     tokenizer: str = ""
+    tokenizer_sha256: str = ""
+    num_hidden_layers: int = 0
     config_hash: str = ""
     dtype: str = "bfloat16"
     layer_semantics: str = LAYER_SEMANTICS
@@ -34,6 +39,7 @@ class StoreSpec:
     def __post_init__(self) -> None:
         self.layer_ids = [int(x) for x in self.layer_ids]
         self.hidden_size = int(self.hidden_size)
+        self.num_hidden_layers = int(self.num_hidden_layers)
         if not self.layer_ids:
             raise ValueError("StoreSpec.layer_ids is empty; pass the captured layer ids (e.g. [2, 15, 27, 30]).")
         if self.hidden_size <= 0:
@@ -61,17 +67,20 @@ class StoreSpec:
         return cls(**known)
 
     @classmethod
-    def from_config(cls, cfg, layer_ids: list[int], hidden_size: int) -> "StoreSpec":
+    def from_config(cls, cfg, layer_ids: list[int], hidden_size: int, num_hidden_layers: int = 0) -> "StoreSpec":
         """Spec for a run: model name/revision/tokenizer from cfg.model, hash of the data sections."""
-        from eagle_batch.config import config_hash
+        from eagle_batch.config import config_hash, tokenizer_sha256
 
         m = cfg.model
+        tok = Path(m.tokenizer or m.path)
         return cls(
             layer_ids=list(layer_ids),
             hidden_size=hidden_size,
             model_name=m.name or Path(m.path).name,
             model_revision=m.revision,
-            tokenizer=m.tokenizer or m.path,
+            tokenizer=tok.name,
+            tokenizer_sha256=tokenizer_sha256(tok),
+            num_hidden_layers=num_hidden_layers,
             config_hash=config_hash(cfg),
             dtype=cfg.store.dtype,
         )

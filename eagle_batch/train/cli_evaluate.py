@@ -23,11 +23,19 @@ from eagle_batch.errors import UserError
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("run_dir", metavar="RUN", help="run directory (its config.yaml names the target model)")
-    p.add_argument("--draft", default="", help="exported draft folder (default: RUN/train/<train.name>/export)")
+    p.add_argument(
+        "--draft",
+        action="append",
+        default=[],
+        help="exported draft folder (repeatable: several drafts side by side against one run of the target "
+        "alone); default: RUN/train/<train.name>/export",
+    )
     p.add_argument("--prompts", default="", help="JSON Lines file of prompts (see above); default: built-in")
     p.add_argument("--skip", type=int, default=0, help="skip the first N prompts of --prompts")
     p.add_argument("--num-prompts", type=int, default=0, help="use at most N prompts (0 = all)")
-    p.add_argument("--k", type=int, default=3, help="draft tokens per step (num_speculative_tokens)")
+    p.add_argument(
+        "--k", type=int, nargs="+", default=[3], help="draft tokens per step (num_speculative_tokens); several: each"
+    )
     p.add_argument("--max-tokens", type=int, default=128, help="tokens generated per prompt")
     p.add_argument(
         "--batch",
@@ -100,62 +108,74 @@ def load_prompts(path: str, skip: int = 0, limit: int = 0) -> list[str | list[di
 
 
 def run(args: argparse.Namespace) -> int:
+    """Every (draft, k) pair on the same prompts; the target alone runs once and its outputs are the
+    reference for all of them."""
     from eagle_batch.config import load_run_config
 
     from .serve_check import BUILTIN_PROMPTS, measure_acceptance
     from .trainer import output_dir
 
     cfg = load_run_config(args.run_dir)
-    draft = Path(args.draft) if args.draft else output_dir(cfg) / "export"
-    if not (draft / "config.json").is_file():
-        raise UserError(
-            f"{draft}: no exported draft (config.json); train first (`eagle-batch train CONFIG "
-            f"run_dir={args.run_dir} --local`) or pass --draft"
-        )
+    drafts = [Path(d) for d in args.draft] or [output_dir(cfg) / "export"]
+    for draft in drafts:
+        if not (draft / "config.json").is_file():
+            raise UserError(
+                f"{draft}: no exported draft (config.json); train first (`eagle-batch train CONFIG "
+                f"run_dir={args.run_dir} --local`) or pass --draft"
+            )
     prompts = (
         load_prompts(args.prompts, args.skip, args.num_prompts)
         if args.prompts
         else BUILTIN_PROMPTS[: args.num_prompts or None]
     )
-    print(
-        f"evaluate: {len(prompts)} prompts, k={args.k}, {args.max_tokens} tokens each; target {cfg.model.path}, "
-        f"draft {draft}",
-        file=sys.stderr,
-        flush=True,
-    )
-    r = measure_acceptance(
-        cfg.model.path,
-        draft,
-        prompts,
-        k=args.k,
-        max_tokens=args.max_tokens,
-        max_model_len=cfg.model.max_model_len,
-        dtype=cfg.model.dtype,
-        engine_env={"VLLM_BATCH_INVARIANT": "1"} if args.batch_invariant else None,
-        max_num_seqs=args.batch,
-        say=lambda line: print(f"evaluate: {line}", file=sys.stderr, flush=True),
-    )
-    r.pop("reference", None)
-    gen = r.get("generated_tokens", 0)
-    r["target_alone_tok_s"] = round(gen / r["baseline_s"], 1) if r.get("baseline_s") else None
-    r["with_draft_tok_s"] = round(gen / r["spec_s"], 1) if r.get("spec_s") else None
-    r.update(target=str(cfg.model.path), draft=str(draft))
+    say = lambda line: print(f"evaluate: {line}", file=sys.stderr, flush=True)  # noqa: E731
+    say(f"{len(prompts)} prompts, k={args.k}, {args.max_tokens} tokens each; target {cfg.model.path}")
+    results, reference = [], None
+    for draft in drafts:
+        for k in args.k:
+            say(f"draft {draft}, k={k}")
+            r = measure_acceptance(
+                cfg.model.path,
+                draft,
+                prompts,
+                k=k,
+                max_tokens=args.max_tokens,
+                reference=reference,
+                max_model_len=cfg.model.max_model_len,
+                dtype=cfg.model.dtype,
+                engine_env={"VLLM_BATCH_INVARIANT": "1"} if args.batch_invariant else None,
+                max_num_seqs=args.batch,
+                say=say,
+            )
+            reference = r.pop("reference")
+            gen = r.get("generated_tokens", 0)
+            r["target_alone_tok_s"] = round(gen / r["baseline_s"], 1) if r.get("baseline_s") else None
+            r["with_draft_tok_s"] = round(gen / r["spec_s"], 1) if r.get("spec_s") else None
+            r.update(target=str(cfg.model.path), draft=str(draft))
+            results.append(r)
+            if not args.json:
+                _print_result(r, len(prompts), args.batch)
+    doc = results[0] if len(results) == 1 else results
     if args.out:
-        Path(args.out).write_text(json.dumps(r, indent=1) + "\n")
+        Path(args.out).write_text(json.dumps(doc, indent=1) + "\n")
     if args.json:
-        print(json.dumps(r))
-    else:
-        per_pos = r.get("accepted_per_position") or []
-        drafts = r.get("num_drafts") or 0
-        print(f"mean acceptance length {r['mean_acceptance_length']:.3f} (k={args.k}; 1 = the draft never helps)")
-        if drafts:
-            print("acceptance per position: " + ", ".join(f"{a / drafts:.3f}" for a in per_pos))
-        print(
-            f"identical greedy outputs: {'yes' if r['identical_outputs'] else 'NO'} "
-            f"({len(prompts) - len(r['mismatches'])}/{len(prompts)} prompts)"
-        )
-        print(
-            f"decode: {r['target_alone_tok_s']} tok/s alone, {r['with_draft_tok_s']} tok/s with the draft "
-            f"({gen} tokens, " + (f"batch {args.batch})" if args.batch else "all prompts at once)")
-        )
-    return 0 if r["identical_outputs"] else 1
+        print(json.dumps(doc))
+    return 0 if all(r["identical_outputs"] for r in results) else 1
+
+
+def _print_result(r: dict, num_prompts: int, batch: int) -> None:
+    per_pos = r.get("accepted_per_position") or []
+    drafts = r.get("num_drafts") or 0
+    if r.get("draft"):
+        print(f"draft {r['draft']}:")
+    print(f"mean acceptance length {r['mean_acceptance_length']:.3f} (k={r['k']}; 1 = the draft never helps)")
+    if drafts:
+        print("acceptance per position: " + ", ".join(f"{a / drafts:.3f}" for a in per_pos))
+    print(
+        f"identical greedy outputs: {'yes' if r['identical_outputs'] else 'NO'} "
+        f"({num_prompts - len(r['mismatches'])}/{num_prompts} prompts)"
+    )
+    print(
+        f"decode: {r['target_alone_tok_s']} tok/s alone, {r['with_draft_tok_s']} tok/s with the draft "
+        f"({r.get('generated_tokens', 0)} tokens, " + (f"batch {batch})" if batch else "all prompts at once)")
+    )

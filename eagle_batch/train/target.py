@@ -36,6 +36,32 @@ def load_target_tensors(target_path: str | os.PathLike, names: dict[str, list[st
     return out
 
 
+# Where Llama-like checkpoints keep the final norm's weight (first found wins).
+FINAL_NORM_NAMES = [
+    "model.norm.weight",
+    "model.language_model.norm.weight",
+    "language_model.model.norm.weight",
+    "norm.weight",
+]
+
+
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """The target's final RMSNorm in float32: x / sqrt(mean(x^2) + eps) * weight (Llama-like, no +1 offset)."""
+    x = x.float()
+    return (x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps)) * weight.float()
+
+
+def final_norm_weight(target_path: str | os.PathLike) -> torch.Tensor:
+    """The final norm's weight [H] from the target's safetensors."""
+    t = load_target_tensors(target_path, {"norm": FINAL_NORM_NAMES})
+    if "norm" not in t:
+        raise KeyError(
+            f"{target_path}: no final norm weight (looked for {', '.join(FINAL_NORM_NAMES)}); "
+            "is this a Llama-like checkpoint?"
+        )
+    return t["norm"]
+
+
 def target_head(target_path: str | os.PathLike) -> dict[str, torch.Tensor]:
     """embed [V, H], norm [H], lm_head [V, H] (the embedding when the target ties them)."""
     t = load_target_tensors(
@@ -47,12 +73,7 @@ def target_head(target_path: str | os.PathLike) -> dict[str, torch.Tensor]:
                 "language_model.model.embed_tokens.weight",
                 "embed_tokens.weight",
             ],
-            "norm": [
-                "model.norm.weight",
-                "model.language_model.norm.weight",
-                "language_model.model.norm.weight",
-                "norm.weight",
-            ],
+            "norm": FINAL_NORM_NAMES,
             "lm_head": ["lm_head.weight", "language_model.lm_head.weight"],
         },
     )
@@ -96,8 +117,7 @@ class TargetHead(nn.Module):
     def _draft_logits(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """x: [n, H] pre-norm states -> (logits over the draft vocab [n, Vd], target argmax [n])."""
         w = self.lm_head_w
-        x = x.float()
-        x = (x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps)) * self.norm_w
+        x = rms_norm(x, self.norm_w, self.eps)
         logits = x.to(w.dtype) @ w.T  # [n, V] (full) or [n, Vd]
         if self.full_argmax:
             return logits[:, self.d2t_ids], logits.argmax(-1)

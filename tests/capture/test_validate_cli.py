@@ -13,6 +13,12 @@ from eagle_batch.capture.validate import LayerAccumulator
 from eagle_batch.config import load_config, save_config
 
 
+def _parse(argv: list[str]) -> argparse.Namespace:
+    parser = argparse.ArgumentParser()
+    cli_validate.add_arguments(parser)
+    return parser.parse_args(argv)
+
+
 def test_layer_accumulator_metrics():
     acc = LayerAccumulator([2, 6])
     ref = torch.randn(10, 2, 16, dtype=torch.float64)
@@ -54,8 +60,7 @@ def test_validate_run_passes_on_good_store_and_fails_on_corrupted(tmp_path, tiny
         w.close()
     assert stats.samples == 4 and stats.backend == "hf"
 
-    args = argparse.Namespace(run_dir=str(run), samples=3, seed=0, device="cpu", dtype=None, json=False)
-    assert cli_validate.run(args) == 0
+    assert cli_validate.run(_parse([str(run), "--samples", "3", "--device", "cpu"])) == 0
     out = capsys.readouterr().out
     assert "3 samples" in out and "PASS" in out
 

@@ -192,8 +192,9 @@ def test_validate_cli_on_kimi(kimi_path, tmp_path, capsys):
         assert run_capture(cfg, _samples([12, 30]), w).samples == 2
     finally:
         w.close()
-    args = argparse.Namespace(run_dir=str(run), samples=2, seed=0, device="cpu", dtype=None, json=True)
-    assert cli_validate.run(args) == 0
+    parser = argparse.ArgumentParser()
+    cli_validate.add_arguments(parser)
+    assert cli_validate.run(parser.parse_args([str(run), "--samples", "2", "--device", "cpu", "--json"])) == 0
     rep = json.loads(capsys.readouterr().out)
     assert [l["layer_id"] for l in rep["layers"]] == [2, 4, 5, 8] and rep["passed"]
 

@@ -110,6 +110,12 @@ CASES = [
     (["evaluate", "{missing}"], "{missing}"),
     (["evaluate", "{edited_state}"], "no exported draft"),
     (["evaluate", "{edited_state}", "--draft", "{a_file}"], "{a_file}"),
+    (["export-data", "{missing}", "{missing}", "--format", "speculators"], "{missing}"),
+    (["export-data", "{a_file}", "{missing}", "--format", "specforge"], "{a_file}"),
+    (["export-data", "{edited_state}", "{missing}", "--format", "speculators"], "nor an aggregated run"),
+    (["import-data", "{missing}", "{missing}", "--aux-layer-ids", "2", "--num-hidden-layers", "6"], "{missing}"),
+    (["import-data", "{a_file}", "{missing}", "--aux-layer-ids", "2", "--num-hidden-layers", "6"], "{a_file}"),
+    (["import-data", "{edited_state}", "{missing}", "--aux-layer-ids", "9", "--num-hidden-layers", "6"], "ascending"),
 ]
 
 

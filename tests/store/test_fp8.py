@@ -95,23 +95,25 @@ def test_roundtrip_raw_codes_verify_and_format_version(tmp_path, fp8_spec, small
 
 
 def test_plain_zarr_and_numpy_dequantize_like_the_reader(tmp_path, fp8_spec, small_cfg):
-    """docs/format.md, "FP8 hidden states": the E4M3 table from bit fields and the dequantization."""
-    import zarr
+    """docs/format.md, "FP8 hidden states": its block, run where eagle-batch cannot be imported, reads sample 3
+    of a float8 store as the reader's float32 dequantization, with an E4M3 table equal to ml_dtypes'."""
+    import re
+    import subprocess
+    import sys
+    from pathlib import Path
 
+    doc = (Path(__file__).resolve().parents[2] / "docs" / "format.md").read_text()
+    (block,) = re.findall(r"```python\n(.*?)```", doc.split("\n## FP8 hidden states")[1], flags=re.S)
     samples = [make_sample(i) for i in range(6)]
-    write(tmp_path / "s.zarr", fp8_spec, small_cfg, samples)
-    store = tmp_path / "s.zarr"
-    c = np.arange(256)
-    s, e, m = c >> 7, (c >> 3) & 0xF, c & 7
-    table = np.where(e == 0, m / 8 * 2.0**-6, (1 + m / 8) * 2.0 ** (e - 7)) * np.where(s, -1.0, 1.0)
-    table[(c & 0x7F) == 0x7F] = np.nan
-    np.testing.assert_array_equal(table.astype(np.float32), E4M3_VALUES)
-    codes = zarr.open_array(store / "hidden_states", mode="r")[:]
-    scale = zarr.open_array(store / "hidden_states_scale", mode="r")[:]
-    states = table.astype(np.float32)[codes] * scale[..., None]
-    qs = [quantize(x[3]) for x in samples]
-    want = np.concatenate([dequantize_f32(q.codes, q.scales) for q in qs])
-    np.testing.assert_array_equal(states, want)
+    write(tmp_path / "task-00000.zarr", fp8_spec, small_cfg, samples)
+    driver = block + "\nimport sys\nnp.save('states.npy', states)\nnp.save('table.npy', E4M3)\n"
+    driver += "assert not [m for m in sys.modules if m.startswith('eagle_batch')]\n"
+    r = subprocess.run([sys.executable, "-I", "-c", driver], cwd=tmp_path, capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr[-3000:]
+    np.testing.assert_array_equal(np.load(tmp_path / "table.npy").astype(np.float32), E4M3_VALUES)
+    x = open_dataset(tmp_path / "task-00000.zarr").get_arrays(3, raw=True)
+    want = dequantize_f32(x["hidden_states"], x["hidden_states_scale"])
+    np.testing.assert_array_equal(np.load(tmp_path / "states.npy"), want)
 
 
 def test_prequantized_rows_give_the_same_store_as_bf16(tmp_path, fp8_spec, small_cfg):

@@ -54,3 +54,36 @@ def test_e2e_trained_draft_beats_untrained(tmp_path):
     assert tr["mean_acceptance_length"] > 1.0
     assert tr["mean_acceptance_length"] > base["mean_acceptance_length"]
     assert r["last_logged"]["acc_per_step"][0] > r["first_logged"]["acc_per_step"][0]
+
+
+@pytest.mark.vllm
+@pytest.mark.slow
+def test_evaluate_cli_compares_several_drafts_against_one_run_of_the_target(tmp_path):
+    """`eagle-batch evaluate RUN --draft A --draft B`: the target alone runs once; each draft is served
+    against those outputs (identical greedy outputs, counters per draft)."""
+    import argparse
+
+    from eagle_batch.cli import main
+    from eagle_batch.config import load_config, save_config
+    from eagle_batch.train.cli_evaluate import add_arguments
+
+    target = servable_smollm2(tmp_path / "smollm2")
+    run = tmp_path / "run"
+    save_config(load_config(None, [f"run_dir={run}", f"model.path={target}", "model.dtype=float32"]), run)
+    cfg = draft_config_from_target(target, [2, 15, 27], 30, 1024)
+    drafts = []
+    for seed in (0, 1):
+        torch.manual_seed(seed)
+        m = Eagle3Draft(cfg, target_head(target)["embed"])
+        m.set_vocab_map(torch.arange(1024))
+        drafts.append(export_draft(m, tmp_path / f"draft-{seed}"))
+    out = tmp_path / "evaluate.json"
+    argv = ["evaluate", str(run), "--draft", str(drafts[0]), "--draft", str(drafts[1]), "--k", "2"]
+    assert main([*argv, "--num-prompts", "2", "--max-tokens", "8", "--out", str(out)]) == 0
+    results = json.loads(out.read_text())
+    assert [r["draft"] for r in results] == [str(d) for d in drafts]
+    assert all(r["identical_outputs"] and r["k"] == 2 and r["num_drafts"] > 0 for r in results)
+    assert results[0]["baseline_s"] == results[1]["baseline_s"]  # one run of the target alone for both
+    p = argparse.ArgumentParser()
+    add_arguments(p)
+    assert p.parse_args(["RUN", "--k", "3", "5"]).k == [3, 5]

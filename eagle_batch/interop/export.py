@@ -1,0 +1,128 @@
+"""Export a run's samples into a peer trainer's files, streaming and resumable.
+
+One sample at a time from `open_dataset` (only the layers the peer needs, decoded chunk by chunk), each
+written to a temporary name, fsynced and renamed, then recorded in OUT's manifest (manifest.py). A rerun
+skips every sample recorded with the same id whose file exists; the peer's closing files (a dataset index,
+token counts) are rewritten from the token arrays alone, which is cheap. Nothing holds more than one sample.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Protocol
+
+import numpy as np
+
+from eagle_batch.store import StoreDataset
+from eagle_batch.store.durable import fsync_dir, makedirs_durable, partial_name
+from eagle_batch.store.format import PARTIAL_SUFFIX
+
+from .layers import PeerLayers
+from .manifest import ExportManifest
+
+Each = Callable[[Iterable], Iterable]  # wraps a loop, e.g. in a progress bar
+
+
+class PeerFormat(Protocol):
+    """One peer trainer's on-disk layout (speculators.py, specforge.py)."""
+
+    name: str
+    layers: PeerLayers
+
+    def identity(self) -> dict:
+        """What must agree for a rerun to continue an existing export (layers, norm weights...)."""
+        ...
+
+    def peer_layer_ids(self) -> dict:
+        """The layer ids to give the peer's trainer, in its own convention."""
+        ...
+
+    def sample_path(self, i: int) -> str:
+        """Sample i's file, relative to OUT."""
+        ...
+
+    def write_sample(self, path: Path, input_ids: np.ndarray, loss_mask: np.ndarray, hidden_bits: np.ndarray) -> None:
+        """Write one sample to `path`; hidden_bits: uint16 [T, len(layers.ids), H] in `layers.ids` order."""
+        ...
+
+    def finish(self, out: Path, ds: StoreDataset, fingerprint: str, fsync: bool, each: Each) -> dict:
+        """Files written once every sample is (an index, statistics); returns a summary."""
+        ...
+
+
+@dataclass
+class ExportResult:
+    out: Path
+    num_samples: int
+    written: int
+    skipped: int
+    summary: dict
+
+
+def _ids_sha256(view: StoreDataset) -> str:
+    """The source's sample ids, in order, as one hash (from the committed records: no array read)."""
+    h = hashlib.sha256()
+    for i in range(len(view)):
+        h.update(view.sample_id(i).encode() + b"\0")
+    return h.hexdigest()
+
+
+def _write_one(out: Path, rel: str, peer: PeerFormat, x: dict, fsync: bool) -> None:
+    path = out / rel
+    makedirs_durable(path.parent, fsync=fsync)  # a new rows_* folder's entry survives too
+    tmp = partial_name(path)
+    try:
+        peer.write_sample(tmp, x["input_ids"], x["loss_mask"], x["hidden_states"])
+        if fsync:
+            fd = os.open(tmp, os.O_RDONLY)
+            os.fsync(fd)
+            os.close(fd)
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+    if fsync:
+        fsync_dir(path.parent)
+
+
+def export(
+    ds: StoreDataset,
+    source: str,
+    out: Path,
+    peer: PeerFormat,
+    *,
+    fsync: bool = True,
+    each: Each = lambda it: it,
+    each_token: Each = lambda it: it,
+) -> ExportResult:
+    """Write `ds` (a dataset of the run, any layers) as `peer`'s files under `out`; resumes an export there."""
+    view = ds.with_layers(peer.layers.ids)
+    n = len(view)
+    # The source's identity too: a rerun over other data with the same ids and count must not skip samples.
+    identity = {**peer.identity(), "num_samples": n, "sample_ids_sha256": _ids_sha256(view)}
+    identity["config_hash"] = ds.spec.config_hash
+    manifest = ExportManifest.open(out, peer.name, source, identity, n, fsync=fsync)
+    for stray in out.rglob(f"*{PARTIAL_SUFFIX}"):  # a killed export's temporaries
+        stray.unlink()
+    done = manifest.done()
+    written = skipped = 0
+    try:
+        for i in each(range(n)):
+            sid = view.sample_id(i)
+            rel = peer.sample_path(i)
+            if done.get(i) == sid and (out / rel).is_file():
+                skipped += 1
+                continue
+            _write_one(out, rel, peer, view.get_arrays(i), fsync)
+            manifest.mark(i, sid)
+            written += 1
+        fingerprint = hashlib.sha256(repr(sorted(identity.items())).encode()).hexdigest()[:16]
+        summary = peer.finish(out, view, fingerprint, fsync, each_token)
+        manifest.complete(peer_layer_ids=peer.peer_layer_ids(), **summary)
+    finally:
+        manifest.close()
+    return ExportResult(out, n, written, skipped, {"peer_layer_ids": peer.peer_layer_ids(), **summary})
