@@ -80,6 +80,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         help="store.codec for the eagle-batch phase (default: the config's)",
     )
     p.add_argument(
+        "--store-dtype",
+        default="",
+        choices=["", "bfloat16", "float8_e4m3"],
+        help="store.dtype for the eagle-batch phase (default: the config's); float8_e4m3 is quantized on the GPU",
+    )
+    p.add_argument(
         "--no-adaptive",
         action="store_true",
         help="store.adaptive=false: compress every chunk even when that makes the engine wait",
@@ -130,6 +136,8 @@ def _cfg(args, path: Path, layer_ids: list[int], run_dir: str):
         over.append(f"store.trace_dir={args.store_trace}")
     if args.codec:
         over.append(f"store.codec={args.codec}")
+    if args.store_dtype:
+        over.append(f"store.dtype={args.store_dtype}")
     return make_config(
         path, layer_ids, args.tp, args.dtype, max(prompt_lengths(args)) + 16, args.backend, run_dir, over
     )
@@ -233,6 +241,7 @@ def _run_phase(args, name: str, path: Path, work: Path, mp: str) -> dict:
         + ["--keep"] * args.keep
     )
     cmd += ["--codec", args.codec] * bool(args.codec) + ["--sweep", args.sweep] * bool(args.sweep)
+    cmd += ["--store-dtype", args.store_dtype] * bool(args.store_dtype)
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join([str(Path(__file__).resolve().parents[2]), env.get("PYTHONPATH", "")])
     t0 = time.perf_counter()

@@ -96,7 +96,10 @@ def _eagle_run(cfg, samples, backend, work: Path, opts: dict[str, str], keep: bo
         if "switch_ms" in opts:
             sys.setswitchinterval(float(opts["switch_ms"]) / 1000)
         spec = StoreSpec(
-            layer_ids=backend.layer_ids, hidden_size=backend.hidden_size, model_name=Path(cfg.model.path).name
+            layer_ids=backend.layer_ids,
+            hidden_size=backend.hidden_size,
+            model_name=Path(cfg.model.path).name,
+            dtype=cfg.store.dtype,
         )
         writer = TaskStoreWriter.open(store, spec, cfg.store)
         try:
@@ -116,6 +119,7 @@ def _eagle_run(cfg, samples, backend, work: Path, opts: dict[str, str], keep: bo
         store_bytes=_du(store),
         raw_bytes=stats.tokens * len(backend.layer_ids) * backend.hidden_size * 2,
         codec=str(cfg.store.codec),
+        store_dtype=str(cfg.store.dtype),
         fsync=bool(cfg.store.fsync),
         adaptive=bool(cfg.store.adaptive),
         entropy_only=entropy_only,

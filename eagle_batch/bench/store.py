@@ -11,6 +11,14 @@ Measured: `ratio` (raw / stored bytes of hidden_states shards), `write_mb_s` (ra
 append to finalize(), fsync included), `read_samples_s` and `read_mb_s` (random 512-token samples
 after dropping the store's pages from the page cache with posix_fadvise, one process), and per
 CPU-second rates that a busy shared machine distorts less (`loadavg_1m` says how busy it was).
+
+`--dtype float8_e4m3` (or `both`: bf16 and float8 in one run, their ratios side by side in `fp8_vs_bf16`)
+writes float8 stores. Raw MB are bf16 MB in every row (a float8 row's rates are tokens at bf16's row size),
+and `ratio` and `bytes_per_token` count the scales too. The float8 store is given codes and scales quantized
+beforehand, as the capture's connector hands them over from the GPU; `cpu_quantize_mb_s` is what quantizing
+costs one CPU thread instead (the hooks and hf backends). `fp8_error` (bench/fp8_error.py) compares the
+dequantized states with the bf16 ones per layer, on the bench's wide rows and on the model's own 576-wide
+token rows (`per_token_rows`), the scale's real extent for this model.
 """
 
 from __future__ import annotations
@@ -28,10 +36,18 @@ import numpy as np
 
 WIDE = 7168
 LAYER_IDS = [2, 15, 27, 30]  # EAGLE-3 default for a 30-layer model: [2, N//2, N-3, N]
+NATIVE = 576  # SmolLM2-135M's hidden size: a pool row is 13 such token rows, cut to WIDE
+DTYPES = {"bfloat16": ("bfloat16",), "float8_e4m3": ("float8_e4m3",), "both": ("bfloat16", "float8_e4m3")}
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--codec", default="blosc-zstd", choices=["blosc-zstd", "zstd", "none"])
+    p.add_argument(
+        "--dtype",
+        default="bfloat16",
+        choices=sorted(DTYPES),
+        help="store.dtype to write; both: bfloat16 then float8_e4m3 in one run, compared",
+    )
     p.add_argument("--level", type=int, default=1)
     p.add_argument("--raw-mb", type=float, default=1024, help="raw hidden-state MB to write (default 1024)")
     p.add_argument("--sample-tokens", type=int, default=512, help="tokens per written sample")
@@ -225,15 +241,49 @@ def run(args: argparse.Namespace) -> int:
     work = Path(tempfile.mkdtemp(prefix="bench-store-", dir=base))
     # Adaptive off by default: the ratio measured is the codec's, not what a busy machine left CPU for.
     cfg = StoreConfig(codec=args.codec, level=args.level, adaptive=args.adaptive, entropy_only=not args.no_entropy_only)
+    rows = []
     try:
-        written, order = _write(args, work / "task-00000.zarr", pool, cfg)
-        result = {**_settings(args, cfg), **written, **_read(args, work / "task-00000.zarr", pool, order)}
+        for dtype in DTYPES[args.dtype]:
+            store = work / f"task-{dtype}.zarr"
+            written, order = _write(args, store, pool, cfg, dtype)
+            rows.append({**_settings(args, cfg), "dtype": dtype, **written, **_read(args, store, pool, order, dtype)})
+            if not args.keep:
+                shutil.rmtree(store, ignore_errors=True)
+        result = rows[0] if len(rows) == 1 else {"bench": "store", "rows": rows, "fp8_vs_bf16": _side_by_side(*rows)}
+        if "float8_e4m3" in DTYPES[args.dtype]:
+            result["fp8_error"] = _fp8_error(pool)
+            result["cpu_quantize_mb_s"] = _cpu_quantize_mb_s(pool)
         result.update(states=pool_info, machine=_machine(work))
     finally:
         if not args.keep:
             shutil.rmtree(work, ignore_errors=True)
     print(json.dumps(result) if args.json else json.dumps(result, indent=2))
     return 0
+
+
+def _side_by_side(bf16: dict, fp8: dict) -> dict:
+    """float8 / bfloat16 of each figure, measured in the same run."""
+    keys = ("bytes_per_token", "write_mb_s", "write_mb_per_cpu_s", "read_samples_s", "read_mb_per_cpu_s")
+    return {k: round(fp8[k] / bf16[k], 4) for k in keys}
+
+
+def _fp8_error(pool: np.ndarray) -> dict:
+    from .fp8_error import layer_errors
+
+    per_token = pool[:, :, : (WIDE // NATIVE) * NATIVE].reshape(len(pool), len(LAYER_IDS), -1, NATIVE)
+    per_token = per_token.transpose(0, 2, 1, 3).reshape(-1, len(LAYER_IDS), NATIVE)
+    return {
+        "wide_rows": layer_errors(pool, LAYER_IDS),
+        "per_token_rows": {"rows": len(per_token), **layer_errors(np.ascontiguousarray(per_token), LAYER_IDS)},
+    }
+
+
+def _cpu_quantize_mb_s(pool: np.ndarray) -> float:
+    from eagle_batch.store.fp8 import quantize
+
+    t0 = time.perf_counter()
+    quantize(pool)
+    return round(pool.nbytes / 1e6 / (time.perf_counter() - t0), 1)
 
 
 def _settings(args, cfg) -> dict:
@@ -251,7 +301,20 @@ def _settings(args, cfg) -> dict:
     }
 
 
-def _write(args, store: Path, pool: np.ndarray, cfg) -> tuple[dict, np.ndarray]:
+def _sample_states(pool: np.ndarray, dtype: str, T: int):
+    """take(rows) -> sample states as the capture hands them to a store of `dtype` (the "GPU output"): bf16
+    bits, or float8 codes and scales quantized beforehand (on the GPU, in the capture)."""
+    from eagle_batch.store.fp8 import Fp8Rows, quantize
+
+    if dtype == "bfloat16":
+        batch = np.empty((T, *pool.shape[1:]), np.uint16)
+        return lambda rows: np.take(pool, rows, axis=0, out=batch)
+    q = quantize(pool)
+    codes, scales = np.empty((T, *pool.shape[1:]), np.uint8), np.empty((T, pool.shape[1]), np.float32)
+    return lambda rows: Fp8Rows(np.take(q.codes, rows, axis=0, out=codes), np.take(q.scales, rows, axis=0, out=scales))
+
+
+def _write(args, store: Path, pool: np.ndarray, cfg, dtype: str) -> tuple[dict, np.ndarray]:
     """Samples of `args.sample_tokens` rows drawn from the pool into a fresh store; the write figures, and
     the pool rows in store order (what the reads must give back)."""
     from eagle_batch.store import StoreSpec, TaskStoreWriter
@@ -259,18 +322,18 @@ def _write(args, store: Path, pool: np.ndarray, cfg) -> tuple[dict, np.ndarray]:
     rng = np.random.default_rng(args.seed)
     row_bytes, T = pool[0].nbytes, args.sample_tokens
     n_samples = max(1, int(args.raw_mb * 1e6 // (row_bytes * T)))
-    spec = StoreSpec(layer_ids=LAYER_IDS, hidden_size=WIDE, model_name="SmolLM2-135M-Instruct-x13-wide")
+    spec = StoreSpec(layer_ids=LAYER_IDS, hidden_size=WIDE, model_name="SmolLM2-135M-Instruct-x13-wide", dtype=dtype)
     # Sample i's rows: a shuffled walk through the pool (consecutive rows distinct within every chunk).
     order = np.concatenate([rng.permutation(len(pool)) for _ in range(-(-n_samples * T // len(pool)))])
     ids = rng.integers(0, 49152, n_samples * T).astype(np.int32)
     mask = (rng.random(n_samples * T) < 0.6).astype(np.uint8)
-    batch = np.empty((T, *pool.shape[1:]), np.uint16)
+    take = _sample_states(pool, dtype, T)
     t0 = time.perf_counter()
     cpu0 = time.process_time()  # all threads of this process: compression, crc, copies, syscalls
     append_s = 0.0
     with TaskStoreWriter.open(store, spec, cfg, threads=args.threads or None) as w:
         for i in range(n_samples):
-            np.take(pool, order[i * T : (i + 1) * T], axis=0, out=batch)  # the "GPU output" of sample i
+            batch = take(order[i * T : (i + 1) * T])  # the "GPU output" of sample i
             a = time.perf_counter()
             w.append(f"s{i}", ids[i * T : (i + 1) * T], mask[i * T : (i + 1) * T], batch)
             if (i + 1) % args.commit_every == 0:
@@ -284,11 +347,15 @@ def _write(args, store: Path, pool: np.ndarray, cfg) -> tuple[dict, np.ndarray]:
     wall_s = time.perf_counter() - t0
     raw = n_samples * T * row_bytes
     stored = sum(
-        f.stat().st_size for f in (store / "hidden_states").rglob("*") if f.is_file() and f.name != "zarr.json"
+        f.stat().st_size
+        for name in ("hidden_states", "hidden_states_scale")
+        for f in (store / name).rglob("*")
+        if f.is_file() and f.name != "zarr.json"
     )
     return (
         {
             "ratio": round(raw / stored, 4),
+            "bytes_per_token": round(stored / (n_samples * T), 1),
             "write_mb_s": round(raw / 1e6 / append_s, 1),  # only the store's time, not building the batches
             "write_wall_mb_s": round(raw / 1e6 / wall_s, 1),
             # Raw MB per CPU-second: insensitive to a busy machine; times the writer threads of a real node (if
@@ -307,9 +374,11 @@ def _write(args, store: Path, pool: np.ndarray, cfg) -> tuple[dict, np.ndarray]:
     )
 
 
-def _read(args, store: Path, pool: np.ndarray, order: np.ndarray) -> dict:
-    """Random whole-sample reads with a cold page cache; checks that what was read is what was written."""
+def _read(args, store: Path, pool: np.ndarray, order: np.ndarray, dtype: str) -> dict:
+    """Random whole-sample reads with a cold page cache; checks that what was read is what was written (float8:
+    its dequantization)."""
     from eagle_batch.store import open_dataset
+    from eagle_batch.store.fp8 import dequantize, quantize
 
     T = args.sample_tokens
     _drop_cache(store)
@@ -321,7 +390,11 @@ def _read(args, store: Path, pool: np.ndarray, order: np.ndarray) -> dict:
     read_s = time.perf_counter() - t1
     read_cpu_s = time.process_time() - cpu1
     j = int(picks[0])  # spot-check bit-exactness of what was read
-    assert np.array_equal(ds.get_arrays(j)["hidden_states"], pool[order[j * T : (j + 1) * T]])
+    want = pool[order[j * T : (j + 1) * T]]
+    if dtype != "bfloat16":
+        q = quantize(want)
+        want = dequantize(q.codes, q.scales)
+    assert np.array_equal(ds.get_arrays(j)["hidden_states"], want)
     return {
         "read_samples_s": round(args.reads / read_s, 2),
         "read_mb_s": round(got / 1e6 / read_s, 1),

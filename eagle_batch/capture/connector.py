@@ -16,7 +16,9 @@ prompt token):
    (deferred finalization), so the states of step k are in the cache. TP rank 0 gathers the items'
    `[T, L, H]` rows from the cache, all of the step's items in one indexing op: on CUDA on a side stream
    into pinned host memory (non-blocking, an event marks completion; the default stream never waits),
-   on CPU as a plain copy. The items go to the Sink (a queue: nothing is written on the engine thread).
+   on CPU as a plain copy. For a float8 store (`eb_store_dtype`) the rows are quantized on the device
+   first (`capture/fp8.py`), so the copy moves codes and row scales: half the bytes. The items go to the
+   Sink (a queue: nothing is written on the engine thread).
    Other TP ranks do nothing (their states are identical replicas).
 3. Scheduler side, `request_finished`: returns True (keep the blocks) for extracted requests, so the
    cache rows cannot be overwritten before the copy is done; the worker reports them in
@@ -48,6 +50,7 @@ except ImportError:  # pragma: no cover - older vLLM
         pass
 
 
+from . import fp8
 from . import sink as sink_registry
 from . import vllm_compat as compat
 
@@ -96,6 +99,7 @@ class EagleBatchConnector(KVConnectorBase_V1, SupportsHMA):
         extra = self._kv_transfer_config.kv_connector_extra_config or {}
         self._sink_key = extra.get("eb_sink")
         self._shm_spec = extra.get("eb_shm")
+        self._fp8 = extra.get("eb_store_dtype", "bfloat16") != "bfloat16"  # quantize before the copy
         # scheduler side
         self._reqs: dict[str, _ReqState] = {}
         # worker side
@@ -221,7 +225,8 @@ class EagleBatchConnector(KVConnectorBase_V1, SupportsHMA):
         cap = self._transport.max_record_bytes
         if cap is None:
             return [items]
-        row = len(self.layer_ids) * int(self._kv.shape[-1]) * self._kv.element_size()
+        L, H = len(self.layer_ids), int(self._kv.shape[-1])
+        row = fp8.packed_row_nbytes(L, H) if self._fp8 else L * H * self._kv.element_size()
         groups: list[list[ExtractItem]] = []
         size = 0
         for it in items:
@@ -257,9 +262,10 @@ class EagleBatchConnector(KVConnectorBase_V1, SupportsHMA):
             self._stream.wait_event(ready)
             with torch.cuda.stream(self._stream):
                 rows = self._gather(items)
+                out = fp8.pack(rows) if self._fp8 else rows
                 # Straight into the transport's pinned host memory (the shared ring across processes).
-                host, where = transport.alloc_host(rows.shape, rows.dtype, pin=True)
-                host.copy_(rows, non_blocking=True)
+                host, where = transport.alloc_host(out.shape, out.dtype, pin=True)
+                host.copy_(out, non_blocking=True)
                 # NaN/Inf check on the device, one flag per token: the writer reads flags instead of scanning.
                 finite = torch.empty(len(rows), dtype=torch.bool, pin_memory=True)
                 finite.copy_(torch.isfinite(rows).flatten(1).all(1), non_blocking=True)
@@ -267,8 +273,9 @@ class EagleBatchConnector(KVConnectorBase_V1, SupportsHMA):
                 done.record(self._stream)
         else:
             rows = self._gather(items)  # advanced indexing copies: safe after the blocks are reused
-            host, where = transport.alloc_host(rows.shape, rows.dtype, pin=False)
-            host.copy_(rows)
+            out = fp8.pack(rows) if self._fp8 else rows
+            host, where = transport.alloc_host(out.shape, out.dtype, pin=False)
+            host.copy_(out)
         for it in items:
             self._inflight[it.req_id] = done
         wait = None if done is None else done.synchronize

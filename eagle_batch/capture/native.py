@@ -42,7 +42,8 @@ class NativeBackend(VllmBackend):
         self._proxy = _SinkProxy()
         self._key = register(self._proxy)
         self._shm = None
-        extra: dict[str, Any] = {"eb_sink": self._key}
+        # eb_store_dtype: the connector quantizes float8 states on the device, before the copy to the host.
+        extra: dict[str, Any] = {"eb_sink": self._key, "eb_store_dtype": cfg.store.dtype}
         self._place_engine()  # before deciding on the transport, which depends on it
         if self.cfg.model.tensor_parallel_size > 1 or environment.vllm_multiprocessing():
             # The worker (TP rank 0) will be another process: it sends states through shared memory.

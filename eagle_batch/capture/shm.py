@@ -52,7 +52,7 @@ HEADER = 4096  # bytes reserved at the start of the file: [0:8] consumed counter
 ALIGN = 512
 _LEN = struct.Struct("!Q")
 
-_DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
+_DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32, "uint8": torch.uint8}
 
 
 def _send(sock: socket.socket, obj: Any) -> None:
@@ -137,7 +137,7 @@ class ShmReceiver:
 
     def _handle(self, rec) -> None:
         requests, start, shape, dtype, end = rec
-        itemsize = 2 if dtype in ("bfloat16", "float16") else 4
+        itemsize = _DTYPES[dtype].itemsize
         row_nbytes = int(np.prod(shape)) * itemsize
         # One ring entry per record: [end, requests not yet released]; the record's bytes are free once its
         # last request is released (in any order).

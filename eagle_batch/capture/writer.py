@@ -2,7 +2,8 @@
 
 Every backend hands finished samples to `WriterThread.put` (the native connector does so from the
 engine thread, in the middle of a vLLM step), so `put` only enqueues. The thread then, in order:
-waits for the sample's device-to-host copy, runs the write-time checks, converts to bf16 and calls
+waits for the sample's device-to-host copy, runs the write-time checks, converts to bf16 (or, rows the
+connector quantized for a float8 store, views them as codes and scales: capture/fp8.py) and calls
 `writer.append`, lending it the states: the store compresses them in place on its own threads and
 hands them back (the shared-memory ring slot, the back-pressure budget) once encoded, so this thread
 only does bookkeeping. `commit()` requests are queued behind the appends that precede them, so compression
@@ -30,6 +31,7 @@ import torch
 from eagle_batch.store.loan import Loan
 from eagle_batch.store.protocol import StoreWriterProtocol
 
+from .fp8 import unpack
 from .sink import CapturedRequest, Sink
 
 log = logging.getLogger(__name__)
@@ -54,7 +56,7 @@ def check_captured(
     sample_id: str,
     expected_ids: np.ndarray,
     echoed_ids: np.ndarray | None,
-    states: torch.Tensor,
+    states: torch.Tensor | np.ndarray,  # a tensor where check_finite scans it
     num_layers: int,
     hidden_size: int,
     check_finite: bool,
@@ -240,7 +242,7 @@ class WriterThread(Sink):
                 self._cv.notify_all()
 
     def _checked(self, item: CapturedRequest):
-        """(sample, bf16 states as given to the store) after the write-time checks."""
+        """(sample, states as given to the store: bf16, or float8 codes and scales) after the write-time checks."""
         with self._cv:
             sample = self._expected.pop(item.sample_id, None)
         if sample is None:
@@ -254,12 +256,29 @@ class WriterThread(Sink):
         # A finite flag computed on the device saves a full CPU scan; if it says "bad", scan for details.
         f = item.finite
         scan = self.check_finite and (f is None or not (f if isinstance(f, bool) else bool(f.all())))
+        if states.dtype == torch.uint8:  # float8 codes and row scales, quantized on the device
+            return sample, self._fp8_rows(item, ids, scan)
         check_captured(item.sample_id, ids, item.token_ids, states, self.num_layers, self.hidden_size, scan)
         if item.bits is not None and states.dtype == torch.bfloat16:
             hs = item.bits  # the same bytes, no torch call on this thread (see CapturedRequest.bits)
         else:
             hs = states if states.dtype == torch.bfloat16 else states.to(torch.bfloat16)
         return sample, hs
+
+    def _fp8_rows(self, item: CapturedRequest, ids: np.ndarray, scan: bool):
+        try:
+            rows = unpack(item.states.numpy(), self.num_layers, self.hidden_size)
+        except ValueError as e:
+            raise CaptureError(f"sample {item.sample_id}: {e}. Check model.layer_ids and the backend.") from None
+        check_captured(item.sample_id, ids, item.token_ids, rows.codes, self.num_layers, self.hidden_size, False)
+        # A NaN/Inf state makes its row's scale non-finite (the maximum propagates it).
+        if scan and not np.isfinite(rows.scales).all():
+            t, l = (int(x[0]) for x in np.nonzero(~np.isfinite(rows.scales)))
+            raise CaptureError(
+                f"sample {item.sample_id}: hidden_states contain NaN/Inf (first at token {t}, layer index {l}), "
+                "which a float8 store cannot hold. Check the model dtype (fp16 overflows) or weights."
+            )
+        return rows
 
     def _append(self, items: list[tuple[CapturedRequest, Callable[[], None]]]) -> None:
         """Check every item, then hand them to the store: runs of consecutive rows of one record as one block."""

@@ -97,6 +97,10 @@ class ExtractConfig:
 
 @dataclass
 class StoreConfig:
+    # How hidden states are stored: bfloat16 (the model's bits, lossless) | float8_e4m3 (OCP E4M3 codes, 1
+    # byte, with a float32 scale per token and layer: about half the bytes; readers return bf16 again;
+    # docs/format.md "FP8 hidden states", docs/decisions/0020).
+    dtype: str = "bfloat16"
     # blosc-zstd | zstd | none
     codec: str = "blosc-zstd"
     level: int = 1

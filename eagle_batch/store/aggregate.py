@@ -18,7 +18,7 @@ from pathlib import Path
 
 from .durable import write_json_atomic
 from .errors import StoreError, StoreMismatchError
-from .format import COMPLETE_NAME, DATASET_NAME, TOKEN_ARRAYS, read_attrs
+from .format import COMPLETE_NAME, DATASET_NAME, read_attrs, token_arrays
 from .record import committed_samples
 from .spec import StoreSpec
 
@@ -61,7 +61,8 @@ def aggregate(run_dir, *, fsync: bool = True, each: Callable[[list[Path]], Itera
                 )
         # finalize() consolidated the array metadata into the root zarr.json: 2 small reads per store.
         consolidated = (root_meta.get("consolidated_metadata") or {}).get("metadata") or {}
-        arrays = {n: consolidated.get(n) or json.loads((store / n / "zarr.json").read_bytes()) for n in TOKEN_ARRAYS}
+        names = token_arrays(StoreSpec.from_attributes(attrs).dtype)
+        arrays = {n: consolidated.get(n) or json.loads((store / n / "zarr.json").read_bytes()) for n in names}
         layout = {n: {k: v for k, v in m.items() if k != "shape"} for n, m in arrays.items()}
         if common_layout is None:
             common_layout = layout

@@ -24,7 +24,9 @@ import numpy as np
 from .errors import StoreCorruptError, StoreError
 
 FORMAT_NAME = "eagle-batch-task-store"
-FORMAT_VERSION = 1
+# The newest format version this code reads and writes. A bfloat16 store is version 1 (what every eagle-batch
+# reads); a float8 store is version 2 (format_version_for), which older eagle-batch refuses by its dtype.
+FORMAT_VERSION = 2
 PROGRESS_NAME = "progress.json"  # the committed record; the only thing readers trust
 COMPLETE_NAME = "complete"  # written last by finalize()
 LOCK_NAME = ".lock"
@@ -32,10 +34,24 @@ PARTIAL_SUFFIX = ".partial"  # temporaries of atomic writes (durable.py); never 
 DATASET_NAME = "dataset.json"  # RUN/dataset.json, the aggregate index (aggregate.py)
 INDEX_ARRAYS = ("offsets", "sample_ids")  # written by finalize()
 
-TOKEN_ARRAYS = ("hidden_states", "input_ids", "loss_mask")
+TOKEN_ARRAYS = ("hidden_states", "input_ids", "loss_mask")  # of a bfloat16 store; token_arrays(dtype) in general
+SCALE_ARRAY = "hidden_states_scale"  # float8 stores: float32 [tokens, L], one scale per row (token x layer)
 ARRAY_DTYPES = {"hidden_states": "bfloat16", "input_ids": "int32", "loss_mask": "uint8"}
-# Storage dtype of each token array as numpy sees the raw bytes (bf16 is handled as its uint16 bits).
-STORAGE_NP = {"hidden_states": np.dtype("<u2"), "input_ids": np.dtype("<i4"), "loss_mask": np.dtype("u1")}
+# store.dtype -> the Zarr data type of each token array, in the order streams, records and checks go through them.
+HIDDEN_DTYPES = {
+    "bfloat16": ARRAY_DTYPES,
+    "float8_e4m3": {"hidden_states": "uint8", SCALE_ARRAY: "float32", "input_ids": "int32", "loss_mask": "uint8"},
+}
+# Zarr data type -> numpy dtype of the raw bytes (bf16 is handled as its uint16 bits; float8 as its uint8 codes).
+ZARR_NP = {"bfloat16": np.dtype("<u2"), "uint8": np.dtype("u1"), "int32": np.dtype("<i4"), "float32": np.dtype("<f4")}
+# The attributes of a float8 store's hidden_states array: what its uint8 codes mean (docs/format.md).
+FP8_ATTRIBUTES = {
+    "eagle_batch": {
+        "encoding": "float8_e4m3fn",
+        "scale_array": SCALE_ARRAY,
+        "dequantize": "value[t, l, h] = float8_e4m3fn(code[t, l, h]) * scale[t, l]",
+    }
+}
 
 EMPTY = np.uint64(2**64 - 1)  # ShardingCodec's marker for an absent inner chunk
 CHUNK_TARGET_BYTES = 4 << 20  # store.chunk_tokens=0: inner chunks of about this many bytes of hidden states
@@ -84,6 +100,28 @@ def _register_bfloat16() -> None:
 
 
 _register_bfloat16()
+
+
+def array_dtypes(dtype: str) -> dict[str, str]:
+    """The token arrays of a store of hidden-state `dtype` (store.dtype) and their Zarr data types."""
+    try:
+        return HIDDEN_DTYPES[dtype]
+    except KeyError:
+        raise ValueError(f"store.dtype={dtype!r} is not supported; use one of {', '.join(HIDDEN_DTYPES)}.") from None
+
+
+def token_arrays(dtype: str) -> tuple[str, ...]:
+    return tuple(array_dtypes(dtype))
+
+
+def format_version_for(dtype: str) -> int:
+    """The format version a store of `dtype` is written as (FORMAT_VERSION's comment)."""
+    return 1 if dtype == "bfloat16" else 2
+
+
+def hidden_row_nbytes(spec) -> int:
+    """Bytes of one token's hidden states (all layers) as a store of `spec` (a StoreSpec) stores them."""
+    return spec.num_layers * spec.hidden_size * ZARR_NP[array_dtypes(spec.dtype)["hidden_states"]].itemsize
 
 
 # --- codecs -------------------------------------------------------------------------------------
@@ -168,10 +206,11 @@ class ArrayLayout:
     chunk_tokens: int
     shard_tokens: int
     codec: Codec
+    data_type: str  # the Zarr data type (ZARR_NP)
 
     @property
     def np_dtype(self) -> np.dtype:
-        return STORAGE_NP[self.name]
+        return ZARR_NP[self.data_type]
 
     @property
     def chunks_per_shard(self) -> int:
@@ -191,13 +230,14 @@ class ArrayLayout:
         return self.chunks_per_shard * 16 + 4
 
     def zarr_json(self, num_tokens: int) -> dict:
-        dtype = ARRAY_DTYPES[self.name]
+        dtype = self.data_type
+        fp8_codes = self.name == "hidden_states" and dtype == "uint8"
         return {
             "shape": [num_tokens, *self.row_shape],
             "data_type": dtype,
             "chunk_grid": {"name": "regular", "configuration": {"chunk_shape": [self.shard_tokens, *self.row_shape]}},
             "chunk_key_encoding": {"name": "default", "configuration": {"separator": "/"}},
-            "fill_value": 0.0 if dtype == "bfloat16" else 0,
+            "fill_value": 0.0 if dtype in ("bfloat16", "float32") else 0,
             "codecs": [
                 {
                     "name": "sharding_indexed",
@@ -209,7 +249,7 @@ class ArrayLayout:
                     },
                 }
             ],
-            "attributes": {},
+            "attributes": FP8_ATTRIBUTES if fp8_codes else {},
             "zarr_format": 3,
             "node_type": "array",
             "storage_transformers": [],
@@ -228,6 +268,7 @@ class ArrayLayout:
             int(cfg["chunk_shape"][0]),
             int(shard_shape[0]),
             Codec.from_zarr_codecs(cfg["codecs"]),
+            str(meta["data_type"]),
         )
 
 
@@ -242,9 +283,12 @@ def auto_chunk_tokens(row_nbytes: int, shard_tokens: int) -> int:
 
 
 def make_layouts(spec, chunk_tokens: int, shard_tokens: int, codec: Codec) -> dict[str, ArrayLayout]:
-    """The three token arrays' layouts for a store holding `spec` (a StoreSpec)."""
-    rows = {"hidden_states": (spec.num_layers, spec.hidden_size), "input_ids": (), "loss_mask": ()}
-    return {n: ArrayLayout(n, rows[n], chunk_tokens, shard_tokens, codec) for n in TOKEN_ARRAYS}
+    """The token arrays' layouts for a store holding `spec` (a StoreSpec)."""
+    L = spec.num_layers
+    rows = {"hidden_states": (L, spec.hidden_size), SCALE_ARRAY: (L,), "input_ids": (), "loss_mask": ()}
+    return {
+        n: ArrayLayout(n, rows[n], chunk_tokens, shard_tokens, codec, t) for n, t in array_dtypes(spec.dtype).items()
+    }
 
 
 # --- reading a store's metadata -------------------------------------------------------------------
@@ -266,12 +310,18 @@ def read_attrs(store: str | os.PathLike) -> dict:
     attrs = meta.get("attributes", {}).get("eagle_batch")
     if not attrs:
         raise StoreError(f"{p} has no 'eagle_batch' attributes; not an eagle-batch task store")
+    if int(attrs.get("format_version", 1)) > FORMAT_VERSION:
+        raise StoreError(
+            f"{p}: format_version {attrs['format_version']} is newer than this eagle-batch reads "
+            f"({FORMAT_VERSION}); upgrade eagle-batch to read it."
+        )
     return attrs
 
 
-def read_layouts(store: str | os.PathLike, metas: dict | None = None) -> dict[str, ArrayLayout]:
+def read_layouts(store: str | os.PathLike, dtype: str, metas: dict | None = None) -> dict[str, ArrayLayout]:
+    """The token arrays' layouts of a store of hidden-state `dtype`, from `metas` (consolidated) or the files."""
     out = {}
-    for name in TOKEN_ARRAYS:
+    for name in token_arrays(dtype):
         meta = metas[name] if metas else load_json(Path(store) / name / "zarr.json", f"metadata of array {name}")
         out[name] = ArrayLayout.from_zarr_json(name, meta)
     return out

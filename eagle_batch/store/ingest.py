@@ -40,7 +40,7 @@ import numpy as np
 from .crc import crc32c_combine
 from .durable import fsync_dir
 from .errors import StoreError
-from .format import TOKEN_ARRAYS, ArrayLayout
+from .format import ArrayLayout
 from .loan import Loan
 from .shard_codec import write_shard
 from .stream import Encoded, RawChunk, Stream
@@ -102,7 +102,7 @@ class Ingest:
         self.io_threads = io_threads or self.IO_QUEUE_LIMIT
         self._io_pools = {
             n: ThreadPoolExecutor(self.io_threads if n == "hidden_states" else 1, thread_name_prefix=f"store-io-{n}")
-            for n in TOKEN_ARRAYS
+            for n in layouts
         }
         # Seconds append() spent waiting: for a compression slot (adaptive off, or the disk behind) and for
         # shard writes.
@@ -115,7 +115,7 @@ class Ingest:
         self._io_writing = 0  # full shards encoded, queued for or in their write (see io_backlog)
         self._io_writing_lock = threading.Lock()
         self.failed: BaseException | None = None
-        self.streams = {name: Stream(layouts[name], self, adaptive, entropy_only) for name in TOKEN_ARRAYS}
+        self.streams = {name: Stream(lay, self, adaptive, entropy_only) for name, lay in layouts.items()}
 
     # ----- compression -----
 

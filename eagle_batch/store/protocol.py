@@ -29,7 +29,8 @@ class StoreWriterProtocol(Protocol):
         hidden_states: Any,
         on_release: Callable[[], None] | None = None,
     ) -> None:
-        """Queue one sample (`hidden_states`: bf16 [T, L, H], torch or numpy uint16 bits); durable only after
+        """Queue one sample (`hidden_states`: bf16 [T, L, H], torch or numpy uint16 bits; for a float8 store
+        also `store.fp8.Fp8Rows`, codes and scales quantized by the caller); durable only after
         the next commit(). With `on_release`, the states are lent: the writer may read them after append
         returned and calls `on_release()` exactly once (from any thread; also when append raises) when it
         no longer does."""

@@ -3,6 +3,10 @@
     ds = open_dataset(RUN)                       # RUN/dataset.json (see aggregate) or one task store
     len(ds); x = ds[0]                           # {"input_ids", "loss_mask", "hidden_states", "sample_id"}
     aux = open_dataset(RUN, layer_ids=[2, 15, 27])  # only those layers (by layer id)
+    ds.get_arrays(0, raw=True)                   # a float8 store's codes and scales, not dequantized
+
+Hidden states come back as bf16 whatever the store's dtype: a float8 store's (store.dtype float8_e4m3) are
+dequantized (store/fp8.py); `raw=True` gives its uint8 codes and float32 row scales instead.
 
 Everything comes from the committed record (`progress.json`), never from array shapes: a shape can
 be ahead of the data after a crash and zarr reads the missing region as zeros. Shard files are read
@@ -27,10 +31,12 @@ from .format import (
     COMPLETE_NAME,
     DATASET_NAME,
     PROGRESS_NAME,
+    SCALE_ARRAY,
     load_json,
     read_attrs,
     read_layouts,
 )
+from .fp8 import dequantize
 from .record import read_record, sample_bounds
 from .shard_codec import ShardDecoder
 from .spec import StoreSpec
@@ -69,7 +75,7 @@ class TaskStore:
         self.record = read_record(self.path)
         attrs = self._attrs or read_attrs(self.path)
         self.spec = StoreSpec.from_attributes(attrs)
-        self.layouts = read_layouts(self.path, self._metas)
+        self.layouts = read_layouts(self.path, self.spec.dtype, self._metas)
         self._decoders = {n: ShardDecoder(lay) for n, lay in self.layouts.items()}
         self._offsets = sample_bounds(self.record["lengths"])
         if int(self._offsets[-1]) != int(self.record["num_tokens"]):
@@ -108,6 +114,12 @@ class TaskStore:
     def layer_ids(self) -> list[int]:
         self._ensure()
         return self.spec.layer_ids
+
+    @property
+    def dtype(self) -> str:
+        """How the store keeps hidden states (store.dtype): bfloat16 or float8_e4m3."""
+        self._ensure()
+        return self.spec.dtype
 
     @property
     def is_complete(self) -> bool:
@@ -198,8 +210,9 @@ class TaskStore:
             t = e
         return out
 
-    def sample_arrays(self, i: int, layers: Sequence[int] | None = None) -> dict[str, Any]:
-        """Sample i as numpy arrays (hidden_states as uint16 bits)."""
+    def sample_arrays(self, i: int, layers: Sequence[int] | None = None, raw: bool = False) -> dict[str, Any]:
+        """Sample i as numpy arrays: hidden_states as bf16's uint16 bits; with `raw` a float8 store's uint8 codes
+        and `hidden_states_scale` (float32 [T, L]) instead (a bfloat16 store ignores `raw`)."""
         self._ensure()
         n = len(self)
         if i < 0:
@@ -207,12 +220,19 @@ class TaskStore:
         if not 0 <= i < n:
             raise IndexError(f"sample {i} out of range: {self.path} has {n} committed samples")
         a, b = int(self._offsets[i]), int(self._offsets[i + 1])
-        return {
+        out = {
             "input_ids": self.read_rows("input_ids", a, b),
             "loss_mask": self.read_rows("loss_mask", a, b),
             "hidden_states": self.read_rows("hidden_states", a, b, layers),
             "sample_id": self.sample_ids[i],
         }
+        if SCALE_ARRAY in self.layouts:
+            scales = self.read_rows(SCALE_ARRAY, a, b, layers)
+            if raw:
+                out[SCALE_ARRAY] = scales
+            else:
+                out["hidden_states"] = dequantize(out["hidden_states"], scales)
+        return out
 
     def token_arrays(self, i: int) -> tuple[np.ndarray, np.ndarray]:
         """(input_ids, loss_mask) of sample i, without reading its hidden states."""
@@ -220,16 +240,22 @@ class TaskStore:
         a, b = int(self._offsets[i]), int(self._offsets[i + 1])
         return self.read_rows("input_ids", a, b), self.read_rows("loss_mask", a, b)
 
-    def get(self, i: int, layers: Sequence[int] | None = None) -> dict[str, Any]:
+    def get(self, i: int, layers: Sequence[int] | None = None, raw: bool = False) -> dict[str, Any]:
+        """Sample i as torch tensors: hidden_states bf16; with `raw`, a float8 store's codes as
+        torch.float8_e4m3fn and `hidden_states_scale` float32."""
         import torch
 
-        x = self.sample_arrays(i, layers)
-        return {
+        x = self.sample_arrays(i, layers, raw)
+        out = {
             "input_ids": torch.from_numpy(x["input_ids"].astype(np.int64)),
             "loss_mask": torch.from_numpy(x["loss_mask"]),
             "hidden_states": torch.from_numpy(x["hidden_states"]).view(torch.bfloat16),
             "sample_id": x["sample_id"],
         }
+        if SCALE_ARRAY in x:
+            out["hidden_states"] = torch.from_numpy(x["hidden_states"]).view(torch.float8_e4m3fn)
+            out[SCALE_ARRAY] = torch.from_numpy(x[SCALE_ARRAY])
+        return out
 
     def __getitem__(self, i: int) -> dict[str, Any]:
         return self.get(i)
@@ -320,10 +346,16 @@ class StoreDataset:  # a map-style dataset for torch's DataLoader (no torch impo
         s, j = self.locate(int(i))
         return self.stores[s].get(j, self._layer_positions(s))
 
-    def get_arrays(self, i: int) -> dict[str, Any]:
-        """Sample i as numpy arrays: input_ids, loss_mask, hidden_states (bf16 as uint16 bits), sample_id."""
+    def get_arrays(self, i: int, raw: bool = False) -> dict[str, Any]:
+        """Sample i as numpy arrays: input_ids, loss_mask, hidden_states (bf16 as uint16 bits), sample_id; with
+        `raw`, a float8 store's codes and hidden_states_scale instead (TaskStore.sample_arrays)."""
         s, j = self.locate(int(i))
-        return self.stores[s].sample_arrays(j, self._layer_positions(s))
+        return self.stores[s].sample_arrays(j, self._layer_positions(s), raw)
+
+    def get(self, i: int, raw: bool = False) -> dict[str, Any]:
+        """Sample i as torch tensors (`ds[i]`); `raw` as for get_arrays."""
+        s, j = self.locate(int(i))
+        return self.stores[s].get(j, self._layer_positions(s), raw)
 
     def token_arrays(self, i: int) -> tuple[np.ndarray, np.ndarray]:
         """(input_ids, loss_mask) of sample i, without reading its hidden states."""

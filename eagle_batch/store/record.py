@@ -21,20 +21,21 @@ import numpy as np
 
 from .durable import write_json_atomic
 from .errors import StoreError
-from .format import FORMAT_NAME, FORMAT_VERSION, PROGRESS_NAME, TOKEN_ARRAYS, ArrayLayout, load_json
+from .format import FORMAT_NAME, PROGRESS_NAME, ArrayLayout, format_version_for, load_json, token_arrays
 
 
-def empty_record() -> dict:
+def empty_record(dtype: str) -> dict:
+    """The record of a new store of hidden-state `dtype`: no samples, an empty shard table per token array."""
     return {
         "format": FORMAT_NAME,
-        "format_version": FORMAT_VERSION,
+        "format_version": format_version_for(dtype),
         "commit": 0,
         "committed_at": "",
         "num_samples": 0,
         "num_tokens": 0,
         "sample_ids": [],
         "lengths": [],
-        "shards": {n: [] for n in TOKEN_ARRAYS},
+        "shards": {n: [] for n in token_arrays(dtype)},
     }
 
 
@@ -124,7 +125,7 @@ class Progress:
         self.lengths: list[int] = list(record["lengths"])
         self.id_set = set(self.sample_ids)
         self.num_tokens = int(record["num_tokens"])
-        self.tables = {n: shard_table(record, n) for n in TOKEN_ARRAYS}
+        self.tables = {n: shard_table(record, n) for n in record["shards"]}  # one per token array
         self._committed_ids: frozenset[str] | None = None
 
     @property
@@ -171,7 +172,7 @@ class Progress:
                 sample_ids=list(self.sample_ids),
                 lengths=list(self.lengths),
             )
-        r["shards"] = {n: [self.tables[n][k] for k in sorted(self.tables[n])] for n in TOKEN_ARRAYS}
+        r["shards"] = {n: [table[k] for k in sorted(table)] for n, table in self.tables.items()}
         write_json_atomic(store / PROGRESS_NAME, r, fsync)
         if new_commit:
             self._committed_ids = None

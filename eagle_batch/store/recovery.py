@@ -32,13 +32,12 @@ from .finalize import unfinalize
 from .format import (
     COMPLETE_NAME,
     FORMAT_NAME,
-    FORMAT_VERSION,
     LOCK_NAME,
     PARTIAL_SUFFIX,
     PROGRESS_NAME,
-    TOKEN_ARRAYS,
     ArrayLayout,
     Codec,
+    format_version_for,
     make_layouts,
     read_attrs,
     read_layouts,
@@ -73,7 +72,7 @@ def _create(path: Path, spec: StoreSpec, cfg: Any, chunk: int, fsync: bool) -> t
         )
     layouts = make_layouts(spec, chunk, cfg.shard_tokens, Codec(cfg.codec, cfg.level, cfg.blocksize))
     # A half-created store (killed before progress.json existed) holds nothing committed: start over.
-    ours = {LOCK_NAME, "zarr.json", *TOKEN_ARRAYS}
+    ours = {LOCK_NAME, "zarr.json", *layouts}
     children = list(path.iterdir())
     foreign = [c.name for c in children if c.name not in ours and not c.name.endswith(PARTIAL_SUFFIX)]
     if foreign:
@@ -84,12 +83,13 @@ def _create(path: Path, spec: StoreSpec, cfg: Any, chunk: int, fsync: bool) -> t
     for child in children:
         if child.name != LOCK_NAME:
             shutil.rmtree(child) if child.is_dir() and not child.is_symlink() else child.unlink()
-    attrs = {"eagle_batch": {"format": FORMAT_NAME, "format_version": FORMAT_VERSION, **spec.attributes()}}
+    version = format_version_for(spec.dtype)
+    attrs = {"eagle_batch": {"format": FORMAT_NAME, "format_version": version, **spec.attributes()}}
     write_json_atomic(path / "zarr.json", {"zarr_format": 3, "node_type": "group", "attributes": attrs}, fsync)
     for name, lay in layouts.items():
         makedirs_durable(path / name, fsync)
         write_json_atomic(path / name / "zarr.json", lay.zarr_json(0), fsync)
-    record = empty_record()
+    record = empty_record(spec.dtype)
     write_json_atomic(path / PROGRESS_NAME, record, fsync)  # last: marks the store as created
     return layouts, Progress(record)
 
@@ -135,7 +135,7 @@ class _Recovery:
                 + "; ".join(bad)
                 + ". Point this task at a new run directory, or delete the store to recompute it."
             )
-        self.layouts = read_layouts(p)
+        self.layouts = read_layouts(p, stored.dtype)
         hs = self.layouts["hidden_states"]
         want, have = (chunk_tokens, cfg.shard_tokens, cfg.codec), (hs.chunk_tokens, hs.shard_tokens, hs.codec.name)
         if want != have:

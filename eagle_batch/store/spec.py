@@ -8,7 +8,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .format import LAYER_SEMANTICS
+from .format import HIDDEN_DTYPES, LAYER_SEMANTICS
 
 
 @dataclass
@@ -18,7 +18,9 @@ class StoreSpec:
     `layer_ids[j]` is the layer whose states are `hidden_states[:, j]` (semantics in `layer_semantics`, which
     refer to `num_hidden_layers`, N: 0 where the writer did not know it). `tokenizer` names the tokenizer
     (a folder or hub name, never a host path) and `tokenizer_sha256` identifies its files
-    (`eagle_batch.config.tokenizer_sha256`; docs/format.md gives the recipe).
+    (`eagle_batch.config.tokenizer_sha256`; docs/format.md gives the recipe). `dtype` (store.dtype) is how
+    the states are stored: `bfloat16` (the model's bits) or `float8_e4m3` (codes and a scale per row,
+    store/fp8.py).
     """
 
     layer_ids: list[int]
@@ -42,8 +44,11 @@ class StoreSpec:
             raise ValueError("StoreSpec.layer_ids is empty; pass the captured layer ids (e.g. [2, 15, 27, 30]).")
         if self.hidden_size <= 0:
             raise ValueError(f"StoreSpec.hidden_size={self.hidden_size} must be positive (the model's hidden size).")
-        if self.dtype != "bfloat16":
-            raise ValueError(f"StoreSpec.dtype={self.dtype!r}: only bfloat16 hidden states are stored.")
+        if self.dtype not in HIDDEN_DTYPES:
+            raise ValueError(
+                f"store.dtype={self.dtype!r} is not a hidden-state dtype eagle-batch stores; "
+                f"use one of {', '.join(HIDDEN_DTYPES)}."
+            )
         if not self.eagle_batch_version:
             from eagle_batch import __version__
 
@@ -77,6 +82,7 @@ class StoreSpec:
             tokenizer_sha256=tokenizer_sha256(tok),
             num_hidden_layers=num_hidden_layers,
             config_hash=config_hash(cfg),
+            dtype=cfg.store.dtype,
         )
 
     # Fields that must agree between an existing store and a writer resuming it.

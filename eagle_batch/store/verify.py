@@ -21,15 +21,16 @@ import numpy as np
 
 from .errors import ShardError, StoreError
 from .format import (
-    ARRAY_DTYPES,
     COMPLETE_NAME,
     DATASET_NAME,
     PARTIAL_SUFFIX,
     PROGRESS_NAME,
-    TOKEN_ARRAYS,
+    SCALE_ARRAY,
     ArrayLayout,
+    array_dtypes,
     read_attrs,
 )
+from .fp8 import nan_codes
 from .record import (
     committed_samples_of_shard,
     expected_shards,
@@ -137,7 +138,9 @@ def verify_store(store: Path, check_values: bool = True) -> list[Problem]:
 
     # Array metadata.
     layouts: dict[str, ArrayLayout] = {}
-    for name in TOKEN_ARRAYS:
+    dtypes = array_dtypes(spec.dtype)
+    rows = {"hidden_states": (spec.num_layers, spec.hidden_size), SCALE_ARRAY: (spec.num_layers,)}
+    for name, dtype in dtypes.items():
         mp = store / name / "zarr.json"
         try:
             meta = json.loads(mp.read_text())
@@ -145,13 +148,12 @@ def verify_store(store: Path, check_values: bool = True) -> list[Problem]:
         except (OSError, ValueError, KeyError) as e:
             out.append(Problem(S, "metadata", f"{mp}: {e}", array=name))
             continue
-        if meta.get("data_type") != ARRAY_DTYPES[name]:
-            out.append(
-                Problem(
-                    S, "metadata", f"data_type {meta.get('data_type')!r}, expected {ARRAY_DTYPES[name]!r}", array=name
-                )
-            )
-        want_rows = (spec.num_layers, spec.hidden_size) if name == "hidden_states" else ()
+        if meta.get("data_type") != dtype:
+            msg = f"data_type {meta.get('data_type')!r}, expected {dtype!r} (store dtype {spec.dtype})"
+            out.append(Problem(S, "metadata", msg, array=name))
+            del layouts[name]  # its rows cannot be checked as that dtype
+            continue
+        want_rows = rows.get(name, ())
         if lay.row_shape != want_rows:
             out.append(Problem(S, "metadata", f"row shape {lay.row_shape}, attributes say {want_rows}", array=name))
         if meta["shape"][0] > t:
@@ -163,7 +165,7 @@ def verify_store(store: Path, check_values: bool = True) -> list[Problem]:
                     array=name,
                 )
             )
-    if set(layouts) != set(TOKEN_ARRAYS):
+    if set(layouts) != set(dtypes):
         return out
 
     # Shards.
@@ -274,12 +276,16 @@ def _check_shard_values(
     try:
         for rows in decoder.chunks(data, tokens, where):
             crc = crc32c.crc32c(rows, crc)
-            if lay.name == "hidden_states":
+            if lay.name == "hidden_states" and lay.data_type == "uint8":  # float8 codes: NaN only, no Inf
+                nan += nan_codes(rows)
+            elif lay.name == "hidden_states":
                 special = (rows & 0x7F80) == 0x7F80  # bf16 exponent all ones: Inf (mantissa 0) or NaN
                 if special.any():
                     mant = rows[special] & 0x007F
                     nan += int((mant != 0).sum())
                     inf += int((mant == 0).sum())
+            elif lay.name == SCALE_ARRAY:  # float8 row scales: finite, >= 0
+                bad += int((~np.isfinite(rows)).sum() + (rows < 0).sum())
             elif lay.name == "loss_mask":
                 bad += int((rows > 1).sum())
             elif lay.name == "input_ids":
@@ -291,7 +297,8 @@ def _check_shard_values(
     if nan or inf:
         return "values", f"{nan} NaN and {inf} Inf values in hidden states"
     if bad:
-        return "values", f"{bad} values outside the valid range ({'0/1' if lay.name == 'loss_mask' else '>= 0'})"
+        valid = {"loss_mask": "0/1", SCALE_ARRAY: "finite, >= 0"}.get(lay.name, ">= 0")
+        return "values", f"{bad} values outside the valid range ({valid})"
     return None
 
 

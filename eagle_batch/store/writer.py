@@ -3,7 +3,7 @@
     with TaskStoreWriter.open(path, spec, cfg.store) as w:
         for s in samples:
             if s.sample_id in w.committed_sample_ids: continue
-            w.append(s.sample_id, s.input_ids, s.loss_mask, hidden_states)  # torch bf16 [T, L, H]
+            w.append(s.sample_id, s.input_ids, s.loss_mask, hidden_states)  # torch bf16 [T, L, H] (or Fp8Rows)
             if time_to_commit: w.commit()
         w.finalize()
 
@@ -47,7 +47,8 @@ import numpy as np
 from .durable import makedirs_durable
 from .errors import StoreError
 from .finalize import finalize_store
-from .format import BF16, COMPLETE_NAME, ArrayLayout, auto_chunk_tokens
+from .format import BF16, COMPLETE_NAME, SCALE_ARRAY, ArrayLayout, auto_chunk_tokens, hidden_row_nbytes
+from .fp8 import Fp8Rows, quantize
 from .ingest import Ingest
 from .loan import Loan
 from .lock import StoreLock
@@ -84,6 +85,10 @@ def hidden_states_to_uint16(hidden_states: Any) -> np.ndarray:
     if a.dtype == np.uint16:
         return a
     raise TypeError(f"hidden_states must be torch.bfloat16 or numpy uint16/bfloat16 bits, got {a.dtype}.")
+
+
+def _nothing() -> None:
+    """The release of a Loan over the writer's own memory: the garbage collector frees it."""
 
 
 def _as_1d(name: str, x: Any, dtype: np.dtype) -> np.ndarray:
@@ -156,9 +161,7 @@ class TaskStoreWriter:
 
     def _open_locked(self, threads: int | None, repair: bool) -> None:
         c = self.cfg
-        chunk_tokens = c.chunk_tokens or auto_chunk_tokens(
-            self.spec.num_layers * self.spec.hidden_size * 2, c.shard_tokens
-        )
+        chunk_tokens = c.chunk_tokens or auto_chunk_tokens(hidden_row_nbytes(self.spec), c.shard_tokens)
         self.spec, self.layouts, self._progress = open_store(
             self.path, self.spec, c, chunk_tokens, fsync=self.fsync, entropy_only=self.entropy_only, repair=repair
         )
@@ -248,7 +251,9 @@ class TaskStoreWriter:
         hidden_states: Any,
         on_release: Callable[[], None] | None = None,
     ) -> None:
-        """Queue one sample; durable only after the next commit().
+        """Queue one sample; durable only after the next commit(). `hidden_states`: bf16 [T, L, H] (torch, or
+        numpy uint16 bits); a float8 store (spec.dtype float8_e4m3) quantizes it, or takes `Fp8Rows` (codes and
+        scales) quantized by the caller (store/fp8.py has the one definition).
 
         Without `on_release` the rows are copied before append returns. With it, `hidden_states` is lent:
         the writer may read it in place from its compression threads after append returned, and calls
@@ -291,18 +296,29 @@ class TaskStoreWriter:
         streams = self._ingest.streams
         streams["input_ids"].push(ids[0] if len(ids) == 1 else np.concatenate(ids))
         streams["loss_mask"].push(masks[0] if len(masks) == 1 else np.concatenate(masks))
-        streams["hidden_states"].push(np.ascontiguousarray(hs), loan)
+        if isinstance(hs, Fp8Rows):
+            streams[SCALE_ARRAY].push(hs.scales)
+            if hs is not hidden_states:  # quantized here: our own codes, compressed in place like lent rows
+                own = Loan(_nothing)
+                streams["hidden_states"].push(hs.codes, own)
+                own.drop()
+            elif hs.codes.flags.c_contiguous:
+                streams["hidden_states"].push(hs.codes, loan)
+            else:  # copied into the stream's chunk buffers; the lender's memory is free on return
+                streams["hidden_states"].push(hs.codes)
+        else:
+            streams["hidden_states"].push(np.ascontiguousarray(hs), loan)
         self._progress.add(sids, ids)
 
     def _checked_block(self, sample_ids: list, input_ids: list, loss_masks: list, hidden_states: Any) -> tuple:
-        """(sample ids, token ids, masks, hidden-state bits) of a block, or ValueError/TypeError naming the
+        """(sample ids, token ids, masks, hidden states as stored) of a block, or ValueError/TypeError naming the
         first sample that is wrong (a duplicate, no tokens, shapes that disagree)."""
         if not (len(sample_ids) == len(input_ids) == len(loss_masks)) or not sample_ids:
             raise ValueError(
                 f"append_block: {len(sample_ids)} sample ids, {len(input_ids)} input_ids, "
                 f"{len(loss_masks)} loss masks; give one of each per sample (at least one)"
             )
-        hs = hidden_states_to_uint16(hidden_states)
+        hs = hidden_states if isinstance(hidden_states, Fp8Rows) else hidden_states_to_uint16(hidden_states)
         sids = [str(x) for x in sample_ids]
         ids = [_as_1d("input_ids", x, np.dtype(np.int32)) for x in input_ids]
         masks = [_as_1d("loss_mask", x, np.dtype(np.uint8)) for x in loss_masks]
@@ -331,7 +347,34 @@ class TaskStoreWriter:
                 f"expected {[total, *row]} (layer_ids={self.spec.layer_ids}, "
                 f"hidden_size={self.spec.hidden_size})."
             )
-        return sids, ids, masks, hs
+        return sids, ids, masks, self._stored_rows(hs, sids)
+
+    def _stored_rows(self, hs: np.ndarray | Fp8Rows, sample_ids: list) -> np.ndarray | Fp8Rows:
+        """The states as this store keeps them: bf16 bits, or (store.dtype float8_e4m3) codes and row scales,
+        quantized here from bf16 bits unless the caller did (the capture, on the device)."""
+        fp8 = self.spec.dtype != "bfloat16"
+        if isinstance(hs, Fp8Rows):
+            if not fp8:
+                raise TypeError(
+                    f"{self.path} stores bfloat16 hidden states (store.dtype) but was given float8 codes; "
+                    "append the bf16 states, or write to a store created with store.dtype=float8_e4m3."
+                )
+            rows = hs
+        elif not fp8:
+            return hs
+        else:
+            rows = quantize(np.ascontiguousarray(hs))
+        if not np.isfinite(rows.scales).all():
+            what = (
+                f"sample {sample_ids[0]!r}"
+                if len(sample_ids) == 1
+                else f"samples {sample_ids[0]!r}..{sample_ids[-1]!r}"
+            )
+            raise ValueError(
+                f"{what}: hidden states hold NaN/Inf, which float8 (store.dtype=float8_e4m3) cannot store; "
+                "check the model dtype, or capture into a bfloat16 store to keep them as they are."
+            )
+        return rows
 
     # ----- commit, finalize, close -----
 

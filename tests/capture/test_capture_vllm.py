@@ -220,3 +220,54 @@ def test_native_out_of_process_worker_uses_shared_memory(
         got = w.committed[s.sample_id]["hidden_states"].double()
         cos = torch.nn.functional.cosine_similarity(got, ref[s.sample_id].double(), dim=-1)
         assert float(cos.min()) >= 0.99999, s.sample_id
+
+
+def test_native_float8_store_quantizes_in_the_connector(tiny_model, samples_factory, tmp_path):
+    """store.dtype float8_e4m3: the connector hands packed codes and scales (capture/fp8.py) instead of bf16,
+    and run_capture writes them to a float8 store whose dequantized states match the reference."""
+    from eagle_batch.capture.fp8 import packed_row_nbytes, unpack
+    from eagle_batch.store import StoreSpec, TaskStoreWriter, open_dataset, verify
+    from eagle_batch.store.fp8 import dequantize_f32
+
+    path = tiny_model("llama")
+    cfg = load_config(
+        None,
+        [
+            f"run_dir={tmp_path}",
+            f"model.path={path}",
+            "model.dtype=float32",
+            "model.max_model_len=512",
+            f"extract.max_num_batched_tokens={BUDGET}",
+            "extract.max_num_seqs=8",
+            "extract.enforce_eager=true",
+            "extract.batch_samples=4",
+            "extract.commit_interval_s=0",
+            "extract.backend=native",
+            "store.dtype=float8_e4m3",
+        ],
+    )
+    samples = samples_factory(LENGTHS, vocab=40000, seed=5, prefix="fp8-")
+    backend = make_backend(cfg)
+    try:
+        L, H = len(backend.layer_ids), backend.hidden_size
+        raw = _Collect()
+        backend.run_batch(samples[:2], raw)
+        for s in samples[:2]:
+            st = raw.items[s.sample_id].states
+            assert st.dtype == torch.uint8 and tuple(st.shape) == (len(s.input_ids), packed_row_nbytes(L, H))
+            unpack(st.numpy(), L, H)
+        spec = StoreSpec(layer_ids=backend.layer_ids, hidden_size=H, dtype="float8_e4m3")
+        with TaskStoreWriter.open(tmp_path / "s.zarr", spec, cfg.store) as w:
+            run_capture(cfg, samples, w, backend=backend)
+            w.finalize()
+    finally:
+        backend.close()
+    assert verify(tmp_path / "s.zarr") == []
+    ds = open_dataset(tmp_path / "s.zarr")
+    ref = _reference("llama", path, backend.layer_ids, samples)
+    assert sorted(ds.stores[0].sample_ids) == sorted(s.sample_id for s in samples)
+    for i in range(len(ds)):  # in the order the engine finished them
+        x = ds.get_arrays(i, raw=True)
+        got = torch.from_numpy(dequantize_f32(x["hidden_states"], x["hidden_states_scale"])).double()
+        cos = torch.nn.functional.cosine_similarity(got, ref[x["sample_id"]].double(), dim=-1)
+        assert float(cos.min()) >= 0.999, x["sample_id"]

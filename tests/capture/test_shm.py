@@ -252,3 +252,38 @@ def _produce_one_nan(spec, n, L, H):
     host.copy_(rows)
     prod.put_rows([(f"s{j}", f"r{j}", np.arange(lengths[j]), lengths[j]) for j in range(n)], host, where, None, finite)
     prod.close()
+
+
+def _produce_fp8(spec, n, L, H):
+    """The float8 connector's records: each request's rows quantized and packed (capture/fp8.py), back to back."""
+    from eagle_batch.capture import fp8
+
+    prod = ShmProducer(spec)
+    for i in range(0, n, 2):
+        group = list(range(i, min(n, i + 2)))
+        rows = fp8.pack(torch.cat([_bf16_rows(j, L, H) for j in group]))
+        host, where = prod.alloc_host(rows.shape, rows.dtype, pin=False)
+        host.copy_(rows)
+        reqs = [(f"s{j}", f"r{j}", np.arange(len(_bf16_rows(j, L, H))), len(_bf16_rows(j, L, H))) for j in group]
+        prod.put_rows(reqs, host, where, None, torch.ones(len(rows), dtype=torch.bool))
+    prod.close()
+
+
+def test_float8_records_cross_the_ring_into_a_float8_store(tmp_path, samples_factory):
+    from eagle_batch.config import StoreConfig
+    from eagle_batch.store import StoreSpec, TaskStoreWriter, open_dataset
+    from eagle_batch.store.fp8 import dequantize, quantize
+
+    L, H, n = 2, 16, 5
+    spec = StoreSpec(layer_ids=[1, 2], hidden_size=H, model_name="t", dtype="float8_e4m3")
+    w = TaskStoreWriter.open(tmp_path / "s.zarr", spec, StoreConfig(chunk_tokens=8, shard_tokens=32, fsync=False))
+    wt = WriterThread(w, L, H)
+    try:
+        _capture_through_ring(wt, wt, samples_factory, [3 + 5 * i for i in range(n)], _produce_fp8, 1 << 20, L, H)
+        w.finalize()
+    finally:
+        w.close()
+    ds = open_dataset(tmp_path / "s.zarr")
+    for i in range(n):
+        q = quantize(_bf16_rows(i, L, H).view(torch.uint16).numpy())
+        np.testing.assert_array_equal(ds.get_arrays(i)["hidden_states"], dequantize(q.codes, q.scales))

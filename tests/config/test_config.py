@@ -148,6 +148,9 @@ def test_enum_values_checked(tmp_path):
     cfg = load_config(None, [f"run_dir={tmp_path}/r", f"model.path={m}", "extract.backend=magic"])
     with pytest.raises(ConfigError, match=r"extract\.backend='magic'"):
         check_config(cfg)
+    cfg = load_config(None, [f"run_dir={tmp_path}/r", f"model.path={m}", "store.dtype=fp8"])
+    with pytest.raises(ConfigError, match=r"store\.dtype='fp8' is not one of bfloat16, float8_e4m3"):
+        check_config(cfg)
 
 
 class _Tok:

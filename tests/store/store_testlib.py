@@ -57,11 +57,12 @@ KILL_SPEC = dict(layer_ids=LAYERS, hidden_size=HIDDEN, model_name="synthetic", c
 KILL_CFG = dict(chunk_tokens=8, shard_tokens=32)
 
 
-def writer_main(path: str, n_samples: int, commit_every: int, adaptive: bool = False) -> None:
+def writer_main(path: str, n_samples: int, commit_every: int, adaptive: bool = False, dtype: str = "bfloat16") -> None:
     """The child: (re)open the store, append what is not committed, commit every few samples, finalize."""
     from eagle_batch.store import TaskStoreWriter
 
-    with TaskStoreWriter.open(path, StoreSpec(**KILL_SPEC), StoreConfig(**KILL_CFG, adaptive=adaptive)) as w:
+    spec = StoreSpec(**KILL_SPEC, dtype=dtype)
+    with TaskStoreWriter.open(path, spec, StoreConfig(**KILL_CFG, adaptive=adaptive)) as w:
         print("ready", flush=True)
         for i in range(n_samples):
             s = make_sample(i)
@@ -75,10 +76,13 @@ def writer_main(path: str, n_samples: int, commit_every: int, adaptive: bool = F
     print("done", flush=True)
 
 
-def spawn_writer(path: Path, n_samples: int, commit_every: int, adaptive: bool = False) -> subprocess.Popen:
+def spawn_writer(
+    path: Path, n_samples: int, commit_every: int, adaptive: bool = False, dtype: str = "bfloat16"
+) -> subprocess.Popen:
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(Path(__file__).parent), *sys.path]))
+    args = [str(path), str(n_samples), str(commit_every), str(int(adaptive)), dtype]
     return subprocess.Popen(
-        [sys.executable, __file__, "write", str(path), str(n_samples), str(commit_every), str(int(adaptive))],
+        [sys.executable, __file__, "write", *args],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
@@ -86,9 +90,11 @@ def spawn_writer(path: Path, n_samples: int, commit_every: int, adaptive: bool =
     )
 
 
-def run_writer_to_end(path: Path, n_samples: int, commit_every: int, adaptive: bool = False) -> float:
+def run_writer_to_end(
+    path: Path, n_samples: int, commit_every: int, adaptive: bool = False, dtype: str = "bfloat16"
+) -> float:
     """Run the child uninterrupted; return its seconds from 'ready' to exit."""
-    p = spawn_writer(path, n_samples, commit_every, adaptive)
+    p = spawn_writer(path, n_samples, commit_every, adaptive, dtype)
     assert p.stdout.readline().strip() == "ready", p.stderr.read()
     t0 = time.monotonic()
     out, err = p.communicate(timeout=300)
@@ -96,14 +102,24 @@ def run_writer_to_end(path: Path, n_samples: int, commit_every: int, adaptive: b
     return time.monotonic() - t0
 
 
-def reference_arrays(n_samples: int) -> dict[str, np.ndarray]:
+def reference_arrays(n_samples: int, dtype: str = "bfloat16") -> dict:
+    """What a store of the first `n_samples` samples holds: `arrays` (each token array's raw values, as plain
+    zarr reads them) and `read` (hidden states as the reader returns them: bf16 bits)."""
+    from eagle_batch.store.fp8 import dequantize, quantize
+
     samples = [make_sample(i) for i in range(n_samples)]
+    hs = np.concatenate([s[3] for s in samples])
+    arrays = {"hidden_states": hs}
+    if dtype != "bfloat16":
+        q = quantize(hs)
+        arrays = {"hidden_states": q.codes, "hidden_states_scale": q.scales}
+        hs = dequantize(q.codes, q.scales)
+    arrays.update(input_ids=np.concatenate([s[1] for s in samples]), loss_mask=np.concatenate([s[2] for s in samples]))
     return {
         "sample_ids": [s[0] for s in samples],
         "lengths": [len(s[1]) for s in samples],
-        "input_ids": np.concatenate([s[1] for s in samples]),
-        "loss_mask": np.concatenate([s[2] for s in samples]),
-        "hidden_states": np.concatenate([s[3] for s in samples]),
+        "arrays": arrays,
+        "read": hs,
     }
 
 
@@ -123,12 +139,12 @@ def check_interrupted_store(path: Path, ref: dict) -> int:
     for i in {0, n // 2, n - 1} if n else ():
         x = ds.get_arrays(i)
         a, b = sum(ref["lengths"][:i]), sum(ref["lengths"][: i + 1])
-        np.testing.assert_array_equal(x["hidden_states"], ref["hidden_states"][a:b])
+        np.testing.assert_array_equal(x["hidden_states"], ref["read"][a:b])
     # Plain zarr trusts shapes: they must never cover data that was not written (zeros).
-    for name in ("hidden_states", "input_ids", "loss_mask"):
+    for name, want in ref["arrays"].items():
         arr = zarr.open_array(path / name, mode="r")
         assert arr.shape[0] <= t, f"{name} shape {arr.shape[0]} is ahead of the {t} committed tokens"
-        np.testing.assert_array_equal(arr[:].view(ref[name].dtype), ref[name][: arr.shape[0]])
+        np.testing.assert_array_equal(arr[:].view(want.dtype), want[: arr.shape[0]])
     return n
 
 
@@ -140,9 +156,9 @@ def check_final_store(path: Path, ref_store: Path, ref: dict, same_bytes: bool =
     a, b = read_record(ref_store), read_record(path)
     for k in ("sample_ids", "lengths", "num_samples", "num_tokens"):
         assert a[k] == b[k], k
-    for name in ("hidden_states", "input_ids", "loss_mask"):
+    for name, want in ref["arrays"].items():
         got = zarr.open_array(path / name, mode="r")[:]
-        np.testing.assert_array_equal(got.view(ref[name].dtype), ref[name])
+        np.testing.assert_array_equal(got.view(want.dtype), want)
         if same_bytes:  # deterministic compression: same shard files (crc32c list) as the uninterrupted run
             assert [s["crc32c"] for s in a["shards"][name]] == [s["crc32c"] for s in b["shards"][name]], name
     np.testing.assert_array_equal(
@@ -165,17 +181,18 @@ def kill_trials(
     log=print,
     min_kills: int = 0,
     adaptive: bool = False,
+    dtype: str = "bfloat16",
 ) -> dict:
     """SIGKILL writers at random moments, resume each time, compare with an uninterrupted run.
 
     Each store gets up to `kills_per_store` kills (fewer once it is complete); stores are added until
     both `stores` stores were done and `min_kills` kills landed. With `adaptive` (store.adaptive: which
     chunks stay raw depends on timing; the rows are lent to the writer as the capture lends them) the
-    data must be identical, the shard bytes need not be."""
+    data must be identical, the shard bytes need not be. `dtype`: the stores' store.dtype."""
     rng = np.random.default_rng(seed)
-    ref = reference_arrays(n_samples)
+    ref = reference_arrays(n_samples, dtype)
     ref_store = workdir / "reference.zarr"
-    write_s = run_writer_to_end(ref_store, n_samples, commit_every, adaptive)
+    write_s = run_writer_to_end(ref_store, n_samples, commit_every, adaptive, dtype)
     log(f"reference run: {write_s:.2f} s of writing after start-up")
     kills = 0
     committed_at_kill: list[int] = []
@@ -187,7 +204,7 @@ def kill_trials(
         for _ in range(kills_per_store):
             # Aim inside the work that is left, so later kills still land before the end.
             left_s = write_s * (n_samples - committed) / n_samples
-            p = spawn_writer(path, n_samples, commit_every, adaptive)
+            p = spawn_writer(path, n_samples, commit_every, adaptive, dtype)
             if rng.random() < 0.15:  # sometimes kill during start-up / recovery, before 'ready'
                 time.sleep(rng.uniform(0.0, 1.0))
             else:
@@ -205,7 +222,7 @@ def kill_trials(
             if (path / "complete").is_file():
                 break  # nothing left to interrupt in this store
         committed_at_kill += here
-        run_writer_to_end(path, n_samples, commit_every, adaptive)
+        run_writer_to_end(path, n_samples, commit_every, adaptive, dtype)
         check_final_store(path, ref_store, ref, same_bytes=not adaptive)
         log(f"store {s}: committed samples at each kill {here}; final store identical to the reference")
         shutil.rmtree(path)
@@ -215,6 +232,4 @@ def kill_trials(
 
 if __name__ == "__main__":
     if sys.argv[1] == "write":
-        writer_main(
-            sys.argv[2], int(sys.argv[3]), int(sys.argv[4]), bool(int(sys.argv[5])) if len(sys.argv) > 5 else False
-        )
+        writer_main(sys.argv[2], int(sys.argv[3]), int(sys.argv[4]), bool(int(sys.argv[5])), sys.argv[6])

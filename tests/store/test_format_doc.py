@@ -78,7 +78,8 @@ def test_format_doc_blocks_read_what_the_reader_reads(tmp_path):
     tok.mkdir()
     (tok / "tokenizer.json").write_text('{"model": {"vocab": {"a": 0}}}')
     (tok / "tokenizer_config.json").write_text("{}")
-    blocks = python_blocks(DOC.read_text())
+    # The "FP8 hidden states" section's block reads a float8 store: tests/store/test_fp8.py runs it.
+    blocks = python_blocks(DOC.read_text().split("\n## FP8 hidden states")[0])
     assert len(blocks) >= 4  # tokenizer identity, bfloat16, zarr reading, numpy + numcodecs
     (tmp_path / "blocks.json").write_text(json.dumps(blocks))
     r = _run(DRIVER, tmp_path, str(tmp_path / "blocks.json"))

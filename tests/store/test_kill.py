@@ -9,9 +9,15 @@ import pytest
 from store_testlib import kill_trials
 
 
-@pytest.mark.parametrize("adaptive", [False, True], ids=["compress-all", "adaptive"])
-def test_sigkill_at_random_moments_then_resume_is_identical(tmp_path, adaptive):
-    result = kill_trials(tmp_path, kills_per_store=6, stores=1, n_samples=60, seed=1234, min_kills=5, adaptive=adaptive)
+@pytest.mark.parametrize(
+    "adaptive,dtype",
+    [(False, "bfloat16"), (True, "bfloat16"), (False, "float8_e4m3")],
+    ids=["compress-all", "adaptive", "float8"],
+)
+def test_sigkill_at_random_moments_then_resume_is_identical(tmp_path, adaptive, dtype):
+    result = kill_trials(
+        tmp_path, kills_per_store=6, stores=1, n_samples=60, seed=1234, min_kills=5, adaptive=adaptive, dtype=dtype
+    )
     assert result["kills"] >= 5, result
     # At least one kill must land after something was committed and before the end, or the test proved little.
     assert any(0 < c < 60 for c in result["committed_at_kill"]), result
