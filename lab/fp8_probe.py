@@ -10,7 +10,8 @@ MX formats' 32; 128 does not divide 576) it prints one
 JSON line: per layer the error of the dequantized states against bf16 (eagle_batch/bench/fp8_error.py's
 metrics, whole rows for cosine and L2, the block's own scale for the normal range), and the bytes per token:
 codes compressed as the store compresses them (entropy-only blosc frames, typesize 1, 4 MiB chunks) plus the
-float32 scales, which do not compress (kept raw in the count); the first line has bf16's bytes per token,
+float32 scales, which do not compress (kept raw in the count), and `codes_ratio_bound`, 8 bits over the codes'
+order-0 entropy (what any coder of independent bytes can reach at most); the first line has bf16's bytes per token,
 raw and compressed the same way.
 """
 
@@ -34,6 +35,13 @@ def quantize_blocks(x: np.ndarray, block: int) -> tuple[np.ndarray, np.ndarray, 
     q = np.clip(xb / np.where(scales > 0, scales, np.float32(1))[..., None], -E4M3_MAX, E4M3_MAX).astype(E4M3)
     d = (q.astype(np.float32) * scales[..., None]).astype(BF16).astype(np.float32)
     return q.view(np.uint8).reshape(n, L, H), scales, d.reshape(n, L, H)
+
+
+def entropy_bits(codes: np.ndarray) -> float:
+    """Order-0 entropy of uint8 codes, bits per code."""
+    p = np.bincount(codes.reshape(-1), minlength=256) / codes.size
+    p = p[p > 0]
+    return float(-(p * np.log2(p)).sum())
 
 
 def stored_bytes(values: np.ndarray) -> int:
@@ -63,6 +71,8 @@ def main() -> None:
             "channels_per_scale": block,
             "bytes_per_token": round((code_bytes + scales.nbytes) / n, 1),
             "codes_ratio": round(codes.nbytes / code_bytes, 4),
+            # The most any coder of independent bytes can give: 8 / (order-0 entropy of the codes).
+            "codes_ratio_bound": round(8 / entropy_bits(codes), 4),
             "scale_bytes_per_token": scales.nbytes // n,
             "layer_ids": LAYER_IDS,
             **{m: [round(p[m], 6) for p in per_layer] for m in METRICS},
