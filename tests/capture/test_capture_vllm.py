@@ -91,6 +91,26 @@ def _reference(kind, path, layer_ids, samples):
     return _REF[key]
 
 
+def _native_config(run_dir, path, *overrides: str):
+    """The native backend on a float32 model, batches of 4 samples, a commit after each."""
+    return load_config(
+        None,
+        [
+            f"run_dir={run_dir}",
+            f"model.path={path}",
+            "model.dtype=float32",
+            "model.max_model_len=512",
+            f"extract.max_num_batched_tokens={BUDGET}",
+            "extract.max_num_seqs=8",
+            "extract.enforce_eager=true",
+            "extract.batch_samples=4",
+            "extract.commit_interval_s=0",
+            "extract.backend=native",
+            *overrides,
+        ],
+    )
+
+
 @pytest.fixture(scope="module", params=COMBOS, ids=[f"{k}-{b}" for k, b in COMBOS])
 def captured(request, tiny_model, smollm2_path, samples_factory, fake_writer_cls, tmp_path_factory):
     kind, backend_name = request.param
@@ -191,21 +211,7 @@ def test_native_out_of_process_worker_uses_shared_memory(
     see our sink: states travel through the shared-memory ring and must arrive intact and complete."""
     monkeypatch.setenv("VLLM_ENABLE_V1_MULTIPROCESSING", "1")
     path = tiny_model("llama")
-    cfg = load_config(
-        None,
-        [
-            f"run_dir={tmp_path}",
-            f"model.path={path}",
-            "model.dtype=float32",
-            "model.max_model_len=512",
-            f"extract.max_num_batched_tokens={BUDGET}",
-            "extract.max_num_seqs=8",
-            "extract.enforce_eager=true",
-            "extract.batch_samples=4",
-            "extract.commit_interval_s=0",
-            "extract.backend=native",
-        ],
-    )
+    cfg = _native_config(tmp_path, path)
     samples = samples_factory(LENGTHS, vocab=40000, seed=3, prefix="mp-")
     backend = make_backend(cfg)
     try:
@@ -230,22 +236,7 @@ def test_native_float8_store_quantizes_in_the_connector(tiny_model, samples_fact
     from eagle_batch.store.fp8 import dequantize_f32
 
     path = tiny_model("llama")
-    cfg = load_config(
-        None,
-        [
-            f"run_dir={tmp_path}",
-            f"model.path={path}",
-            "model.dtype=float32",
-            "model.max_model_len=512",
-            f"extract.max_num_batched_tokens={BUDGET}",
-            "extract.max_num_seqs=8",
-            "extract.enforce_eager=true",
-            "extract.batch_samples=4",
-            "extract.commit_interval_s=0",
-            "extract.backend=native",
-            "store.dtype=float8_e4m3",
-        ],
-    )
+    cfg = _native_config(tmp_path, path, "store.dtype=float8_e4m3")
     samples = samples_factory(LENGTHS, vocab=40000, seed=5, prefix="fp8-")
     backend = make_backend(cfg)
     try:
