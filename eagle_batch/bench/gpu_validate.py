@@ -31,7 +31,10 @@ import sys
 import tempfile
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from eagle_batch.capture.sink import CollectingSink
 
 VOCAB = 32000
 
@@ -218,34 +221,19 @@ def _child(args) -> int:
     return 0
 
 
-class _Keep:
-    """A sink that keeps every captured request (a copy, giving a shared-ring slot straight back)."""
-
-    def __init__(self):
-        self.items = {}
-
-    def put(self, it):
-        if it.ready is not None:
-            it.ready()
-        if it.release is not None:
-            it.states, release = it.states.clone(), it.release
-            it.release = None
-            release()
-        self.items[it.sample_id] = it
-
-
-def _capture(cfg, samples) -> tuple[_Keep, float]:
+def _capture(cfg, samples) -> tuple[CollectingSink, float]:
     """Run the samples through a fresh backend; (what it captured, engine start seconds). Frees the engine."""
     import gc
 
     import torch
 
     from eagle_batch.capture import make_backend
+    from eagle_batch.capture.sink import CollectingSink
 
     t0 = time.perf_counter()
     backend = make_backend(cfg)
     start_s = time.perf_counter() - t0
-    keep = _Keep()
+    keep = CollectingSink()
     try:
         backend.run_batch(samples, keep)
     finally:
@@ -257,7 +245,7 @@ def _capture(cfg, samples) -> tuple[_Keep, float]:
     return keep, start_s
 
 
-def _vs_fp32(args, path: Path, layer_ids, samples, keep: _Keep, refs: dict) -> dict:
+def _vs_fp32(args, path: Path, layer_ids, samples, keep: CollectingSink, refs: dict) -> dict:
     """How far is each bf16 engine from the fp32 computation of the same weights? If transformers' own bf16
     run is as far from it as vLLM's capture, the bf16-vs-bf16 gap is bf16 itself, not capture."""
     import gc

@@ -55,6 +55,24 @@ class Sink:
         raise NotImplementedError
 
 
+class CollectingSink(Sink):
+    """Keeps every captured request by sample id, for validation and benchmarks rather than the store: a
+    shared-ring item's states are copied out and its slot released at once, so a long run never stalls
+    the producer (`put` runs on the engine thread: the copy is the price of keeping everything)."""
+
+    def __init__(self) -> None:
+        self.items: dict[str, CapturedRequest] = {}
+
+    def put(self, item: CapturedRequest) -> None:
+        if item.ready is not None:
+            item.ready()
+        if item.release is not None:
+            item.states, release = item.states.clone(), item.release
+            item.release = None
+            release()
+        self.items[item.sample_id] = item
+
+
 # One finished request of a step record: (sample id, vLLM request id, prompt token ids, rows).
 RequestRows = tuple[str, str, Sequence[int], int]
 

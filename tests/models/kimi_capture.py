@@ -29,6 +29,7 @@ LENGTHS = [40, 97, 13, 150]
 
 def main(model: str, backend: str, out: str) -> None:
     from eagle_batch.capture import make_backend
+    from eagle_batch.capture.sink import CollectingSink
     from eagle_batch.config import load_config
 
     cfg = load_config(
@@ -59,23 +60,10 @@ def main(model: str, backend: str, out: str) -> None:
 
     samples = [Sample(i, n) for i, n in enumerate(LENGTHS)]
 
-    class Keep:
-        def __init__(self):
-            self.items = {}
-
-        def put(self, it):
-            if it.ready is not None:
-                it.ready()
-            if it.release is not None:  # copy out of the ring slot, then give it back
-                it.states, release = it.states.clone(), it.release
-                it.release = None
-                release()
-            self.items[it.sample_id] = it
-
     backend_obj = make_backend(cfg)
     llm_model = backend_obj.llm.llm_engine.model_executor.driver_worker.worker.model_runner.model
     built = {name: type(child).__name__ for name, child in llm_model.named_children()}
-    keep = Keep()
+    keep = CollectingSink()
     try:
         backend_obj.run_batch(samples, keep)
         layer_ids = list(backend_obj.layer_ids)
