@@ -9,7 +9,6 @@ token counts) are rewritten from the token arrays alone, which is cheap. Nothing
 from __future__ import annotations
 
 import hashlib
-import os
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
@@ -18,7 +17,7 @@ from typing import Protocol
 import numpy as np
 
 from eagle_batch.store import StoreDataset
-from eagle_batch.store.durable import fsync_dir, makedirs_durable, partial_name
+from eagle_batch.store.durable import makedirs_durable, partial_name, publish
 from eagle_batch.store.format import PARTIAL_SUFFIX
 
 from .layers import PeerLayers
@@ -77,16 +76,10 @@ def _write_one(out: Path, rel: str, peer: PeerFormat, x: dict, fsync: bool) -> N
     tmp = partial_name(path)
     try:
         peer.write_sample(tmp, x["input_ids"], x["loss_mask"], x["hidden_states"])
-        if fsync:
-            fd = os.open(tmp, os.O_RDONLY)
-            os.fsync(fd)
-            os.close(fd)
-        os.replace(tmp, path)
+        publish(tmp, path, fsync)
     except BaseException:
         tmp.unlink(missing_ok=True)
         raise
-    if fsync:
-        fsync_dir(path.parent)
 
 
 def export(

@@ -12,13 +12,12 @@ renamed; state.json comes last, so a folder with it is whole.
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
 
-from eagle_batch.store.durable import fsync_dir, partial_name, write_json_atomic
+from eagle_batch.store.durable import partial_name, publish, write_json_atomic
 
 DATA_FILE = "data-00000-of-00001.arrow"
 STATE_FILE = "state.json"
@@ -56,13 +55,7 @@ class HFDatasetWriter:
         self._flush()
         self._writer.close()
         self._sink.close()
-        if fsync:
-            fd = os.open(self._tmp, os.O_RDONLY)
-            os.fsync(fd)
-            os.close(fd)
-        os.replace(self._tmp, self.folder / DATA_FILE)
-        if fsync:
-            fsync_dir(self.folder)
+        publish(self._tmp, self.folder / DATA_FILE, fsync)
         write_json_atomic(self.folder / INFO_FILE, {"description": description}, fsync=fsync)
         state = {
             "_data_files": [{"filename": DATA_FILE}],

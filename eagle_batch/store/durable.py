@@ -27,14 +27,30 @@ def fsync_dir(path: Path) -> None:
         os.close(fd)
 
 
+def fsync_file(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
 def fsync_tree(root: Path) -> None:
     """fsync every file under `root`, then every directory (the entries of the files just synced)."""
     for f in root.rglob("*"):
         if f.is_file():
-            fd = os.open(f, os.O_RDONLY)
-            os.fsync(fd)
-            os.close(fd)
+            fsync_file(f)
         fsync_dir(f.parent if f.is_file() else f)
+
+
+def publish(tmp: Path, path: Path, fsync: bool = True) -> None:
+    """Rename the finished file `tmp` to `path`; with fsync, its bytes and its new directory entry are
+    durable on return (the bytes before the rename, so a crash never leaves `path` naming a torn file)."""
+    if fsync:
+        fsync_file(tmp)
+    os.replace(tmp, path)
+    if fsync:
+        fsync_dir(path.parent)
 
 
 def partial_name(path: Path) -> Path:
