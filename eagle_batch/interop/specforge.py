@@ -42,7 +42,7 @@ class SpecForgeFormat:
     def peer_layer_ids(self) -> dict:
         return {
             "aux_hidden_state_layer_ids": to_output_convention(self.layers.aux_ids),
-            "last_layer_id": self.layers.last_id - 1,
+            "last_layer_id": to_output_convention([self.layers.last_id])[0],
         }
 
     def sample_path(self, i: int) -> str:

@@ -343,8 +343,7 @@ class StoreDataset:  # a map-style dataset for torch's DataLoader (no torch impo
         return np.concatenate([s.lengths for s in self.stores]) if self.stores else np.zeros(0, np.int64)
 
     def __getitem__(self, i: int) -> dict[str, Any]:
-        s, j = self.locate(int(i))
-        return self.stores[s].get(j, self._layer_positions(s))
+        return self.get(i)
 
     def get_arrays(self, i: int, raw: bool = False) -> dict[str, Any]:
         """Sample i as numpy arrays: input_ids, loss_mask, hidden_states (bf16 as uint16 bits), sample_id; with
