@@ -44,6 +44,19 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         help="decode at most N sequences at once (the engines' max_num_seqs; 1 = one prompt after another, "
         "the latency case); default: every prompt at once",
     )
+    p.add_argument(
+        "--cuda-graphs",
+        action="store_true",
+        help="run both engines with vLLM's compilation and CUDA graphs instead of eager mode: the decode "
+        "speed a server gets (small targets are launch-bound when eager); each engine starts slower",
+    )
+    p.add_argument(
+        "--gpu-memory-utilization",
+        type=float,
+        default=0.0,
+        help="the share of the GPU's memory each engine takes (default: vLLM's); lower it to evaluate "
+        "beside other work on the same GPU",
+    )
     p.add_argument("--json", action="store_true", help="print the result as one JSON object")
     p.add_argument("--out", default="", help="also write the result as JSON to this file")
     p.add_argument(
@@ -115,6 +128,11 @@ def run(args: argparse.Namespace) -> int:
     from .serve_check import BUILTIN_PROMPTS, measure_acceptance
     from .trainer import output_dir
 
+    if not 0.0 <= args.gpu_memory_utilization <= 1.0:
+        raise UserError(f"--gpu-memory-utilization {args.gpu_memory_utilization}: expected a share in (0, 1]")
+    engine_args: dict = {"enforce_eager": False} if args.cuda_graphs else {}
+    if args.gpu_memory_utilization:
+        engine_args["gpu_memory_utilization"] = args.gpu_memory_utilization
     cfg = load_run_config(args.run_dir)
     drafts = [Path(d) for d in args.draft] or [output_dir(cfg) / "export"]
     for draft in drafts:
@@ -145,6 +163,7 @@ def run(args: argparse.Namespace) -> int:
                 dtype=cfg.model.dtype,
                 engine_env={"VLLM_BATCH_INVARIANT": "1"} if args.batch_invariant else None,
                 max_num_seqs=args.batch,
+                engine_args=engine_args,
                 say=say,
             )
             reference = r.pop("reference")

@@ -128,6 +128,7 @@ def measure_acceptance(
     engine_env: dict[str, str] | None = None,
     say: Callable[[str], None] | None = None,
     max_num_seqs: int = 0,
+    engine_args: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     """Greedy-generate `prompts` with and without the EAGLE-3 draft in `draft_dir`.
 
@@ -136,6 +137,8 @@ def measure_acceptance(
     and `reference` (the no-speculation outputs; pass it back in to skip re-running the plain engine).
     dtype: the engines' compute dtype; "auto" = bfloat16 on a GPU, float32 on a CPU (CPUs without
     AVX512-BF16/AMX run bf16 several times slower; both engines use the same dtype either way).
+    engine_args: more vllm.LLM arguments for both engines (e.g. gpu_memory_utilization, enforce_eager=False);
+    they win over the defaults here (eager, vLLM's memory share).
     """
     if dtype == "auto":
         import torch
@@ -150,6 +153,7 @@ def measure_acceptance(
         max_model_len=max_model_len,
         dtype=dtype,
         max_num_seqs=int(max_num_seqs),
+        engine_args=dict(engine_args or {}),
     )
     work = f"{len(prompt_ids)} prompts x {max_tokens} tokens, greedy"
     if reference is None:
@@ -211,6 +215,7 @@ def _engine_main(inp: Path, out: Path) -> None:
     )
     if spec.get("max_num_seqs"):
         kwargs["max_num_seqs"] = int(spec["max_num_seqs"])
+    kwargs.update(spec.get("engine_args") or {})
     kwargs.update(cpu_mla_engine_args(model_info(spec["target"]).uses_mla, kwargs["dtype"]))
     if spec.get("draft"):
         kwargs["speculative_config"] = {"method": "eagle3", "model": spec["draft"], "num_speculative_tokens": spec["k"]}

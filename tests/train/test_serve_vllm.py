@@ -87,3 +87,31 @@ def test_evaluate_cli_compares_several_drafts_against_one_run_of_the_target(tmp_
     p = argparse.ArgumentParser()
     add_arguments(p)
     assert p.parse_args(["RUN", "--k", "3", "5"]).k == [3, 5]
+
+
+def test_evaluate_engine_options_reach_both_engines(tmp_path, monkeypatch):
+    """--cuda-graphs and --gpu-memory-utilization become vllm.LLM arguments of the engine process, over
+    the defaults (eager; vLLM's memory share)."""
+    import vllm
+
+    from eagle_batch.train import serve_check
+
+    seen: dict = {}
+
+    class Stop(Exception):
+        pass
+
+    def fake_llm(**kwargs):
+        seen.update(kwargs)
+        raise Stop
+
+    monkeypatch.setattr(vllm, "LLM", fake_llm)
+    target = servable_smollm2(tmp_path / "smollm2")
+    spec = {"target": str(target), "prompts": [[1, 2]], "max_tokens": 2, "max_model_len": 64, "dtype": "float32"}
+    spec["engine_args"] = {"enforce_eager": False, "gpu_memory_utilization": 0.2}
+    inp = tmp_path / "spec.json"
+    inp.write_text(json.dumps(spec))
+    with pytest.raises(Stop):
+        serve_check._engine_main(inp, tmp_path / "out.json")
+    assert seen["enforce_eager"] is False and seen["gpu_memory_utilization"] == 0.2
+    assert seen["model"] == str(target) and seen["dtype"] == "float32"
