@@ -63,12 +63,16 @@ extract() {
   step "extract-$name" eagle-batch extract "$cfg" run_dir="$run" "$@" "${extra[@]}" --wait --interval 15
   step "aggregate-$name" eagle-batch aggregate "$run" --no-progress
   step "verify-$name" eagle-batch verify "$run" --no-progress
+  # The task's own log (engine start, per-commit rates) and the store's size, for the record.
+  cp "$run"/slurm/*/task-*.log "$out/task-$name.log" 2>/dev/null || true
+  du -sb "$run/stores" > "$out/store-bytes-$name.txt"
 }
 # train NAME RUN [overrides]: one draft, the same token budget for every one
 train() {
   local name=$1 run=$2; shift 2
   step "train-$name" eagle-batch train "$cfg" run_dir="$run" train.name="$name" "${budget[@]}" \
     "${train_extra[@]}" "$@" "${extra[@]}" --local --no-progress
+  cp "$run/train/$name/metrics.jsonl" "$out/metrics-$name.jsonl" 2>/dev/null || true
 }
 
 for stage in $stages; do
@@ -117,6 +121,10 @@ data:
 extract:
   num_tasks: 1
 regenerate:
+  # An answer cut at max_tokens is still the target's own text, which is what the draft learns from; the
+  # 135M target's greedy answers often run on to the limit (1,812 of 2,263 in the first H200 run, where
+  # dropping them lost 1,435 of 2,500 chats).
+  keep_cut_off: true
   num_tasks: 1
   max_tokens: $MAX_TOKENS
   batch_conversations: 1024
@@ -154,53 +162,68 @@ EOF
         train.warmup_steps=10 train.log_every=10 train.export=false train.batch_tokens="$BATCH_TOKENS" \
         "${train_extra[@]}" "${extra[@]}" --local --no-progress
       python3 "$repo/scripts/gpu/dq_budget.py" "$work" "$budget_env" "$BATCH_TOKENS" "${DEADLINE:-0}" \
-        "${EVAL_RESERVE:-420}" "${CONCURRENT:-4}" "$STEPS" | tee "$out/budget.txt"
+        "${EVAL_RESERVE:-420}" "${CONCURRENT:-1.5}" "$STEPS" | tee "$out/budget.txt"
+      # shellcheck disable=SC1090
+      source "$budget_env"
+      budget=(train.steps="$STEPS" train.batch_tokens="$BATCH_TOKENS")
       ;;
     export-spec)
       step export-spec eagle-batch export-data "$work/run-orig" "$work/spec" --format speculators --json --no-progress
       ;;
     train-spec)
       # speculators' own defaults (lr 1e-3, 3 TTT steps) except what the comparison fixes: the states, the
-      # draft vocabulary, BATCH_TOKENS per step (one packed sequence), the epochs of the budget.
+      # draft vocabulary, BATCH_TOKENS per step (one packed sequence), the epochs of the budget. Its fused
+      # loss does not trace under torch 2.11's dynamo (AssertionError "ListVariable ... already tracked for
+      # mutation" in speculators/losses/fused.py, first H200 run), hence its eager loss.
       ids=$(python3 -c "import json,sys; print(*json.loads(open(sys.argv[1]).read().splitlines()[-1])['peer_layer_ids']['target_layer_ids'])" "$out/export-spec.txt")
       # Past the evaluation's reserve it is stopped; evaluate then takes its last saved epoch, if any.
       limit=$(( ${DEADLINE:-0} > 0 ? DEADLINE - $(date +%s) - ${EVAL_RESERVE:-420} : 86400 ))
       # shellcheck disable=SC2086
       step train-spec timeout "$(( limit > 60 ? limit : 60 ))" python3 -m speculators train --speculator-type eagle3 --verifier-name-or-path "$(model_path)" \
         --data-path "$work/spec" --on-missing raise --target-layer-ids $ids --draft-vocab-size 32000 \
-        --total-seq-len "$BATCH_TOKENS" --epochs "${SPEC_EPOCHS:-1}" --num-workers 4 --save-path "$work/spec-ckpt"
+        --total-seq-len "$BATCH_TOKENS" --epochs "${SPEC_EPOCHS:-1}" --num-workers 4 --save-path "$work/spec-ckpt" \
+        --loss-implementation eager
       ;;
     parallel)
       # The dependency graph, each branch a chain in the background; engines take a share of the GPU's
-      # memory; a failed stage ends its own branch only; the evaluation waits for every draft.
+      # memory; a failed stage ends its own branch only; the evaluation waits for every draft. BRANCHES
+      # picks the optional ones (default: fp8 spec).
       share="extract.gpu_memory_utilization=0.2 regenerate.gpu_memory_utilization=0.25"
       run_stage() { EXTRA="${EXTRA:-} $share" bash "$repo/scripts/gpu/draft_quality.sh" "$out" "$@"; }
+      branches=${BRANCHES-fp8 spec}
       (run_stage regenerate extract-regen) > "$out/branch-regen.log" 2>&1 &
-      (run_stage extract-fp8) > "$out/branch-fp8.log" 2>&1 &
-      run_stage extract-orig export-spec calibrate > "$out/branch-orig.log" 2>&1 || true
+      [[ " $branches " == *" fp8 "* ]] && { (run_stage extract-fp8) > "$out/branch-fp8.log" 2>&1 & }
+      orig_stages=(extract-orig calibrate)
+      [[ " $branches " == *" spec "* ]] && orig_stages=(extract-orig export-spec calibrate)
+      run_stage "${orig_stages[@]}" > "$out/branch-orig.log" 2>&1 || true
       wait || true
-      for d in orig regen fp8 spec floor; do (run_stage "train-$d") > "$out/branch-train-$d.log" 2>&1 & done
+      for d in orig regen floor $branches; do (run_stage "train-$d") > "$out/branch-train-$d.log" 2>&1 & done
       wait || true
       run_stage evaluate summary
       ;;
     evaluate)
-      # The target alone runs once per evaluate and is the reference for every (draft, k) in it. Ordered
-      # by what the issues need first; speculators' draft apart, so a draft vLLM cannot load costs only
-      # its own comparison.
-      drafts=(--draft "$work/run-regen/train/floor/export" --draft "$work/run-orig/train/orig/export"
-        --draft "$work/run-regen/train/regen/export")
-      [ -d "$work/run-fp8/train/fp8/export" ] && drafts+=(--draft "$work/run-fp8/train/fp8/export")
-      step evaluate-batch16 eagle-batch evaluate "$work/run-regen" "${drafts[@]}" --k 3 5 \
-        --prompts "$work/prompts.jsonl" --max-tokens "$EVAL_TOKENS" --batch 16 --out "$out/evaluate-batch16.json" || true
-      step evaluate-batch1 eagle-batch evaluate "$work/run-regen" --draft "$work/run-orig/train/orig/export" \
-        --draft "$work/run-regen/train/regen/export" --k 3 --prompts "$work/prompts.jsonl" \
-        --num-prompts "${BATCH1_PROMPTS:-8}" --max-tokens "$EVAL_TOKENS" --batch 1 --out "$out/evaluate-batch1.json" || true
-      spec_last=$(find "$work/spec-ckpt" -maxdepth 1 -name '[0-9]*' -type d 2>/dev/null | sort -V | tail -n1)
-      if [ -n "$spec_last" ]; then
-        step evaluate-spec eagle-batch evaluate "$work/run-orig" --draft "$spec_last" \
-          --draft "$work/run-orig/train/orig/export" --k 3 --prompts "$work/prompts.jsonl" \
-          --max-tokens "$EVAL_TOKENS" --batch 16 --out "$out/evaluate-spec-batch16.json" || true
-      fi
+      # Acceptance: one evaluate per draft, side by side (each engine a share of the GPU; the target alone
+      # runs in each, as the reference), with vLLM's batch-invariant kernels: plain decoding and the
+      # draft's verification then round alike, so "identical outputs" tests the draft path, not bf16
+      # batch effects (the first H200 run: even the untrained draft, which accepts nothing, differed on
+      # 8 of 80 prompts without them).
+      declare -A drafts=([floor]="$work/run-regen/train/floor/export" [orig]="$work/run-orig/train/orig/export"
+        [regen]="$work/run-regen/train/regen/export" [fp8]="$work/run-fp8/train/fp8/export")
+      drafts[spec]=$(find "$work/spec-ckpt" -maxdepth 1 -name '[0-9]*' -type d 2>/dev/null | sort -V | tail -n1 || true)
+      for name in "${!drafts[@]}"; do
+        [ -n "${drafts[$name]}" ] && [ -f "${drafts[$name]}/config.json" ] || continue
+        step "evaluate-$name" eagle-batch evaluate "$work/run-regen" --draft "${drafts[$name]}" --k 3 5 \
+          --prompts "$work/prompts.jsonl" --max-tokens "$EVAL_TOKENS" --batch 16 --batch-invariant \
+          --gpu-memory-utilization 0.15 --out "$out/evaluate-$name.json" &
+      done
+      wait || true
+      # Speed: decode tokens/s with and without the best draft, alone on the GPU, with CUDA graphs (the
+      # speed a server gets; eager mode leaves a 135M target launch-bound).
+      for b in 1 16; do
+        step "speed-batch$b" eagle-batch evaluate "$work/run-regen" --draft "${drafts[regen]}" --k 3 \
+          --prompts "$work/prompts.jsonl" --num-prompts $(( b == 1 ? 8 : 64 )) --max-tokens "$EVAL_TOKENS" \
+          --batch "$b" --cuda-graphs --out "$out/speed-batch$b.json" || true
+      done
       ;;
     summary)
       python3 - "$out" "$work" <<'EOF' | tee "$out/summary.json"
@@ -223,7 +246,7 @@ for metrics in sorted(work.glob("run-*/train/*/metrics.jsonl")):
     }
 keys = ("mean_acceptance_length", "accepted_per_position", "num_drafts", "identical_outputs",
         "target_alone_tok_s", "with_draft_tok_s")
-for f in sorted(out.glob("evaluate-*.json")):
+for f in sorted([*out.glob("evaluate-*.json"), *out.glob("speed-*.json")]):
     doc = json.loads(f.read_text())
     for r in doc if isinstance(doc, list) else [doc]:
         rows.append({"file": f.name, "batch": r.get("batch"), "draft": Path(r["draft"]).parent.name,
