@@ -130,6 +130,11 @@ def run(args: argparse.Namespace) -> int:
 
     if not 0.0 <= args.gpu_memory_utilization <= 1.0:
         raise UserError(f"--gpu-memory-utilization {args.gpu_memory_utilization}: expected a share in (0, 1]")
+    if args.batch_invariant:
+        import torch
+
+        if not torch.cuda.is_available():
+            raise UserError("--batch-invariant: vLLM's batch-invariant kernels need a CUDA GPU; leave it out here")
     engine_args: dict = {"enforce_eager": False} if args.cuda_graphs else {}
     if args.gpu_memory_utilization:
         engine_args["gpu_memory_utilization"] = args.gpu_memory_utilization

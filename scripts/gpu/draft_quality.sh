@@ -14,6 +14,7 @@
 #   more stages: extract-fp8 / train-fp8 (issue #25: the orig chats stored as float8_e4m3 and a draft on
 #   them), export-spec / train-spec (issue #26: speculators' trainer on the orig states from export-data),
 #   calibrate (a short training measures tokens/s; sets STEPS so that every draft is done by DEADLINE),
+#   profile-train (lab/train_step_probe.py on the orig states: where a training step's time goes),
 #   parallel (all stages after setup as a dependency graph whose branches share the one GPU).
 #
 # Inputs in DATA (default .devdata; carried to the device machine in parts, see docs/training.md):
@@ -167,6 +168,11 @@ EOF
       source "$budget_env"
       budget=(train.steps="$STEPS" train.batch_tokens="$BATCH_TOKENS")
       ;;
+    profile-train)
+      # Where a step's time goes (lab/train_step_probe.py): the device's busy fraction per step, the ops.
+      step profile-train python3 "$repo/lab/train_step_probe.py" "$cfg" run_dir="$work/run-orig" \
+        train.batch_tokens="$BATCH_TOKENS" "${train_extra[@]}" "${extra[@]}" --out "$work/probe"
+      ;;
     export-spec)
       step export-spec eagle-batch export-data "$work/run-orig" "$work/spec" --format speculators --json --no-progress
       ;;
@@ -193,8 +199,8 @@ EOF
       branches=${BRANCHES-fp8 spec}
       (run_stage regenerate extract-regen) > "$out/branch-regen.log" 2>&1 &
       [[ " $branches " == *" fp8 "* ]] && { (run_stage extract-fp8) > "$out/branch-fp8.log" 2>&1 & }
-      orig_stages=(extract-orig calibrate)
-      [[ " $branches " == *" spec "* ]] && orig_stages=(extract-orig export-spec calibrate)
+      orig_stages=(extract-orig calibrate profile-train)
+      [[ " $branches " == *" spec "* ]] && orig_stages=(extract-orig export-spec calibrate profile-train)
       run_stage "${orig_stages[@]}" > "$out/branch-orig.log" 2>&1 || true
       wait || true
       for d in orig regen floor $branches; do (run_stage "train-$d") > "$out/branch-train-$d.log" 2>&1 & done
@@ -209,11 +215,13 @@ EOF
       # 8 of 80 prompts without them).
       declare -A drafts=([floor]="$work/run-regen/train/floor/export" [orig]="$work/run-orig/train/orig/export"
         [regen]="$work/run-regen/train/regen/export" [fp8]="$work/run-fp8/train/fp8/export")
+      invariant=()  # vLLM's batch-invariant kernels are CUDA kernels
+      nvidia-smi -L > /dev/null 2>&1 && invariant=(--batch-invariant)
       drafts[spec]=$(find "$work/spec-ckpt" -maxdepth 1 -name '[0-9]*' -type d 2>/dev/null | sort -V | tail -n1 || true)
       for name in "${!drafts[@]}"; do
         [ -n "${drafts[$name]}" ] && [ -f "${drafts[$name]}/config.json" ] || continue
         step "evaluate-$name" eagle-batch evaluate "$work/run-regen" --draft "${drafts[$name]}" --k 3 5 \
-          --prompts "$work/prompts.jsonl" --max-tokens "$EVAL_TOKENS" --batch 16 --batch-invariant \
+          --prompts "$work/prompts.jsonl" --max-tokens "$EVAL_TOKENS" --batch 16 "${invariant[@]}" \
           --gpu-memory-utilization 0.15 --out "$out/evaluate-$name.json" &
       done
       wait || true

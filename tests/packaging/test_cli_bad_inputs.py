@@ -14,6 +14,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -118,6 +119,8 @@ CASES = [
     (["import-data", "{a_file}", "{missing}", "--aux-layer-ids", "2", "--num-hidden-layers", "6"], "{a_file}"),
     (["import-data", "{edited_state}", "{missing}", "--aux-layer-ids", "9", "--num-hidden-layers", "6"], "ascending"),
 ]
+if not torch.cuda.is_available():  # on a GPU machine the option is valid
+    CASES.append((["evaluate", "{edited_state}", "--batch-invariant"], "need a CUDA GPU"))
 
 
 @pytest.mark.parametrize("argv,expect", CASES, ids=[" ".join(a) for a, _ in CASES])
