@@ -26,8 +26,8 @@
 # BATCH_TOKENS (the token budget, the same for every draft; 3000 x 16384), TRAIN_EXTRA (more train.*
 # overrides for both drafts), EVAL_TOKENS (tokens per held-out prompt; 128), EXTRA (overrides for every
 # command), WORK (/root/ebdq), DEADLINE (epoch seconds by which `parallel` must be done), EVAL_RESERVE
-# (seconds of it kept for the evaluation; 420), CONCURRENT (how many trainers of one speed alone the GPU
-# runs side by side in the worst case; 1.5), BRANCHES (the optional branches of `parallel`; "fp8 spec").
+# (seconds of it kept for the evaluation; 420), CONCURRENT (each draft training side by side is assumed
+# to run at the calibrated speed divided by this; 1.5), BRANCHES (the optional branches of `parallel`; "fp8 spec").
 set -euo pipefail
 out=${1:?output folder}
 shift
