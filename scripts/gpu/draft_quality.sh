@@ -15,6 +15,7 @@
 #   them), export-spec / train-spec (issue #26: speculators' trainer on the orig states from export-data),
 #   calibrate (a short training measures tokens/s; sets STEPS so that every draft is done by DEADLINE),
 #   profile-train (lab/train_step_probe.py on the orig states: where a training step's time goes),
+#   train-lr (the orig draft again at train.lr=LR_ALT: the learning rate on the same budget),
 #   parallel (all stages after setup as a dependency graph whose branches share the one GPU).
 #
 # Inputs in DATA (default .devdata; carried to the device machine in parts, see docs/training.md):
@@ -27,7 +28,8 @@
 # overrides for both drafts), EVAL_TOKENS (tokens per held-out prompt; 128), EXTRA (overrides for every
 # command), WORK (/root/ebdq), DEADLINE (epoch seconds by which `parallel` must be done), EVAL_RESERVE
 # (seconds of it kept for the evaluation; 420), CONCURRENT (each draft training side by side is assumed
-# to run at the calibrated speed divided by this; 1.5), BRANCHES (the optional branches of `parallel`; "fp8 spec").
+# to run at the calibrated speed divided by this; 1.5), BRANCHES (the optional branches of `parallel`, of
+# fp8 spec lr; "fp8 spec"), LR_ALT (the lr branch's learning rate; 1e-3).
 set -euo pipefail
 out=${1:?output folder}
 shift
@@ -157,6 +159,8 @@ EOF
     train-regen) train regen "$work/run-regen" data.inputs="[$work/run-regen/regenerate/output]" \
       data.format=messages data.limit=0 ;;
     train-floor) train floor "$work/run-regen" train.steps=0 ;;
+    # The learning rate question of issue #23 on one budget: the orig draft again at LR_ALT (1e-3).
+    train-lr) train "orig-lr${LR_ALT:-1e-3}" "$work/run-orig" train.lr="${LR_ALT:-1e-3}" ;;
     extract-fp8) extract fp8 "$work/run-fp8" store.dtype=float8_e4m3 ;;
     train-fp8) train fp8 "$work/run-fp8" store.dtype=float8_e4m3 ;;
     calibrate)
@@ -215,7 +219,8 @@ EOF
       # batch effects (the first H200 run: even the untrained draft, which accepts nothing, differed on
       # 8 of 80 prompts without them).
       declare -A drafts=([floor]="$work/run-regen/train/floor/export" [orig]="$work/run-orig/train/orig/export"
-        [regen]="$work/run-regen/train/regen/export" [fp8]="$work/run-fp8/train/fp8/export")
+        [regen]="$work/run-regen/train/regen/export" [fp8]="$work/run-fp8/train/fp8/export"
+        [lr]="$work/run-orig/train/orig-lr${LR_ALT:-1e-3}/export")
       invariant=()  # vLLM's batch-invariant kernels are CUDA kernels
       nvidia-smi -L > /dev/null 2>&1 && invariant=(--batch-invariant)
       drafts[spec]=$(find "$work/spec-ckpt" -maxdepth 1 -name '[0-9]*' -type d 2>/dev/null | sort -V | tail -n1 || true)
