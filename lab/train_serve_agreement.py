@@ -11,8 +11,14 @@ position must match the training accuracy of step 0 (up to the positions sampled
 each verification). A large gap means training and serving disagree about the draft's inputs: the layers
 or their order, the position a state pairs with, the norm, the vocabulary map, the embeddings.
 
-Prints one JSON line: train_acc_per_step (last logged window), served_accepted_per_position (fraction of
-drafts), and the two first-position figures side by side.
+Later positions: a served position s counts drafts whose positions 0..s were all accepted, while the
+training accuracy of TTT step s is over all rows (step s is fed the true tokens, right or wrong before). So
+the probe also unrolls the trained draft over the samples as training does and counts, per position, the
+rows whose steps 0..s are all right (teacher_forced_chain_per_position): that is what served acceptance
+per position should match.
+
+Prints one JSON line: train_acc_per_step (last logged window), teacher_forced_chain_per_position,
+served_accepted_per_position (fraction of drafts), and the two first-position figures side by side.
 """
 
 import argparse
@@ -38,6 +44,50 @@ def first_user_turns(n: int) -> list[str]:
         if len(out) == n:
             break
     return out
+
+
+def teacher_forced_chain(run: Path, k: int) -> list[float]:
+    """The trained draft (its last checkpoint) unrolled over the run's samples as in training: per position
+    s, the fraction of rows whose steps 0..s all predict the target's greedy tokens (the rows whose tokens
+    i+2 .. i+s+2 are all loss tokens). That is what a served draft's acceptance per position counts."""
+    import torch
+
+    from eagle_batch.config import load_run_config
+    from eagle_batch.store import open_dataset
+    from eagle_batch.train.data import TrainSamples, collate
+    from eagle_batch.train.loss import ttt_inputs
+    from eagle_batch.train.model import DraftConfig, Eagle3Draft
+    from eagle_batch.train.target import TargetHead, target_head
+
+    out = run / "train" / "draft"
+    dcfg = DraftConfig.from_json(json.loads((out / "draft_config.json").read_text()))
+    th = target_head(load_run_config(run).model.path)
+    model = Eagle3Draft(dcfg, th["embed"])
+    state = torch.load(sorted((out / "checkpoints").glob("step-*.pt"))[-1], map_location="cpu", weights_only=False)
+    model.load_state_dict(state["model"])
+    model.eval()
+    head = TargetHead(th["norm"], th["lm_head"].float(), dcfg.rms_norm_eps, model.draft_to_target)
+    samples = TrainSamples(open_dataset(run), dcfg.aux_layer_ids, dcfg.last_layer_id)
+    hit, rows = [0] * k, [0] * k
+    with torch.no_grad():
+        for i in range(len(samples)):
+            b = collate([samples[i]])
+            ids, lm = b["input_ids"], b["loss_mask"][0].bool()
+            t = ids.shape[1]
+            n = t - k - 1  # rows whose k predicted tokens all lie inside the sample
+            if n <= 0:
+                continue
+            _, greedy = head.probs(b["last"][0].float())  # greedy[p]: the target's token p + 1
+            logits = model(b["aux"].float(), ttt_inputs(ids, k), torch.arange(t).expand(1, t))
+            chain = torch.ones(n, dtype=torch.bool)
+            counted = torch.ones(n, dtype=torch.bool)
+            for s in range(k):
+                pred = model.draft_to_target[logits[s][0, :n].argmax(-1)]  # row i, step s: token i + s + 2
+                chain &= pred == greedy[s + 1 : s + 1 + n]
+                counted &= lm[s + 2 : s + 2 + n]
+                hit[s] += int((chain & counted).sum())
+                rows[s] += int(counted.sum())
+    return [h / max(1, r) for h, r in zip(hit, rows)]
 
 
 def main(argv: list[str]) -> None:
@@ -118,6 +168,7 @@ def main(argv: list[str]) -> None:
                 "train_steps": last["step"],
                 "train_acc_per_step": [round(x, 4) for x in last["acc_per_step"]],
                 "served_accepted_per_position": [round(x, 4) for x in per_pos],
+                "teacher_forced_chain_per_position": [round(x, 4) for x in teacher_forced_chain(run, a.k)],
                 "first_position": {"train_acc": round(last["acc_per_step"][0], 4), "served": round(per_pos[0], 4)},
                 "mean_acceptance_length": served["mean_acceptance_length"],
                 "identical_outputs": served["identical_outputs"],
