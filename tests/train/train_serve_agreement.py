@@ -1,6 +1,8 @@
 """Does a draft do in vLLM what it did in training? Teacher-forced accuracy against served acceptance.
 
-    PYTHONPATH=. python lab/train_serve_agreement.py WORKDIR [--prompts 16] [--max-tokens 64] [--steps 120]
+    PYTHONPATH=. python tests/train/train_serve_agreement.py WORKDIR [--prompts 16] [--max-tokens 64] [--steps 120]
+
+Used by test_serve_vllm.py (12 steps) and runnable by hand to record numbers (docs/training.md).
 
 The real SmolLM2 answers PROMPTS of the demo chats greedily (vLLM); those answers become the training set
 (as `eagle-batch regenerate` makes one); `eagle-batch prepare / extract / train` capture them and fit a draft
@@ -90,25 +92,18 @@ def teacher_forced_chain(run: Path, k: int) -> list[float]:
     return [h / max(1, r) for h, r in zip(hit, rows)]
 
 
-def main(argv: list[str]) -> None:
-    p = argparse.ArgumentParser()
-    p.add_argument("work")
-    p.add_argument("--prompts", type=int, default=16)
-    p.add_argument("--max-tokens", type=int, default=64)
-    p.add_argument("--steps", type=int, default=120)
-    p.add_argument("--k", type=int, default=3)
-    a = p.parse_args(argv)
-    work = Path(a.work)
+def run(work: Path, prompts: int = 16, max_tokens: int = 64, steps: int = 120, k: int = 3) -> dict:
+    """The whole comparison in WORK; returns the figures main() prints."""
     work.mkdir(parents=True, exist_ok=True)
     target = servable_target(materialize(), work / "smollm2")
-    prompts = first_user_turns(a.prompts)
-    alone = measure_acceptance(target, None, prompts, k=0, max_tokens=a.max_tokens, dtype="float32")
+    questions = first_user_turns(prompts)
+    alone = measure_acceptance(target, None, questions, k=0, max_tokens=max_tokens, dtype="float32")
     from transformers import AutoTokenizer
 
     tok = AutoTokenizer.from_pretrained(target)
     data = work / "answers.jsonl"
     with open(data, "w") as f:
-        for prompt, ids in zip(prompts, alone["reference"]["outputs"]):
+        for prompt, ids in zip(questions, alone["reference"]["outputs"]):
             answer = tok.decode(ids, skip_special_tokens=True)
             f.write(
                 json.dumps(
@@ -116,9 +111,9 @@ def main(argv: list[str]) -> None:
                 )
                 + "\n"
             )
-    run = work / "run"
+    run_dir = work / "run"
     common = [
-        f"run_dir={run}",
+        f"run_dir={run_dir}",
         f"model.path={target}",
         "model.dtype=float32",
         "model.max_model_len=1024",
@@ -131,12 +126,12 @@ def main(argv: list[str]) -> None:
         "slurm.cpus_per_task=2",
     ]
     train = [
-        f"train.steps={a.steps}",
+        f"train.steps={steps}",
         "train.batch_tokens=2048",
         "train.lr=3e-3",
         "train.warmup_steps=5",
         "train.draft_vocab_size=4096",
-        f"train.ttt_steps={a.k}",
+        f"train.ttt_steps={k}",
         "train.num_workers=0",
         "train.precision=fp32",
         "train.accuracy_vs=full",
@@ -145,36 +140,43 @@ def main(argv: list[str]) -> None:
     ]
     cfg = work / "run.yaml"
     OmegaConf.save(OmegaConf.from_dotlist(common + train), cfg)
-    for argv_ in (["prepare", str(cfg), "--no-progress"], ["extract", str(cfg), "--wait"], ["aggregate", str(run)]):
+    for argv_ in (["prepare", str(cfg), "--no-progress"], ["extract", str(cfg), "--wait"], ["aggregate", str(run_dir)]):
         assert cli(argv_) == 0, argv_
     assert cli(["train", str(cfg), "--local", "--no-progress"]) == 0
-    metrics = [json.loads(x) for x in (run / "train" / "draft" / "metrics.jsonl").read_text().splitlines()]
+    metrics = [json.loads(x) for x in (run_dir / "train" / "draft" / "metrics.jsonl").read_text().splitlines()]
     last = [m for m in metrics if "acc_per_step" in m][-1]
     served = measure_acceptance(
         target,
-        run / "train" / "draft" / "export",
-        prompts,
-        k=a.k,
-        max_tokens=a.max_tokens,
+        run_dir / "train" / "draft" / "export",
+        questions,
+        k=k,
+        max_tokens=max_tokens,
         reference=alone["reference"],
         dtype="float32",
     )
     drafts = served["num_drafts"] or 1
     per_pos = [x / drafts for x in served["accepted_per_position"]]
-    print(
-        json.dumps(
-            {
-                "prompts": len(prompts),
-                "train_steps": last["step"],
-                "train_acc_per_step": [round(x, 4) for x in last["acc_per_step"]],
-                "served_accepted_per_position": [round(x, 4) for x in per_pos],
-                "teacher_forced_chain_per_position": [round(x, 4) for x in teacher_forced_chain(run, a.k)],
-                "first_position": {"train_acc": round(last["acc_per_step"][0], 4), "served": round(per_pos[0], 4)},
-                "mean_acceptance_length": served["mean_acceptance_length"],
-                "identical_outputs": served["identical_outputs"],
-            }
-        )
-    )
+    return {
+        "prompts": len(questions),
+        "train_steps": last["step"],
+        "train_acc_per_step": [round(x, 4) for x in last["acc_per_step"]],
+        "served_accepted_per_position": [round(x, 4) for x in per_pos],
+        "teacher_forced_chain_per_position": [round(x, 4) for x in teacher_forced_chain(run_dir, k)],
+        "first_position": {"train_acc": round(last["acc_per_step"][0], 4), "served": round(per_pos[0], 4)},
+        "mean_acceptance_length": served["mean_acceptance_length"],
+        "identical_outputs": served["identical_outputs"],
+    }
+
+
+def main(argv: list[str]) -> None:
+    p = argparse.ArgumentParser()
+    p.add_argument("work")
+    p.add_argument("--prompts", type=int, default=16)
+    p.add_argument("--max-tokens", type=int, default=64)
+    p.add_argument("--steps", type=int, default=120)
+    p.add_argument("--k", type=int, default=3)
+    a = p.parse_args(argv)
+    print(json.dumps(run(Path(a.work), a.prompts, a.max_tokens, a.steps, a.k)))
 
 
 if __name__ == "__main__":
