@@ -158,8 +158,12 @@ def ttt_loss(
     kernels: CrossEntropyKernels = EAGER_CE,
     plan: dict | None = None,
 ) -> tuple[torch.Tensor, dict]:
-    """Unrolled TTT loss on one padded batch. Returns (weighted loss, per-step statistics: loss_sum and
-    correct on the device, count a CPU tensor; each [ttt_steps]).
+    """Unrolled TTT loss on one padded batch. Returns (weighted loss, per-step statistics: loss_sum, correct
+    and chain on the device, count a CPU tensor; each [ttt_steps]).
+
+    correct[s]: rows whose step s gives the target's top token (step s is fed the true tokens, so this
+    counts rows whose earlier steps were wrong too). chain[s]: rows whose steps 0..s all do, which is what
+    a server accepts up to draft position s+1 (tests/train/train_serve_agreement.py measures the match).
 
     `plan` (ttt_plan, on the batch's device): the trainer builds it from the CPU batch; without it, it is
     built here from batch["loss_mask"] (which waits for the device when the mask lives there)."""
@@ -176,19 +180,24 @@ def ttt_loss(
         logits = model(aux, ttt_inputs(ids, ttt_steps), positions, rows=plan["rows"])
     d2t_ids = model.draft_to_target
     total = torch.zeros((), device=device)
-    loss_sum, correct = [], []
+    loss_sum, correct, chain_hits = [], [], []
+    chain = torch.ones(b * t, dtype=torch.bool, device=device)  # row i's steps so far all right
     for s, lg in enumerate(logits):
         step_sum = soft_cross_entropy(lg, p_need, plan["tgt"][s], kernels)
         total = total + (decay**s) * step_sum / max(1, plan["count"][s])
         with torch.no_grad():
             hit = d2t_ids[lg.argmax(-1)] == arg_need.index_select(0, plan["tgt"][s])
             correct.append(hit.sum().float())
+            # Rows not counted at step s (their token is not a loss token) end their chain there.
+            chain &= torch.zeros_like(chain).index_copy_(0, plan["rows"][s], hit)
+            chain_hits.append(chain.index_select(0, plan["rows"][s]).sum().float())
         loss_sum.append(step_sum.detach())
     if not total.requires_grad:  # keep the graph so backward (and DDP's all-reduce) runs
         total = total + 0.0 * sum(lg.float().sum() for lg in logits)
     stats = {
         "loss_sum": torch.stack(loss_sum),
         "correct": torch.stack(correct),
+        "chain": torch.stack(chain_hits),
         "count": torch.tensor(plan["count"], dtype=torch.float32),
     }
     return total, stats

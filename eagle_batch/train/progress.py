@@ -86,9 +86,12 @@ class TrainProgress:
         if not self.enabled:
             return
         acc = "/".join(f"{a:.2f}" for a in rec.get("acc_per_step", []))
+        if "expected_acceptance_length" in rec:
+            acc += f", accept ~{rec['expected_acceptance_length']:.2f}"
         if self.bar is not None:
             self.bar.set_postfix_str(
-                f"loss {rec['loss']:.3f}, acc {acc}, {rec['tokens_per_s'] / 1e3:.1f}k tok/s", refresh=False
+                f"loss {rec['loss']:.3f}, acc {acc}, {rec['tokens_per_s'] / 1e3:.1f}k tok/s",
+                refresh=False,
             )
             return
         step = rec["step"]

@@ -266,7 +266,7 @@ class _Window:
 
     def __init__(self, k: int, device: torch.device):
         self.loss = torch.zeros((), device=device)
-        self.stats = torch.zeros(2 * k, device=device)  # loss_sum | correct, per TTT step
+        self.stats = torch.zeros(3 * k, device=device)  # loss_sum | correct | chain, per TTT step
         self.count = torch.zeros(k)  # counted rows per TTT step (host)
         self.wait = self.compute = 0.0
         self.tokens = self.steps = 0
@@ -277,7 +277,8 @@ def _log_record(r: _Run, win: _Window, gnorm: torch.Tensor | None) -> dict:
     k = r.tc.ttt_steps
     vec = all_reduce_sum(torch.cat([win.stats.detach(), win.count.to(r.device)]))
     loss = all_reduce_sum(win.loss.detach().clone()) / max(1, win.steps * r.world)
-    cnt = vec[2 * k :].clamp_min(1)
+    cnt = vec[3 * k :].clamp_min(1)
+    chain = (vec[2 * k : 3 * k] / cnt).tolist()
     elapsed = max(win.wait + win.compute, 1e-9)
     return {
         "step": r.step,
@@ -287,6 +288,10 @@ def _log_record(r: _Run, win: _Window, gnorm: torch.Tensor | None) -> dict:
         "loss_per_step": (vec[:k] / cnt).tolist(),
         "acc_per_step": (vec[k : 2 * k] / cnt).tolist(),
         "acc": float(vec[k] / cnt[0]),
+        # Rows whose steps 0..s are all right: a server's acceptance per draft position, on training batches;
+        # 1 + their sum estimates the mean acceptance length at k = ttt_steps.
+        "acc_chain_per_step": chain,
+        "expected_acceptance_length": 1.0 + sum(chain),
         "grad_norm": float(gnorm) if gnorm is not None else 0.0,
         "tokens_per_s": win.tokens * r.world / elapsed,
         "data_wait_frac": win.wait / elapsed,
@@ -344,7 +349,7 @@ def _loop(r: _Run, ddp, metrics, progress, should_stop, max_steps_this_run, on_s
             batch = {k: v.to(device, non_blocking=True) for k, v in batch.items()}
             loss, st, gnorm = _train_step(r, ddp, batch, plan, kernels, autocast)
             win.loss += loss.detach()
-            win.stats += torch.cat([st["loss_sum"], st["correct"]])
+            win.stats += torch.cat([st["loss_sum"], st["correct"], st["chain"]])
             win.count += st["count"]
             r.step, r.epoch, r.batch_in_epoch = r.step + 1, epoch, index + 1
             steps_this_run += 1

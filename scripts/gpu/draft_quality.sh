@@ -257,6 +257,7 @@ for metrics in sorted(work.glob("run-*/train/*/metrics.jsonl")):
         "tokens_per_s": sum(m["tokens_per_s"] for m in later) / len(later) if later else None,
         "data_wait_frac": sum(m["data_wait_frac"] for m in later) / len(later) if later else None,
         "last_loss_per_step": windows[-1]["loss_per_step"] if windows else None,
+        "last_expected_acceptance_length": windows[-1].get("expected_acceptance_length") if windows else None,
     }
 keys = ("mean_acceptance_length", "accepted_per_position", "num_drafts", "identical_outputs",
         "target_alone_tok_s", "with_draft_tok_s")

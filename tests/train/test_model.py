@@ -277,7 +277,8 @@ def test_ttt_loss_equals_the_dense_definition(fake_target):
     logits = m(batch["aux"], ttt_inputs(ids, 4), torch.arange(t).expand(b, t))
     logp, arg = head(batch["last"].reshape(b * t, -1))
     logp, arg = logp.view(b, t, -1), arg.view(b, t)
-    ref, sums, counts, hits = 0.0, [], [], []
+    ref, sums, counts, hits, chains = 0.0, [], [], [], []
+    chain = torch.ones(b, t, dtype=torch.bool)  # row i's steps so far all right (and counted)
     for s in range(4):
         n = t - s - 2
         valid = lm[:, s + 2 :]
@@ -285,11 +286,15 @@ def test_ttt_loss_equals_the_dense_definition(fake_target):
         ce = -(logp[:, s + 1 : t - 1].exp() * lq).sum(-1)
         sums.append(float(ce[valid].sum().detach()))
         counts.append(int(valid.sum()))
-        hits.append(int((m.draft_to_target[logits[s][:, :n].argmax(-1)] == arg[:, s + 1 : t - 1])[valid].sum()))
+        right = m.draft_to_target[logits[s][:, :n].argmax(-1)] == arg[:, s + 1 : t - 1]
+        hits.append(int(right[valid].sum()))
+        chain = chain[:, :n] & right & valid
+        chains.append(int(chain.sum()))
         ref = ref + 0.7**s * ce[valid].mean()
     torch.testing.assert_close(loss, ref, atol=1e-5, rtol=1e-5)
     torch.testing.assert_close(st["loss_sum"], torch.tensor(sums), atol=1e-4, rtol=1e-5)
     assert st["count"].tolist() == counts and st["correct"].tolist() == hits
+    assert st["chain"].tolist() == chains and all(c <= h for c, h in zip(chains, hits))
 
 
 def test_ttt_loss_has_no_host_sync(fake_target):
@@ -386,3 +391,48 @@ def test_a_yarn_target_draft_is_served_with_the_attention_factor_it_was_trained_
     (target / "config.json").write_text(json.dumps({**shape, "rope_theta": 10000.0}))
     plain = draft_config_from_target(target, [1, 2, 3], 4, 512)
     assert served_rope(plain) == plain.rope  # other rope types pass through unchanged
+
+
+def test_ttt_loss_chain_counts_rows_right_at_every_step_so_far():
+    """stats["chain"][s] counts the rows whose steps 0..s all give the target's top token (what a server
+    accepts up to draft position s+1), against a dense count, with predictions right on a random half of
+    the rows at each step (a row whose token at some step is not a loss token ends its chain there)."""
+    g = torch.Generator().manual_seed(7)
+    b, t, v, k = 3, 17, 11, 3
+    target = torch.randint(0, v, (b, t), generator=g)  # the target's top token at position p: token p+1
+    lm = (torch.rand(b, t, generator=g) < 0.8).to(torch.uint8)
+    right = [torch.rand(b, t, generator=g) < 0.6 for _ in range(k)]  # is step s right at row i?
+
+    class Head:
+        def probs(self, x):
+            arg = x[:, 0].long()
+            return torch.nn.functional.one_hot(arg, v).float(), arg
+
+    class Model:
+        draft_to_target = torch.arange(v)
+
+        def __call__(self, aux, ids_per_step, positions, rows):
+            out = []
+            for s, r in enumerate(rows):
+                want = torch.zeros(b, t, dtype=torch.long)
+                want[:, : t - s - 1] = target[:, s + 1 :]  # row i, step s predicts token i+s+2
+                pred = torch.where(right[s], want, (want + 1) % v).flatten()[r]
+                out.append(torch.nn.functional.one_hot(pred, v).float() * 10)
+            return out
+
+    last = torch.zeros(b, t, 2)
+    last[..., 0] = target.float()
+    batch = {
+        "input_ids": torch.zeros(b, t, dtype=torch.long),
+        "loss_mask": lm,
+        "aux": torch.zeros(b, t, 6),
+        "last": last,
+    }
+    _, st = ttt_loss(Model(), Head(), batch, k, 0.8, autocast=False)
+    chain, expect = torch.ones(b, t, dtype=torch.bool), []
+    for s in range(k):
+        n = t - s - 2
+        chain = chain[:, :n] & right[s][:, :n] & lm[:, s + 2 :].bool()
+        expect.append(int(chain.sum()))
+    assert st["chain"].tolist() == expect and expect[0] > expect[-1] > 0
+    assert st["correct"][0] == expect[0]

@@ -41,6 +41,9 @@ def test_train_loss_decreases_and_metrics(tmp_path, fake_target, tiny_dataset):
     recs = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
     steps = [x for x in recs if "loss" in x]
     assert len(steps) == 30 and len(steps[0]["acc_per_step"]) == 3 and len(steps[0]["loss_per_step"]) == 3
+    for x in steps:  # the chain (steps 0..s all right) never exceeds step s alone; 1 + its sum is the estimate
+        assert all(c <= a + 1e-9 for c, a in zip(x["acc_chain_per_step"], x["acc_per_step"]))
+        assert x["expected_acceptance_length"] == pytest.approx(1 + sum(x["acc_chain_per_step"]))
     # step 0 sees the state that determines its target (helpers.random_samples): it must learn it
     first = np.mean([x["loss_per_step"][0] for x in steps[:5]])
     last = np.mean([x["loss_per_step"][0] for x in steps[-5:]])
