@@ -77,6 +77,7 @@ train() {
   step "train-$name" eagle-batch train "$cfg" run_dir="$run" train.name="$name" "${budget[@]}" \
     "${train_extra[@]}" "$@" "${extra[@]}" --local --no-progress
   cp "$run/train/$name/metrics.jsonl" "$out/metrics-$name.jsonl" 2>/dev/null || true
+  cp "$run/train/$name/vocab.json" "$out/vocab-$name.json" 2>/dev/null || true  # the draft vocabulary's coverage
 }
 
 for stage in $stages; do
