@@ -110,7 +110,9 @@ def ttt_plan(loss_mask: torch.Tensor, ttt_steps: int) -> dict:
     - need: the positions whose target distribution some step uses (p with loss_mask[p+1] == 1);
     - rows[s]: the rows i of step s whose predicted token i+s+2 counts (loss_mask[i+s+2] == 1);
     - tgt[s]: for each of those, its target's index in `need` (position i+s+1);
-    - count[s]: len(rows[s]), a host int.
+    - count[s]: len(rows[s]), a host int;
+    - chain_count[s]: the rows whose predicted tokens i+2 .. i+s+2 all count, a host int: the rows a chain
+      of s+1 draft tokens can be judged on (a served draft only ever continues through answer tokens).
     """
     lm = loss_mask.bool()
     b, t = lm.shape
@@ -119,7 +121,8 @@ def ttt_plan(loss_mask: torch.Tensor, ttt_steps: int) -> dict:
     need_pos = need.flatten().nonzero().squeeze(1)
     inv = torch.full((b * t,), -1, dtype=torch.long)
     inv[need_pos] = torch.arange(need_pos.numel())
-    rows, tgt, count = [], [], []
+    rows, tgt, count, chain_count = [], [], [], []
+    chained = torch.ones(b, t, dtype=torch.bool)
     for s in range(ttt_steps):
         valid = torch.zeros(b, t, dtype=torch.bool)
         n = t - s - 2  # rows whose predicted token lies inside the batch
@@ -129,7 +132,9 @@ def ttt_plan(loss_mask: torch.Tensor, ttt_steps: int) -> dict:
         rows.append(r)
         tgt.append(inv[r + s + 1])
         count.append(int(r.numel()))
-    return {"need": need_pos, "rows": rows, "tgt": tgt, "count": count}
+        chained &= valid
+        chain_count.append(int(chained.sum()))
+    return {"need": need_pos, "rows": rows, "tgt": tgt, "count": count, "chain_count": chain_count}
 
 
 def plan_to(plan: dict, device: torch.device) -> dict:
@@ -145,6 +150,7 @@ def plan_to(plan: dict, device: torch.device) -> dict:
         "rows": [move(x) for x in plan["rows"]],
         "tgt": [move(x) for x in plan["tgt"]],
         "count": list(plan["count"]),
+        "chain_count": list(plan["chain_count"]),
     }
 
 
@@ -162,8 +168,9 @@ def ttt_loss(
     and chain on the device, count a CPU tensor; each [ttt_steps]).
 
     correct[s]: rows whose step s gives the target's top token (step s is fed the true tokens, so this
-    counts rows whose earlier steps were wrong too). chain[s]: rows whose steps 0..s all do, which is what
-    a server accepts up to draft position s+1 (tests/train/train_serve_agreement.py measures the match).
+    counts rows whose earlier steps were wrong too), out of count[s]. chain[s]: rows whose steps 0..s all
+    do, out of chain_count[s] (the rows whose tokens at steps 0..s all count): what a server accepts up to
+    draft position s+1 (tests/train/train_serve_agreement.py measures the match).
 
     `plan` (ttt_plan, on the batch's device): the trainer builds it from the CPU batch; without it, it is
     built here from batch["loss_mask"] (which waits for the device when the mask lives there)."""
@@ -199,5 +206,6 @@ def ttt_loss(
         "correct": torch.stack(correct),
         "chain": torch.stack(chain_hits),
         "count": torch.tensor(plan["count"], dtype=torch.float32),
+        "chain_count": torch.tensor(plan["chain_count"], dtype=torch.float32),
     }
     return total, stats

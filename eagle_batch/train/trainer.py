@@ -267,7 +267,7 @@ class _Window:
     def __init__(self, k: int, device: torch.device):
         self.loss = torch.zeros((), device=device)
         self.stats = torch.zeros(3 * k, device=device)  # loss_sum | correct | chain, per TTT step
-        self.count = torch.zeros(k)  # counted rows per TTT step (host)
+        self.count = torch.zeros(2 * k)  # counted rows | rows a chain is judged on, per TTT step (host)
         self.wait = self.compute = 0.0
         self.tokens = self.steps = 0
 
@@ -277,8 +277,8 @@ def _log_record(r: _Run, win: _Window, gnorm: torch.Tensor | None) -> dict:
     k = r.tc.ttt_steps
     vec = all_reduce_sum(torch.cat([win.stats.detach(), win.count.to(r.device)]))
     loss = all_reduce_sum(win.loss.detach().clone()) / max(1, win.steps * r.world)
-    cnt = vec[3 * k :].clamp_min(1)
-    chain = (vec[2 * k : 3 * k] / cnt).tolist()
+    cnt = vec[3 * k : 4 * k].clamp_min(1)
+    chain = (vec[2 * k : 3 * k] / vec[4 * k :].clamp_min(1)).tolist()
     elapsed = max(win.wait + win.compute, 1e-9)
     return {
         "step": r.step,
@@ -350,7 +350,7 @@ def _loop(r: _Run, ddp, metrics, progress, should_stop, max_steps_this_run, on_s
             loss, st, gnorm = _train_step(r, ddp, batch, plan, kernels, autocast)
             win.loss += loss.detach()
             win.stats += torch.cat([st["loss_sum"], st["correct"], st["chain"]])
-            win.count += st["count"]
+            win.count += torch.cat([st["count"], st["chain_count"]])
             r.step, r.epoch, r.batch_in_epoch = r.step + 1, epoch, index + 1
             steps_this_run += 1
             if on_step is not None:

@@ -429,10 +429,13 @@ def test_ttt_loss_chain_counts_rows_right_at_every_step_so_far():
         "last": last,
     }
     _, st = ttt_loss(Model(), Head(), batch, k, 0.8, autocast=False)
-    chain, expect = torch.ones(b, t, dtype=torch.bool), []
+    chain, counted, expect, judged = torch.ones(b, t, dtype=torch.bool), torch.ones(b, t, dtype=torch.bool), [], []
     for s in range(k):
         n = t - s - 2
-        chain = chain[:, :n] & right[s][:, :n] & lm[:, s + 2 :].bool()
+        counted = counted[:, :n] & lm[:, s + 2 :].bool()
+        chain = chain[:, :n] & right[s][:, :n] & counted
         expect.append(int(chain.sum()))
+        judged.append(int(counted.sum()))
     assert st["chain"].tolist() == expect and expect[0] > expect[-1] > 0
+    assert st["chain_count"].tolist() == judged and judged[-1] < st["count"][-1]
     assert st["correct"][0] == expect[0]

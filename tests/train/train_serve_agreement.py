@@ -15,9 +15,9 @@ or their order, the position a state pairs with, the norm, the vocabulary map, t
 
 Later positions: a served position s counts drafts whose positions 0..s were all accepted, while the
 training accuracy of TTT step s is over all rows (step s is fed the true tokens, right or wrong before). So
-the probe also unrolls the trained draft over the samples as training does and counts, per position, the
-rows whose steps 0..s are all right (teacher_forced_chain_per_position): that is what served acceptance
-per position should match.
+the probe also runs the trained draft through the training loss over the samples and takes its chain
+statistic, per position the rows whose steps 0..s are all right (teacher_forced_chain_per_position, what
+training logs as acc_chain_per_step): that is what served acceptance per position should match.
 
 Prints one JSON line: train_acc_per_step (last logged window), teacher_forced_chain_per_position,
 served_accepted_per_position (fraction of drafts), and the two first-position figures side by side.
@@ -49,15 +49,16 @@ def first_user_turns(n: int) -> list[str]:
 
 
 def teacher_forced_chain(run: Path, k: int) -> list[float]:
-    """The trained draft (its last checkpoint) unrolled over the run's samples as in training: per position
-    s, the fraction of rows whose steps 0..s all predict the target's greedy tokens (the rows whose tokens
-    i+2 .. i+s+2 are all loss tokens). That is what a served draft's acceptance per position counts."""
+    """The trained draft (its last checkpoint) through the training loss (`ttt_loss`) over the run's
+    samples: per position s, its chain statistic, the fraction of the rows whose tokens at steps 0..s all count that give
+    the target's greedy tokens. That is what a served draft's acceptance per position counts, and what
+    training logs as acc_chain_per_step."""
     import torch
 
     from eagle_batch.config import load_run_config
     from eagle_batch.store import open_dataset
     from eagle_batch.train.data import TrainSamples, collate
-    from eagle_batch.train.loss import ttt_inputs
+    from eagle_batch.train.loss import ttt_loss
     from eagle_batch.train.model import DraftConfig, Eagle3Draft
     from eagle_batch.train.target import TargetHead, target_head
 
@@ -70,26 +71,13 @@ def teacher_forced_chain(run: Path, k: int) -> list[float]:
     model.eval()
     head = TargetHead(th["norm"], th["lm_head"].float(), dcfg.rms_norm_eps, model.draft_to_target)
     samples = TrainSamples(open_dataset(run), dcfg.aux_layer_ids, dcfg.last_layer_id)
-    hit, rows = [0] * k, [0] * k
+    chain, count = torch.zeros(k), torch.zeros(k)
     with torch.no_grad():
         for i in range(len(samples)):
-            b = collate([samples[i]])
-            ids, lm = b["input_ids"], b["loss_mask"][0].bool()
-            t = ids.shape[1]
-            n = t - k - 1  # rows whose k predicted tokens all lie inside the sample
-            if n <= 0:
-                continue
-            _, greedy = head.probs(b["last"][0].float())  # greedy[p]: the target's token p + 1
-            logits = model(b["aux"].float(), ttt_inputs(ids, k), torch.arange(t).expand(1, t))
-            chain = torch.ones(n, dtype=torch.bool)
-            counted = torch.ones(n, dtype=torch.bool)
-            for s in range(k):
-                pred = model.draft_to_target[logits[s][0, :n].argmax(-1)]  # row i, step s: token i + s + 2
-                chain &= pred == greedy[s + 1 : s + 1 + n]
-                counted &= lm[s + 2 : s + 2 + n]
-                hit[s] += int((chain & counted).sum())
-                rows[s] += int(counted.sum())
-    return [h / max(1, r) for h, r in zip(hit, rows)]
+            _, st = ttt_loss(model, head, collate([samples[i]]), k, 1.0, autocast=False)
+            chain += st["chain"]
+            count += st["chain_count"]
+    return (chain / count.clamp_min(1)).tolist()
 
 
 def run(work: Path, prompts: int = 16, max_tokens: int = 64, steps: int = 120, k: int = 3) -> dict:
