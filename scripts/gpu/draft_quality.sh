@@ -55,9 +55,12 @@ extra=(${EXTRA:-})
 train_extra=(${TRAIN_EXTRA:-})
 # calibrate writes the budget it measured (STEPS, SPEC_EPOCHS) here; every later train stage reads it.
 budget_env=$work/budget.env
-# shellcheck disable=SC1090
-[ -f "$budget_env" ] && source "$budget_env"
-budget=(train.steps="$STEPS" train.batch_tokens="$BATCH_TOKENS")
+load_budget() {
+  # shellcheck disable=SC1090
+  [ -f "$budget_env" ] && source "$budget_env"
+  budget=(train.steps="$STEPS" train.batch_tokens="$BATCH_TOKENS")
+}
+load_budget
 model_path() { python3 -c "from eagle_batch.models.smollm2 import materialize; print(materialize())"; }
 
 # extract NAME RUN [overrides]: prepare and extract one run, then aggregate and verify it
@@ -170,9 +173,7 @@ EOF
         "${train_extra[@]}" "${extra[@]}" --local --no-progress
       python3 "$repo/scripts/gpu/dq_budget.py" "$work" "$budget_env" "$BATCH_TOKENS" "${DEADLINE:-0}" \
         "${EVAL_RESERVE:-420}" "${CONCURRENT:-1.5}" "$STEPS" | tee "$out/budget.txt"
-      # shellcheck disable=SC1090
-      source "$budget_env"
-      budget=(train.steps="$STEPS" train.batch_tokens="$BATCH_TOKENS")
+      load_budget
       ;;
     profile-train)
       # Where a step's time goes (lab/train_step_probe.py): the device's busy fraction per step, the ops.
