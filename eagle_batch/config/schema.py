@@ -209,6 +209,9 @@ class TrainConfig:
     # after a few warm-up steps the speed is measured and the schedule's total set so the cosine ends
     # with the budget; the draft is exported as usual.
     time_budget_s: float = 0.0
+    # >0: end the run at this many seconds from its first step, exported like a finished one, even when steps
+    # remain (the schedule is cut, not refitted): a hard deadline for a local run.
+    max_time_s: float = 0.0
     lr: float = 3e-4
     min_lr_ratio: float = 0.1
     warmup_steps: int = 50

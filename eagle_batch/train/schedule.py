@@ -72,9 +72,32 @@ class TimeBudget:
 
     def over(self, r: Any, log_now: bool) -> bool:
         """Past 1.05x the budget (single rank: checked every step; DDP: on log steps, agreed on)."""
-        if self.budget_s <= 0 or (r.world > 1 and not log_now):
-            return False
-        late = time.perf_counter() - self.t0 > 1.05 * self.budget_s
-        if r.world > 1:
-            late = bool(all_reduce_sum(torch.tensor([float(late)], device=r.device)).item() > 0)
-        return late
+        return self.budget_s > 0 and past(self.t0, 1.05 * self.budget_s, r, log_now)
+
+
+class TimeLimit:
+    """train.max_time_s: end the run (exported, like a finished one) once this many seconds have passed since
+    its first step, whatever steps remain; unlike TimeBudget the schedule is not refitted, so a run that
+    finishes its steps in time is unaffected. For a caller with a hard deadline (a shared device's slot, the
+    evaluation that must follow); a Slurm time limit is what checkpoint / requeue is for instead."""
+
+    def __init__(self, limit_s: float):
+        self.limit_s = limit_s
+        self.t0 = 0.0
+
+    def start(self) -> None:
+        self.t0 = time.perf_counter()
+
+    def reached(self, r: Any, log_now: bool) -> bool:
+        return self.limit_s > 0 and past(self.t0, self.limit_s, r, log_now)
+
+
+def past(t0: float, seconds: float, r: Any, log_now: bool) -> bool:
+    """More than `seconds` since t0 (single rank: checked every step; DDP: on log steps only, agreed on by
+    every rank, so that all of them stop at the same step)."""
+    if r.world > 1 and not log_now:
+        return False
+    late = time.perf_counter() - t0 > seconds
+    if r.world > 1:
+        late = bool(all_reduce_sum(torch.tensor([float(late)], device=r.device)).item() > 0)
+    return late

@@ -38,7 +38,7 @@ from .distributed import StopFlag, all_reduce_sum, init_distributed, shutdown_di
 from .loss import CrossEntropyKernels, plan_to, ttt_loss, ttt_plan
 from .model import Eagle3Draft, draft_config_from_target, export_draft
 from .progress import Metrics, TrainProgress
-from .schedule import TimeBudget, lr_lambda
+from .schedule import TimeBudget, TimeLimit, lr_lambda
 from .target import TargetHead, target_head
 
 __all__ = ["train", "ttt_loss", "output_dir", "latest_checkpoint", "init_distributed", "shutdown_distributed"]
@@ -330,6 +330,7 @@ def _loop(r: _Run, ddp, metrics, progress, should_stop, max_steps_this_run, on_s
     status, steps_this_run, gnorm = "done", 0, None
     win = _Window(tc.ttt_steps, device)
     budget = TimeBudget(0.0 if r.budget_total else tc.time_budget_s)  # a resumed budget run keeps its total
+    limit = TimeLimit(tc.max_time_s)
     # An empty epoch raises "no training batches" from the stream's first batch.
     stream = EpochLoader(
         r.samples,
@@ -341,6 +342,7 @@ def _loop(r: _Run, ddp, metrics, progress, should_stop, max_steps_this_run, on_s
     ).stream(r.epoch, skip=r.batch_in_epoch)
     t_last = time.perf_counter()
     budget.start()
+    limit.start()
     try:
         for epoch, index, batch in stream if r.step < r.total_steps else ():
             t_got = time.perf_counter()
@@ -361,6 +363,9 @@ def _loop(r: _Run, ddp, metrics, progress, should_stop, max_steps_this_run, on_s
             log_now = r.step % max(1, tc.log_every) == 0 or r.step == r.total_steps or r.step == 1
             if budget.over(r, log_now) and r.step < r.total_steps:
                 _set_total(r, r.step, progress, metrics, "past 1.05x the time budget")
+                log_now = True
+            elif r.step < r.total_steps and limit.reached(r, log_now):
+                _set_total(r, r.step, progress, metrics, f"train.max_time_s {tc.max_time_s:g} s reached")
                 log_now = True
             if log_now and device.type == "cuda":
                 torch.cuda.synchronize()  # the window's wall time then covers its device work

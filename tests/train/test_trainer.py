@@ -148,3 +148,21 @@ def test_time_budget_sets_the_schedule_length(tmp_path, fake_target, tiny_datase
     if len(events) == 1:  # ended on its schedule (not cut at 1.05x): the cosine reached its floor
         assert abs(last["lr"] - 1e-4) < 1e-6
     assert elapsed < 40 * 1.05 + 30  # the budget bounds the loop; setup and export add a little
+
+
+def test_max_time_ends_the_run_exported(tmp_path, fake_target, tiny_dataset):
+    """train.max_time_s: past the limit the run ends at the step it reached, exported like a finished one; the
+    schedule keeps its planned length (cut, not refitted), and a run that finishes in time is unaffected."""
+    cfg = tiny_cfg(
+        tmp_path / "run", fake_target, "train.steps=100000", "train.max_time_s=2", "train.checkpoint_every=100000"
+    )
+    r = train(cfg, dataset=tiny_dataset)
+    assert r["status"] == "done" and Path(r["export_dir"], "config.json").is_file()
+    assert 0 < r["step"] == r["total_steps"] < 100000
+    recs = [json.loads(x) for x in (tmp_path / "run" / "train" / "draft" / "metrics.jsonl").read_text().splitlines()]
+    (event,) = [x for x in recs if x.get("event") == "total_steps"]
+    assert event["why"] == "train.max_time_s 2 s reached" and event["total_steps"] == r["step"]
+    last = [x for x in recs if "loss" in x][-1]
+    assert last["step"] == r["step"] and last["lr"] > 0.5 * 3e-4  # cut early in a 100000-step cosine
+    quick = train(tiny_cfg(tmp_path / "run2", fake_target, "train.steps=3", "train.max_time_s=600"), dataset=tiny_dataset)
+    assert quick["step"] == quick["total_steps"] == 3
