@@ -187,6 +187,11 @@ class SlurmConfig:
     time_min: int = 240
     exclusive: bool = False
     array_parallelism: int = 64
+    # Local executor: a slot holds its GPUs through a lock file per device, so that another local job on this
+    # machine (a resume, another run) waits for them. true: this run's slots neither take nor wait for those
+    # locks, and its engines share the GPUs with whatever else runs there, each within its own
+    # gpu_memory_utilization share (small models side by side on one GPU).
+    share_devices: bool = False
     # Seconds before the time limit at which tasks get the checkpoint signal.
     signal_delay_s: int = 120
     # Attempts per task (first run + requeues after failures) before it is reported as given up.

@@ -10,7 +10,8 @@ GPU box. It keeps the promises of the Slurm path:
   anything starts. On a machine without GPUs (or with `slurm.gpus_per_node=0`) one slot runs the tasks on
   the CPU, one at a time (each task runs its own engine; two would compete for the same memory). A slot
   holds its devices through a lock file per device in the machine's temp folder, so a second local job
-  (a `resume`, another run) waits for them instead of sharing a GPU.
+  (a `resume`, another run) waits for them instead of sharing a GPU; `slurm.share_devices=true` lets a
+  run's slots skip the locks (engines small enough to share a GPU, each within its memory share).
 - **One process per task.** A slot is one submitit LocalExecutor job (its log, its pickled result). It
   claims the next unclaimed task and runs it in a child process, so a task that is killed (the
   out-of-memory killer, `kill -9`) is reaped at once, its exit is recorded, and the slot goes on with the
@@ -245,7 +246,14 @@ def submit_local(cfg, run_dir: Path, task_ids: Sequence[int], kind: str) -> S.Su
     for k, devices in enumerate(plan.devices):
         ex = _detached_executor(sub_dir, SLOT_JOB_TIMEOUT_MIN)  # slot logs: PID_0_log.{out,err}
         job = ex.submit(
-            run_slot, str(run_dir), str(sub_dir), job_id, list(task_ids), devices, _SlotLimits.from_config(sc)
+            run_slot,
+            str(run_dir),
+            str(sub_dir),
+            job_id,
+            list(task_ids),
+            devices,
+            _SlotLimits.from_config(sc),
+            bool(sc.share_devices),
         )
         pid = int(job.job_id)
         slots.append(
@@ -316,9 +324,16 @@ def _task_env(devices: list[str]) -> dict:
 
 
 def run_slot(
-    run_dir: str, sub_dir: str, job_id: str, task_ids: list[int], devices: list[str], limits: _SlotLimits
+    run_dir: str,
+    sub_dir: str,
+    job_id: str,
+    task_ids: list[int],
+    devices: list[str],
+    limits: _SlotLimits,
+    share_devices: bool = False,
 ) -> dict:
-    """The slot job (runs inside submitit's local job): claim tasks, run each in a child process."""
+    """The slot job (runs inside submitit's local job): claim tasks, run each in a child process, holding
+    the slot's devices while it does (unless `share_devices`: slurm.share_devices)."""
     sub = Path(sub_dir)
     me = {"pid": os.getpid(), "ticks": proc.start_ticks(os.getpid()), "devices": devices}
     _write_json(sub / f"slot-{os.getpid()}.json", me)
@@ -339,7 +354,7 @@ def run_slot(
             break
         if not _claim(sub, t):
             continue
-        with _hold_devices(devices, stopping) as held:
+        with contextlib.nullcontext(True) if share_devices else _hold_devices(devices, stopping) as held:
             if held:
                 results[t] = _run_task(run_dir, sub, job_id, t, devices, limits, child, stopping)
     return {"job_id": job_id, "tasks": results}

@@ -156,6 +156,31 @@ def test_more_gpus_per_task_than_the_machine_has_is_refused_before_anything_star
     assert not (run / "slurm" / "submissions.jsonl").exists() and not (run / "state").exists()
 
 
+@pytest.mark.parametrize("share", [False, True])
+def test_a_second_run_waits_for_the_gpu_unless_it_shares_devices(tmp_path, share):
+    """Two local runs asking for the same GPU: by default the second one's task starts only when the first
+    one's has ended (a slot holds its devices); with slurm.share_devices=true both run at once."""
+    gpu = f"lock-probe-{os.getpid()}-{int(share)}"  # a device name no other test holds
+    env = {"CUDA_VISIBLE_DEVICES": gpu}
+    runs = []
+    for name, sleep_s in (("a", "1.0"), ("b", "0.05")):  # a: 12 samples, ~12 s; b: under a second
+        (tmp_path / name).mkdir()
+        run, cfg = make_run(tmp_path / name, 1, share_devices=share)
+        (run / "faults" / "sleep_s").write_text(sleep_s)
+        runs.append((run, cfg))
+    first = cli("extract", runs[0][1], env=env)
+    assert first.returncode == 0, first.stderr
+    wait_for(lambda: (runs[0][0] / "state" / "task-00000.json").exists(), 60, "the first run's task to start")
+    second = cli("extract", runs[1][1], "--wait", "--interval", "0.5", env=env)
+    assert second.returncode == 0, second.stderr + second.stdout
+    wait_for(lambda: status(runs[0][0], env)["totals"]["all_done"], 60, "the first run to finish")
+    (a,), (b,) = (json.loads((run / "state" / "task-00000.json").read_text())["attempts"] for run, _ in runs)
+    if share:
+        assert b["started"] < a["ended"], (a, b)  # side by side
+    else:
+        assert b["started"] >= a["ended"], (a, b)  # one after the other
+
+
 # ------------------------------------------------------------------------------------------ progress
 def test_status_counts_block_appends(tmp_path):
     run, cfg = make_run(tmp_path, 2, work_fn="tests.slurm.work:block_work", gpus_per_node=0)
