@@ -57,6 +57,14 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         help="the share of the GPU's memory each engine takes (default: vLLM's); lower it to evaluate "
         "beside other work on the same GPU",
     )
+    p.add_argument(
+        "--kv-cache-gib",
+        type=float,
+        default=0.0,
+        help="give each engine a KV cache of this many GiB instead of sizing it from the free memory it "
+        "measures at start: evaluations started side by side on one GPU then do not count each other's "
+        "memory as their own (vLLM's kv_cache_memory_bytes)",
+    )
     p.add_argument("--json", action="store_true", help="print the result as one JSON object")
     p.add_argument("--out", default="", help="also write the result as JSON to this file")
     p.add_argument(
@@ -138,6 +146,10 @@ def run(args: argparse.Namespace) -> int:
     engine_args: dict = {"enforce_eager": False} if args.cuda_graphs else {}
     if args.gpu_memory_utilization:
         engine_args["gpu_memory_utilization"] = args.gpu_memory_utilization
+    if args.kv_cache_gib < 0:
+        raise UserError(f"--kv-cache-gib {args.kv_cache_gib}: expected a size in GiB (0 = measured at start)")
+    if args.kv_cache_gib:
+        engine_args["kv_cache_memory_bytes"] = int(args.kv_cache_gib * 2**30)
     cfg = load_run_config(args.run_dir)
     drafts = [Path(d) for d in args.draft] or [output_dir(cfg) / "export"]
     for draft in drafts:

@@ -112,6 +112,7 @@ CASES = [
     (["evaluate", "{edited_state}"], "no exported draft"),
     (["evaluate", "{edited_state}", "--draft", "{a_file}"], "{a_file}"),
     (["evaluate", "{edited_state}", "--gpu-memory-utilization", "1.5"], "--gpu-memory-utilization 1.5"),
+    (["evaluate", "{edited_state}", "--kv-cache-gib", "-1"], "--kv-cache-gib -1"),
     (["export-data", "{missing}", "{missing}", "--format", "speculators"], "{missing}"),
     (["export-data", "{a_file}", "{missing}", "--format", "specforge"], "{a_file}"),
     (["export-data", "{edited_state}", "{missing}", "--format", "speculators"], "nor an aggregated run"),

@@ -117,6 +117,40 @@ def test_evaluate_engine_options_reach_both_engines(tmp_path, monkeypatch):
     assert seen["model"] == str(target) and seen["dtype"] == "float32"
 
 
+def test_evaluate_options_become_engine_args(tmp_path, monkeypatch):
+    """What `eagle-batch evaluate` hands the engines for --cuda-graphs, --gpu-memory-utilization and
+    --kv-cache-gib (vLLM's kv_cache_memory_bytes: a fixed KV cache, not one sized from the free memory)."""
+    import argparse
+    from types import SimpleNamespace
+
+    import eagle_batch.config as config
+    from eagle_batch.train import cli_evaluate, serve_check
+
+    draft = tmp_path / "draft"
+    draft.mkdir()
+    (draft / "config.json").write_text("{}")
+    model = SimpleNamespace(path="/target", max_model_len=64, dtype="bfloat16")
+    monkeypatch.setattr(config, "load_run_config", lambda run: SimpleNamespace(model=model))
+    seen: dict = {}
+
+    def fake_measure(target, draft, prompts, **kw):
+        seen.update(kw)
+        return {"reference": [], "identical_outputs": True, "mean_acceptance_length": 1.0, "k": kw["k"]}
+
+    monkeypatch.setattr(serve_check, "measure_acceptance", fake_measure)
+    p = argparse.ArgumentParser()
+    cli_evaluate.add_arguments(p)
+    argv = ["RUN", "--draft", str(draft), "--cuda-graphs", "--gpu-memory-utilization", "0.15", "--kv-cache-gib", "2"]
+    assert cli_evaluate.run(p.parse_args([*argv, "--json"])) == 0
+    assert seen["engine_args"] == {
+        "enforce_eager": False,
+        "gpu_memory_utilization": 0.15,
+        "kv_cache_memory_bytes": 2 * 2**30,
+    }
+    assert cli_evaluate.run(p.parse_args(["RUN", "--draft", str(draft), "--json"])) == 0
+    assert seen["engine_args"] == {}  # vLLM's own defaults
+
+
 @pytest.mark.vllm
 @pytest.mark.slow
 def test_served_acceptance_per_position_matches_the_teacher_forced_chain(tmp_path):
