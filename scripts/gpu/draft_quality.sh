@@ -77,6 +77,7 @@ extract() {
   step "verify-$name" eagle-batch verify "$run" --no-progress
   # The task's own log (engine start, per-commit rates) and the store's size, for the record.
   cp "$run"/slurm/*/task-*.log "$out/task-$name.log" 2>/dev/null || true
+  cp "$run"/state/task-00000.json "$out/state-$name.json" 2>/dev/null || true  # commit times: the steady rate
   du -sb "$run/stores" > "$out/store-bytes-$name.txt"
 }
 # train NAME RUN [overrides]: one draft, the same token budget for every one; with a DEADLINE, also ended
@@ -219,7 +220,12 @@ EOF
       # The dependency graph, each branch a chain in the background; engines take a share of the GPU's
       # memory; a failed stage ends its own branch only; the evaluation waits for every draft. BRANCHES
       # picks the optional ones (default: fp8 spec).
-      share="extract.gpu_memory_utilization=0.2 regenerate.gpu_memory_utilization=0.25"
+      # slurm.share_devices: the engines of the branches run side by side on the one GPU instead of taking
+      # turns on its lock (the first H200 run's three captures and regenerate, "side by side", took turns).
+      # A fixed KV cache (8 GiB; ~370k tokens of SmolLM2's) for each: vLLM otherwise sizes it from the GPU's
+      # free memory measured across its start, which counts a neighbour's allocations as its own.
+      share="slurm.share_devices=true extract.gpu_memory_utilization=0.2 regenerate.gpu_memory_utilization=0.25"
+      share+=" extract.extra_engine_args.kv_cache_memory_bytes=$(( 8 << 30 ))"
       run_stage() { EXTRA="${EXTRA:-} $share" bash "$repo/scripts/gpu/draft_quality.sh" "$out" "$@"; }
       branches=${BRANCHES-fp8 spec}
       (run_stage regenerate extract-regen) > "$out/branch-regen.log" 2>&1 &
@@ -251,7 +257,7 @@ EOF
         [ -n "${drafts[$name]}" ] && [ -f "${drafts[$name]}/config.json" ] || continue
         step "evaluate-$name" eagle-batch evaluate "$work/run-regen" --draft "${drafts[$name]}" --k 3 5 \
           --prompts "$work/prompts.jsonl" --max-tokens "$EVAL_TOKENS" --batch 16 "${invariant[@]}" \
-          --gpu-memory-utilization 0.15 --out "$out/evaluate-$name.json" &
+          --gpu-memory-utilization 0.15 --kv-cache-gib 2 --out "$out/evaluate-$name.json" &
       done
       wait || true
       # Speed: decode tokens/s with and without the best draft, alone on the GPU, with CUDA graphs (the
