@@ -26,7 +26,8 @@ def _run(args, tmp_path, timeout=1200, **extra_env):
 
 
 def test_bench_capture_cpu_tiny(tmp_path):
-    """Random model built without a tokenizer, same prompts in both phases, data committed to a real store."""
+    """Random model built without a tokenizer, same prompts in every phase, data committed to real stores (bf16
+    and float8)."""
     p = _run(
         [
             "eagle_batch.bench.capture",
@@ -43,6 +44,8 @@ def test_bench_capture_cpu_tiny(tmp_path):
             "--max-num-batched-tokens",
             "512",
             "--enforce-eager",
+            "--phases",
+            "plain,eagle-batch,stock,eagle-batch-fp8",
             "--work-dir",
             str(tmp_path / "w"),
             "--json",
@@ -51,6 +54,10 @@ def test_bench_capture_cpu_tiny(tmp_path):
     )
     out = json.loads(p.stdout[p.stdout.index("{") :])
     assert out["tokens"] == 24 * 96
+    # the float8 store beside the bf16 one in the same run: its own engine, every sample, fewer bytes
+    fp8 = out["phases"]["eagle-batch-fp8"]
+    assert fp8["samples"] == 24 and 0 < fp8["store_bytes"] < out["phases"]["eagle-batch"]["store_bytes"]
+    assert out["fp8_tok_s"] > 0 and 0 < out["fp8_vs_bf16_bytes"] < 1 and out["fp8_vs_raw_bf16_bytes"] < 0.6
     assert out["plain_tok_s"] > 0 and out["eagle_batch_tok_s"] > 0 and out["ratio_vs_plain"] > 0
     eb = out["phases"]["eagle-batch"]
     assert eb["samples"] == 24 and eb["store_bytes"] > 0 and eb["commits"] >= 1
