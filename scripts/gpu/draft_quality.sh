@@ -260,10 +260,19 @@ EOF
           --gpu-memory-utilization 0.15 --kv-cache-gib 2 --out "$out/evaluate-$name.json" &
       done
       wait || true
-      # Speed: decode tokens/s with and without the best draft, alone on the GPU, with CUDA graphs (the
-      # speed a server gets; eager mode leaves a 135M target launch-bound).
+      # Speed: decode tokens/s with and without the best draft (mean acceptance length at k=3 above), alone
+      # on the GPU, with CUDA graphs (the speed a server gets; eager mode leaves a 135M target launch-bound).
+      best=$(python3 - "$out" <<'EOF'
+import json, sys
+from pathlib import Path
+docs = [json.loads(f.read_text()) for f in Path(sys.argv[1]).glob("evaluate-*.json")]
+rows = [r for d in docs for r in (d if isinstance(d, list) else [d]) if r.get("k") == 3]
+print(max(rows, key=lambda r: r.get("mean_acceptance_length") or 0)["draft"] if rows else "")
+EOF
+)
+      [ -n "$best" ] || best=${drafts[regen]}
       for b in 1 16; do
-        step "speed-batch$b" eagle-batch evaluate "$work/run-regen" --draft "${drafts[regen]}" --k 3 \
+        step "speed-batch$b" eagle-batch evaluate "$work/run-regen" --draft "$best" --k 3 \
           --prompts "$work/prompts.jsonl" --num-prompts $(( b == 1 ? 8 : 64 )) --max-tokens "$EVAL_TOKENS" \
           --batch "$b" --cuda-graphs --out "$out/speed-batch$b.json" || true
       done
