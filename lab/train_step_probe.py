@@ -19,6 +19,7 @@ import time
 from pathlib import Path
 
 import torch
+from torch.autograd import DeviceType
 from torch.profiler import ProfilerActivity, profile, schedule
 
 from eagle_batch.config import load_config
@@ -66,7 +67,16 @@ def main(argv: list[str]) -> None:
     events = prof.key_averages()
     first = WAIT + WARMUP  # stamps[i] is the end of step i + 1
     wall = (stamps[first + ACTIVE - 1] - stamps[first - 1]) / ACTIVE
-    device_s = sum(e.self_device_time_total for e in events) / 1e6 / ACTIVE
+    # Kernel events only, as in the profiler's own "Self CUDA time total": an aten op's row repeats the time of
+    # the kernels it launched, and the ProfilerStep* annotation spans them all.
+    kernels = [
+        e
+        for e in events
+        if e.device_type == DeviceType.CUDA
+        and not getattr(e, "is_user_annotation", False)
+        and not e.key.startswith("ProfilerStep")
+    ]
+    device_s = sum(e.self_device_time_total for e in kernels) / 1e6 / ACTIVE
     host_s = sum(e.self_cpu_time_total for e in events) / 1e6 / ACTIVE
     ops = sum(e.count for e in events if e.key.startswith("aten::")) / ACTIVE
     active_tokens = sum(tokens[first : first + ACTIVE])  # tokens[i]: the batch of step i + 1
