@@ -65,6 +65,14 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "measures at start: evaluations started side by side on one GPU then do not count each other's "
         "memory as their own (vLLM's kv_cache_memory_bytes)",
     )
+    p.add_argument(
+        "--dtype",
+        default="",
+        choices=["", "bfloat16", "float16", "float32"],
+        help="both engines' compute dtype (default: the run's model.dtype); float32 makes the draft's "
+        "verification forward and plain decoding agree to far more digits, so near-tied greedy tokens "
+        "rarely differ between them",
+    )
     p.add_argument("--json", action="store_true", help="print the result as one JSON object")
     p.add_argument("--out", default="", help="also write the result as JSON to this file")
     p.add_argument(
@@ -177,7 +185,7 @@ def run(args: argparse.Namespace) -> int:
                 max_tokens=args.max_tokens,
                 reference=reference,
                 max_model_len=cfg.model.max_model_len,
-                dtype=cfg.model.dtype,
+                dtype=args.dtype or cfg.model.dtype,
                 engine_env={"VLLM_BATCH_INVARIANT": "1"} if args.batch_invariant else None,
                 max_num_seqs=args.batch,
                 engine_args=engine_args,

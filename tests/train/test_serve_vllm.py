@@ -118,8 +118,9 @@ def test_evaluate_engine_options_reach_both_engines(tmp_path, monkeypatch):
 
 
 def test_evaluate_options_become_engine_args(tmp_path, monkeypatch):
-    """What `eagle-batch evaluate` hands the engines for --cuda-graphs, --gpu-memory-utilization and
-    --kv-cache-gib (vLLM's kv_cache_memory_bytes: a fixed KV cache, not one sized from the free memory)."""
+    """What `eagle-batch evaluate` hands the engines for --cuda-graphs, --gpu-memory-utilization,
+    --kv-cache-gib (vLLM's kv_cache_memory_bytes: a fixed KV cache, not one sized from the free memory) and
+    --dtype."""
     import argparse
     from types import SimpleNamespace
 
@@ -147,8 +148,9 @@ def test_evaluate_options_become_engine_args(tmp_path, monkeypatch):
         "gpu_memory_utilization": 0.15,
         "kv_cache_memory_bytes": 2 * 2**30,
     }
-    assert cli_evaluate.run(p.parse_args(["RUN", "--draft", str(draft), "--json"])) == 0
-    assert seen["engine_args"] == {}  # vLLM's own defaults
+    assert seen["dtype"] == "bfloat16"  # the run's model.dtype
+    assert cli_evaluate.run(p.parse_args(["RUN", "--draft", str(draft), "--dtype", "float32", "--json"])) == 0
+    assert seen["engine_args"] == {} and seen["dtype"] == "float32"  # vLLM's own defaults; the dtype asked for
 
 
 @pytest.mark.vllm
