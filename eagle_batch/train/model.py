@@ -27,6 +27,7 @@ from typing import Any
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
+from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from eagle_batch.models.folder import honour_umask
 
@@ -193,6 +194,18 @@ def _split_hi_lo(x: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, tor
     return hi, (x - hi.float()).to(dtype)
 
 
+# The SDPA kernels the draft's attention may use: not cuDNN's, which spends ~11 ms of host time per call
+# planning for the call's shape, and a batch's padded length changes from step to step (on the H200 that was
+# ~160 ms of a 0.42 s step, with the GPU busy 30% of it: docs/training.md, "Second H200 run"). The flash and
+# memory-efficient kernels need no plan; math is the CPU's.
+SDPA_BACKENDS = [SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH]
+
+
+def _sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, **kwargs) -> torch.Tensor:
+    with sdpa_kernel(SDPA_BACKENDS):
+        return F.scaled_dot_product_attention(q, k, v, **kwargs)
+
+
 def ttt_attention(
     q: torch.Tensor, cache: list[tuple[torch.Tensor, torch.Tensor]], impl: str = "merged"
 ) -> torch.Tensor:
@@ -217,12 +230,12 @@ def ttt_attention(
     k0, v0 = _expand_kv(cache[0][0], h), _expand_kv(cache[0][1], h)
     s = len(cache) - 1
     if s == 0:
-        return F.scaled_dot_product_attention(q, k0, v0, is_causal=True)
+        return _sdpa(q, k0, v0, is_causal=True)
     scale = d**-0.5
     if impl == "masked":
         keys = torch.cat([k0] + [_expand_kv(k, h) for k, _ in cache[1:]], dim=2)
         values = torch.cat([v0] + [_expand_kv(v, h) for _, v in cache[1:]], dim=2)
-        return F.scaled_dot_product_attention(q, keys, values, attn_mask=ttt_mask(t, s, q.device))
+        return _sdpa(q, keys, values, attn_mask=ttt_mask(t, s, q.device))
     if impl != "merged":
         raise ValueError(f"train.ttt_attention={impl!r}: expected 'merged' or 'masked'")
     kd = torch.stack([_expand_kv(k, h) for k, _ in cache[1:]], dim=-2)  # [B, h, T, s, D]
@@ -245,7 +258,7 @@ def ttt_attention(
     q_aug = torch.cat([q.new_zeros(b, h, 1, d + pad), q_aug], dim=2)
     k_aug = torch.cat([sink_k, k_aug], dim=2)
     v_aug = torch.cat([sink_v, v_aug], dim=2)
-    o = F.scaled_dot_product_attention(q_aug, k_aug, v_aug, is_causal=True, scale=scale)[:, :, 1:]
+    o = _sdpa(q_aug, k_aug, v_aug, is_causal=True, scale=scale)[:, :, 1:]
     return (o[..., :d].float() + o[..., d : d + 1].float() * v_diag).to(q.dtype)
 
 
