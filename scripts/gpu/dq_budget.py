@@ -24,9 +24,7 @@ LARGER_BATCH_GAIN = 1.6
 
 def rate_from_profiles(out: Path, batch_tokens: int) -> tuple[float, int, str] | None:
     """(tokens/s, batch tokens, why) from the profile records, or None when there are none."""
-    recs = sorted(
-        (json.loads(f.read_text()) for f in out.glob("profile-*.json")), key=lambda r: r["batch_tokens"]
-    )
+    recs = sorted((json.loads(f.read_text()) for f in out.glob("profile-*.json")), key=lambda r: r["batch_tokens"])
     recs = [r for r in recs if r.get("tokens_per_s")]
     if not recs:
         return None

@@ -164,5 +164,7 @@ def test_max_time_ends_the_run_exported(tmp_path, fake_target, tiny_dataset):
     assert event["why"] == "train.max_time_s 2 s reached" and event["total_steps"] == r["step"]
     last = [x for x in recs if "loss" in x][-1]
     assert last["step"] == r["step"] and last["lr"] > 0.5 * 3e-4  # cut early in a 100000-step cosine
-    quick = train(tiny_cfg(tmp_path / "run2", fake_target, "train.steps=3", "train.max_time_s=600"), dataset=tiny_dataset)
+    quick = train(
+        tiny_cfg(tmp_path / "run2", fake_target, "train.steps=3", "train.max_time_s=600"), dataset=tiny_dataset
+    )
     assert quick["step"] == quick["total_steps"] == 3
