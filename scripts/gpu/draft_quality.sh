@@ -69,6 +69,8 @@ load_budget() {
   budget=(train.steps="$STEPS" train.batch_tokens="$BATCH_TOKENS")
 }
 load_budget
+# The regenerated chats as prepare and train read them (extract-regen, train-regen, train-lr).
+regen_data=(data.inputs="[$work/run-regen/regenerate/output]" data.format=messages data.limit=0)
 model_path() { python3 -c "from eagle_batch.models.smollm2 import materialize; print(materialize())"; }
 
 # extract NAME RUN [overrides]: prepare and extract one run, then aggregate and verify it
@@ -172,16 +174,13 @@ EOF
       ;;
     extract-orig) extract orig "$work/run-orig" ;;
     extract-regen)
-      extract regen "$work/run-regen" data.inputs="[$work/run-regen/regenerate/output]" data.format=messages \
-        data.limit=0
+      extract regen "$work/run-regen" "${regen_data[@]}"
       ;;
     train-orig) train orig "$work/run-orig" ;;
-    train-regen) train regen "$work/run-regen" data.inputs="[$work/run-regen/regenerate/output]" \
-      data.format=messages data.limit=0 ;;
+    train-regen) train regen "$work/run-regen" "${regen_data[@]}" ;;
     train-floor) train floor "$work/run-regen" train.steps=0 ;;
     # The learning rate question of issue #23 on one budget: the regen draft again at LR_ALT.
-    train-lr) train "regen-lr$LR_ALT" "$work/run-regen" data.inputs="[$work/run-regen/regenerate/output]" \
-      data.format=messages data.limit=0 train.lr="$LR_ALT" ;;
+    train-lr) train "regen-lr$LR_ALT" "$work/run-regen" "${regen_data[@]}" train.lr="$LR_ALT" ;;
     extract-fp8) extract fp8 "$work/run-fp8" store.dtype=float8_e4m3 ;;
     train-fp8) train fp8 "$work/run-fp8" store.dtype=float8_e4m3 ;;
     calibrate)
@@ -260,14 +259,14 @@ EOF
         [regen]="$work/run-regen/train/regen/export" [fp8]="$work/run-fp8/train/fp8/export"
         [lr]="$work/run-regen/train/regen-lr$LR_ALT/export")
       eval_dtype=${EVAL_DTYPE:-float32}
-      invariant=(--dtype "$eval_dtype")
+      eval_opts=(--dtype "$eval_dtype")
       # vLLM's batch-invariant kernels are CUDA kernels
-      [ "$eval_dtype" = bfloat16 ] && nvidia-smi -L > /dev/null 2>&1 && invariant+=(--batch-invariant)
+      [ "$eval_dtype" = bfloat16 ] && nvidia-smi -L > /dev/null 2>&1 && eval_opts+=(--batch-invariant)
       drafts[spec]=$(find "$work/spec-ckpt" -maxdepth 1 -name '[0-9]*' -type d 2>/dev/null | sort -V | tail -n1 || true)
       for name in "${!drafts[@]}"; do
         [ -n "${drafts[$name]}" ] && [ -f "${drafts[$name]}/config.json" ] || continue
         step "evaluate-$name" eagle-batch evaluate "$work/run-regen" --draft "${drafts[$name]}" --k 3 5 \
-          --prompts "$work/prompts.jsonl" --max-tokens "$EVAL_TOKENS" --batch 16 "${invariant[@]}" \
+          --prompts "$work/prompts.jsonl" --max-tokens "$EVAL_TOKENS" --batch 16 "${eval_opts[@]}" \
           --gpu-memory-utilization 0.15 --kv-cache-gib 2 --out "$out/evaluate-$name.json" &
       done
       wait || true
