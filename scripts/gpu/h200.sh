@@ -5,7 +5,7 @@
 #   validate-tp1 | validate-tp2 | validate-dsv3-tp1 | validate-dsv3-tp2 | bench-capture |
 #   bench-capture-nofsync | bench-capture-nofsync-noadaptive | bench-capture-shm | bench-capture-like-stock |
 #   bench-capture-durable | bench-capture-inprocess | bench-capture-trace | bench-capture-diagnose |
-#   bench-capture-sweep | bench-capture-8b | bench-loader
+#   bench-capture-sweep | bench-capture-8b | bench-capture-fp8 | bench-loader
 set -uo pipefail
 stage=${1:?stage}
 out=${2:?output folder}
@@ -93,6 +93,11 @@ case "$stage" in
                      --prompt-len-spread "${SPREAD:-0}" --work-dir $work/cap --no-fsync --engine-process background \
                      --phases plain,eagle-batch,stock --sweep "${SWEEP:-drop;default;cblosc:entropy=0;none:codec=none;default;drop}" \
                      --timeout 300 --json ;;
+  bench-capture-fp8) # the float8 store beside plain and the bf16 store in one run (issue #25), eager engines
+                   # with a 0.3 memory share (it ran beside the draft-quality run's start in session 11)
+                   python3 -m eagle_batch.bench.capture --build llama-1b --num-prompts 1024 --prompt-len 512 \
+                     --no-fsync --enforce-eager --engine-process background --gpu-memory-utilization 0.3 \
+                     --phases plain,eagle-batch,eagle-batch-fp8 --work-dir $work/cap --timeout 240 --json ;;
   bench-capture-8b) # a Llama-3.1-8B-shaped model (the compute-bound case, where capture should cost little):
                    # plain, eagle-batch's default store and the stock connector on one engine process each
                    python3 -m eagle_batch.bench.capture --build llama-8b --num-prompts 1024 --prompt-len 512 \
