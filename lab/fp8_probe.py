@@ -25,15 +25,15 @@ from eagle_batch.bench.fp8_error import METRICS, row_errors
 from eagle_batch.bench.store import LAYER_IDS, NATIVE, WIDE, real_state_pool
 from eagle_batch.store.encoder import ChunkEncoder
 from eagle_batch.store.format import BF16, Codec
-from eagle_batch.store.fp8 import E4M3, E4M3_MAX, bf16_to_f32
+from eagle_batch.store.fp8 import E4M3, E5M2, Float8, bf16_to_f32
 
 
-def quantize_blocks(x: np.ndarray, block: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+def quantize_blocks(x: np.ndarray, block: int, f8: Float8) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """x float32 [N, L, H] -> (codes uint8 [N, L, H], scales [N, L, H // block], dequantized bf16 as float32)."""
     n, L, H = x.shape
     xb = x.reshape(n, L, H // block, block)
-    scales = np.abs(xb).max(-1) / np.float32(E4M3_MAX)
-    q = np.clip(xb / np.where(scales > 0, scales, np.float32(1))[..., None], -E4M3_MAX, E4M3_MAX).astype(E4M3)
+    scales = np.abs(xb).max(-1) / np.float32(f8.max)
+    q = np.clip(xb / np.where(scales > 0, scales, np.float32(1))[..., None], -f8.max, f8.max).astype(f8.np_dtype)
     d = (q.astype(np.float32) * scales[..., None]).astype(BF16).astype(np.float32)
     return q.view(np.uint8).reshape(n, L, H), scales, d.reshape(n, L, H)
 
@@ -75,12 +75,14 @@ def main() -> None:
     n = len(x)
     bf16 = {"bf16_bytes_per_token": bits[0].nbytes, "bf16_stored_bytes_per_token": round(stored_bytes(bits) / n, 1)}
     print(json.dumps({"states": info, "token_rows": n, **bf16}))
-    for name, block in (("row", NATIVE), ("block192", 192), ("block64", 64), ("block32", 32)):
-        codes, scales, d = quantize_blocks(x, block)
-        normal_min = np.repeat(scales * 2.0**-6, block, axis=-1)  # [N, L, H]: each element's block scale
+    grid = [("row", NATIVE, E4M3), ("block192", 192, E4M3), ("block64", 64, E4M3), ("block32", 32, E4M3)]
+    for name, block, f8 in [*grid, ("row", NATIVE, E5M2)]:
+        codes, scales, d = quantize_blocks(x, block, f8)
+        normal_min = np.repeat(scales * f8.smallest_normal, block, axis=-1)  # [N, L, H]: each element's block scale
         per_layer = [row_errors(x[:, j], d[:, j], normal_min[:, j]) for j in range(len(LAYER_IDS))]
         code_bytes = stored_bytes(codes)
         out = {
+            "encoding": f8.encoding,
             "granularity": name,
             "channels_per_scale": block,
             "bytes_per_token": round((code_bytes + scales.nbytes) / n, 1),

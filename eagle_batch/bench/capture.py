@@ -35,8 +35,8 @@ import time
 from pathlib import Path
 
 PHASES = ("plain", "eagle-batch", "stock")
-# The eagle-batch phase again with store.dtype=float8_e4m3 (codes quantized on the GPU before the copy): its own
-# engine, since the connector's dtype is fixed at the engine's start; not a default phase.
+# The eagle-batch phase again with a float8 store.dtype (--fp8-dtype; codes quantized on the GPU before the
+# copy): its own engine, since the connector's dtype is fixed at the engine's start; not a default phase.
 FP8_PHASE = "eagle-batch-fp8"
 
 
@@ -64,7 +64,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--phases",
         default=",".join(PHASES),
-        help=f"comma list of plain, eagle-batch, stock, {FP8_PHASE} (eagle-batch with a float8_e4m3 store)",
+        help=f"comma list of plain, eagle-batch, stock, {FP8_PHASE} (eagle-batch with a float8 store: --fp8-dtype)",
+    )
+    p.add_argument(
+        "--fp8-dtype",
+        default="float8_e4m3",
+        choices=["float8_e4m3", "float8_e5m2"],
+        help=f"store.dtype of the {FP8_PHASE} phase (default float8_e4m3)",
     )
     p.add_argument("--max-num-seqs", type=int, default=256)
     p.add_argument("--max-num-batched-tokens", type=int, default=8192)
@@ -89,8 +95,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--store-dtype",
         default="",
-        choices=["", "bfloat16", "float8_e4m3"],
-        help="store.dtype for the eagle-batch phase (default: the config's); float8_e4m3 is quantized on the GPU",
+        choices=["", "bfloat16", "float8_e4m3", "float8_e5m2"],
+        help="store.dtype for the eagle-batch phase (default: the config's); float8 is quantized on the GPU",
     )
     p.add_argument(
         "--no-adaptive",
@@ -309,7 +315,7 @@ def _run_phases(args, phases: list[str], path: Path, work: Path) -> dict[str, di
         if name in ("plain", "eagle-batch", FP8_PHASE):
             fp8 = name == FP8_PHASE
             runs = [
-                _run_phase(args, "eagle-batch" if fp8 else name, path, work, m, "float8_e4m3" if fp8 else "")
+                _run_phase(args, "eagle-batch" if fp8 else name, path, work, m, args.fp8_dtype if fp8 else "")
                 for m in modes
             ]
             ok = [r for r in runs if "tok_s" in r]
@@ -357,6 +363,7 @@ def _result(args, path: Path, results: dict[str, dict]) -> dict:
     fp8, bf16 = results.get(FP8_PHASE, {}), results.get("eagle-batch", {})
     if "tok_s" in fp8:
         # float8 against the bf16 store, measured in the same run: speed, and bytes per token on disk
+        out["fp8_dtype"] = args.fp8_dtype
         out["fp8_tok_s"] = fp8["tok_s"]
         if tok("plain"):
             out["fp8_ratio_vs_plain"] = round(fp8["tok_s"] / tok("plain"), 4)

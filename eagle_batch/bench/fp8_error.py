@@ -7,8 +7,9 @@ per layer over all rows (token x layer, a row being one layer's H values of one 
 - `rel_l2_mean`, `rel_l2_max`: ||d - x|| / ||x|| per row;
 - `max_rel_err`: max |d - x| / |x| over every nonzero element; 1.0 wherever a value far below its row's
   largest was flushed to zero, so also
-- `max_rel_err_normal`: the same over the elements E4M3 holds in its normal range (|x| >= 2^-6 x the row's
-  scale), where 3 mantissa bits bound it by 2^-4 (plus bf16's rounding of the result), and
+- `max_rel_err_normal`: the same over the elements the encoding holds in its normal range (|x| >= its smallest
+  normal x the row's scale: 2^-6 for E4M3, 2^-14 for E5M2), where m mantissa bits bound it by 2^-(m+1) (plus
+  bf16's rounding of the result), and
 - `below_normal_fraction`: the share of nonzero elements under that range (subnormal or flushed).
 """
 
@@ -18,7 +19,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from eagle_batch.store.fp8 import bf16_to_f32, dequantize, quantize
+from eagle_batch.store.fp8 import Float8, bf16_to_f32, dequantize, quantize
 
 METRICS = (
     "cosine_mean",
@@ -33,7 +34,7 @@ METRICS = (
 
 def row_errors(x: np.ndarray, d: np.ndarray, normal_min: np.ndarray) -> dict[str, float]:
     """The metrics (module docstring) of rows x [N, H] against d [N, H]; `normal_min`: the smallest magnitude in
-    E4M3's normal range, broadcast to x ([N, 1]: per row; [N, H]: per element, for scales per block)."""
+    the encoding's normal range, broadcast to x ([N, 1]: per row; [N, H]: per element, for scales per block)."""
     x, d = x.astype(np.float64), d.astype(np.float64)
     nx, nd = np.linalg.norm(x, axis=1), np.linalg.norm(d, axis=1)
     ok = nx > 0
@@ -54,10 +55,10 @@ def row_errors(x: np.ndarray, d: np.ndarray, normal_min: np.ndarray) -> dict[str
     }
 
 
-def layer_errors(bits: np.ndarray, layer_ids: Sequence[int]) -> dict:
-    """Per-layer metrics of the store's float8 (row scales) against bf16 states `bits` [N, L, H] (uint16)."""
-    q = quantize(bits)
-    d = bf16_to_f32(dequantize(q.codes, q.scales))
+def layer_errors(bits: np.ndarray, layer_ids: Sequence[int], f8: Float8) -> dict:
+    """Per-layer metrics of the store's float8 `f8` (row scales) against bf16 states `bits` [N, L, H] (uint16)."""
+    q = quantize(bits, f8)
+    d = bf16_to_f32(dequantize(q.codes, q.scales, f8))
     x = bf16_to_f32(bits)
-    per = [row_errors(x[:, j], d[:, j], q.scales[:, j, None] * 2.0**-6) for j in range(len(layer_ids))]
+    per = [row_errors(x[:, j], d[:, j], q.scales[:, j, None] * f8.smallest_normal) for j in range(len(layer_ids))]
     return {"layer_ids": list(layer_ids), **{m: [round(p[m], 6) for p in per] for m in METRICS}}

@@ -12,8 +12,8 @@ append to finalize(), fsync included), `read_samples_s` and `read_mb_s` (random 
 after dropping the store's pages from the page cache with posix_fadvise, one process), and per
 CPU-second rates that a busy shared machine distorts less (`loadavg_1m` says how busy it was).
 
-`--dtype float8_e4m3` (or `both`: bf16 and float8 in one run, their ratios side by side in `fp8_vs_bf16`)
-writes float8 stores. Raw MB are bf16 MB in every row (a float8 row's rates are tokens at bf16's row size),
+`--dtype float8_e4m3` or `float8_e5m2` writes float8 stores; `both` writes bf16 and E4M3 in one run, `all`
+bf16, E4M3 and E5M2, each float8 dtype's figures over bf16's side by side in `vs_bf16` (`fp8_vs_bf16`: E4M3's). Raw MB are bf16 MB in every row (a float8 row's rates are tokens at bf16's row size),
 and `ratio` and `bytes_per_token` count the scales too. The float8 store is given codes and scales quantized
 beforehand, as the capture's connector hands them over from the GPU; `cpu_quantize_mb_s` is what quantizing
 costs one CPU thread instead (the hooks and hf backends). `fp8_error` (bench/fp8_error.py) compares the
@@ -37,7 +37,12 @@ import numpy as np
 WIDE = 7168
 LAYER_IDS = [2, 15, 27, 30]  # EAGLE-3 default for a 30-layer model: [2, N//2, N-3, N]
 NATIVE = 576  # SmolLM2-135M's hidden size: a pool row is 13 such token rows, cut to WIDE
-DTYPES = {"bfloat16": ("bfloat16",), "float8_e4m3": ("float8_e4m3",), "both": ("bfloat16", "float8_e4m3")}
+FLOAT8 = ("float8_e4m3", "float8_e5m2")
+DTYPES = {
+    **{d: (d,) for d in ("bfloat16", *FLOAT8)},
+    "both": ("bfloat16", "float8_e4m3"),
+    "all": ("bfloat16", *FLOAT8),
+}
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -46,7 +51,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "--dtype",
         default="bfloat16",
         choices=sorted(DTYPES),
-        help="store.dtype to write; both: bfloat16 then float8_e4m3 in one run, compared",
+        help="store.dtype to write; both: bfloat16 then float8_e4m3 in one run, compared; all: float8_e5m2 too",
     )
     p.add_argument("--level", type=int, default=1)
     p.add_argument("--raw-mb", type=float, default=1024, help="raw hidden-state MB to write (default 1024)")
@@ -249,10 +254,14 @@ def run(args: argparse.Namespace) -> int:
             rows.append({**_settings(args, cfg), "dtype": dtype, **written, **_read(args, store, pool, order, dtype)})
             if not args.keep:
                 shutil.rmtree(store, ignore_errors=True)
-        result = rows[0] if len(rows) == 1 else {"bench": "store", "rows": rows, "fp8_vs_bf16": _side_by_side(*rows)}
-        if "float8_e4m3" in DTYPES[args.dtype]:
-            result["fp8_error"] = _fp8_error(pool)
-            result["cpu_quantize_mb_s"] = _cpu_quantize_mb_s(pool)
+        result = rows[0] if len(rows) == 1 else {"bench": "store", "rows": rows}
+        if len(rows) > 1:
+            result["vs_bf16"] = {r["dtype"]: _side_by_side(rows[0], r) for r in rows[1:]}
+            result["fp8_vs_bf16"] = result["vs_bf16"]["float8_e4m3"]
+        fp8 = [d for d in DTYPES[args.dtype] if d in FLOAT8]
+        if fp8:
+            result["fp8_error"] = {d: _fp8_error(pool, d) for d in fp8}
+            result["cpu_quantize_mb_s"] = {d: _cpu_quantize_mb_s(pool, d) for d in fp8}
         result.update(states=pool_info, machine=_machine(work))
     finally:
         if not args.keep:
@@ -267,22 +276,27 @@ def _side_by_side(bf16: dict, fp8: dict) -> dict:
     return {k: round(fp8[k] / bf16[k], 4) for k in keys}
 
 
-def _fp8_error(pool: np.ndarray) -> dict:
+def _fp8_error(pool: np.ndarray, dtype: str) -> dict:
+    from eagle_batch.store.fp8 import float8
+
     from .fp8_error import layer_errors
 
     per_token = pool[:, :, : (WIDE // NATIVE) * NATIVE].reshape(len(pool), len(LAYER_IDS), -1, NATIVE)
     per_token = per_token.transpose(0, 2, 1, 3).reshape(-1, len(LAYER_IDS), NATIVE)
     return {
-        "wide_rows": layer_errors(pool, LAYER_IDS),
-        "per_token_rows": {"rows": len(per_token), **layer_errors(np.ascontiguousarray(per_token), LAYER_IDS)},
+        "wide_rows": layer_errors(pool, LAYER_IDS, float8(dtype)),
+        "per_token_rows": {
+            "rows": len(per_token),
+            **layer_errors(np.ascontiguousarray(per_token), LAYER_IDS, float8(dtype)),
+        },
     }
 
 
-def _cpu_quantize_mb_s(pool: np.ndarray) -> float:
-    from eagle_batch.store.fp8 import quantize
+def _cpu_quantize_mb_s(pool: np.ndarray, dtype: str) -> float:
+    from eagle_batch.store.fp8 import float8, quantize
 
     t0 = time.perf_counter()
-    quantize(pool)
+    quantize(pool, float8(dtype))
     return round(pool.nbytes / 1e6 / (time.perf_counter() - t0), 1)
 
 
@@ -304,12 +318,12 @@ def _settings(args, cfg) -> dict:
 def _sample_states(pool: np.ndarray, dtype: str, T: int):
     """take(rows) -> sample states as the capture hands them to a store of `dtype` (the "GPU output"): bf16
     bits, or float8 codes and scales quantized beforehand (on the GPU, in the capture)."""
-    from eagle_batch.store.fp8 import Fp8Rows, quantize
+    from eagle_batch.store.fp8 import Fp8Rows, float8, quantize
 
     if dtype == "bfloat16":
         batch = np.empty((T, *pool.shape[1:]), np.uint16)
         return lambda rows: np.take(pool, rows, axis=0, out=batch)
-    q = quantize(pool)
+    q = quantize(pool, float8(dtype))
     codes, scales = np.empty((T, *pool.shape[1:]), np.uint8), np.empty((T, pool.shape[1]), np.float32)
     return lambda rows: Fp8Rows(np.take(q.codes, rows, axis=0, out=codes), np.take(q.scales, rows, axis=0, out=scales))
 
@@ -378,7 +392,7 @@ def _read(args, store: Path, pool: np.ndarray, order: np.ndarray, dtype: str) ->
     """Random whole-sample reads with a cold page cache; checks that what was read is what was written (float8:
     its dequantization)."""
     from eagle_batch.store import open_dataset
-    from eagle_batch.store.fp8 import dequantize, quantize
+    from eagle_batch.store.fp8 import dequantize, float8, quantize
 
     T = args.sample_tokens
     _drop_cache(store)
@@ -392,8 +406,8 @@ def _read(args, store: Path, pool: np.ndarray, order: np.ndarray, dtype: str) ->
     j = int(picks[0])  # spot-check bit-exactness of what was read
     want = pool[order[j * T : (j + 1) * T]]
     if dtype != "bfloat16":
-        q = quantize(want)
-        want = dequantize(q.codes, q.scales)
+        q = quantize(want, float8(dtype))
+        want = dequantize(q.codes, q.scales, float8(dtype))
     assert np.array_equal(ds.get_arrays(j)["hidden_states"], want)
     return {
         "read_samples_s": round(args.reads / read_s, 2),

@@ -50,6 +50,8 @@ except ImportError:  # pragma: no cover - older vLLM
         pass
 
 
+from eagle_batch.store.fp8 import float8
+
 from . import fp8
 from . import sink as sink_registry
 from . import vllm_compat as compat
@@ -99,7 +101,8 @@ class EagleBatchConnector(KVConnectorBase_V1, SupportsHMA):
         extra = self._kv_transfer_config.kv_connector_extra_config or {}
         self._sink_key = extra.get("eb_sink")
         self._shm_spec = extra.get("eb_shm")
-        self._fp8 = extra.get("eb_store_dtype", "bfloat16") != "bfloat16"  # quantize before the copy
+        dtype = extra.get("eb_store_dtype", "bfloat16")
+        self._fp8 = float8(dtype) if dtype != "bfloat16" else None  # quantize before the copy
         # scheduler side
         self._reqs: dict[str, _ReqState] = {}
         # worker side
@@ -226,7 +229,7 @@ class EagleBatchConnector(KVConnectorBase_V1, SupportsHMA):
         if cap is None:
             return [items]
         L, H = len(self.layer_ids), int(self._kv.shape[-1])
-        row = fp8.packed_row_nbytes(L, H) if self._fp8 else L * H * self._kv.element_size()
+        row = fp8.packed_row_nbytes(L, H) if self._fp8 is not None else L * H * self._kv.element_size()
         groups: list[list[ExtractItem]] = []
         size = 0
         for it in items:
@@ -262,7 +265,7 @@ class EagleBatchConnector(KVConnectorBase_V1, SupportsHMA):
             self._stream.wait_event(ready)
             with torch.cuda.stream(self._stream):
                 rows = self._gather(items)
-                out = fp8.pack(rows) if self._fp8 else rows
+                out = fp8.pack(rows, self._fp8) if self._fp8 is not None else rows
                 # Straight into the transport's pinned host memory (the shared ring across processes).
                 host, where = transport.alloc_host(out.shape, out.dtype, pin=True)
                 host.copy_(out, non_blocking=True)
@@ -273,7 +276,7 @@ class EagleBatchConnector(KVConnectorBase_V1, SupportsHMA):
                 done.record(self._stream)
         else:
             rows = self._gather(items)  # advanced indexing copies: safe after the blocks are reused
-            out = fp8.pack(rows) if self._fp8 else rows
+            out = fp8.pack(rows, self._fp8) if self._fp8 is not None else rows
             host, where = transport.alloc_host(out.shape, out.dtype, pin=False)
             host.copy_(out)
         for it in items:

@@ -22,7 +22,7 @@ ENUMS = {
     "regenerate.turns": ("all", "last"),
     "extract.backend": ("auto", "native", "hooks", "hf"),
     "store.codec": ("blosc-zstd", "zstd", "none"),
-    "store.dtype": ("bfloat16", "float8_e4m3"),
+    "store.dtype": ("bfloat16", "float8_e4m3", "float8_e5m2"),
     "slurm.executor": ("auto", "slurm", "local"),
     "slurm.container.runtime": ("none", "apptainer", "pyxis"),
     "train.precision": ("bf16", "fp32"),

@@ -5,8 +5,8 @@
 - `aggregate(run_dir)`: RUN/dataset.json over the complete task stores (aggregate.py).
 - `verify(path) -> list[Problem]`: checksums, offsets, dtypes, values, metadata (verify.py).
 - `StoreWriterProtocol`: what the capture needs from a writer (protocol.py).
-- `store.dtype: float8_e4m3`: E4M3 codes and a float32 scale per row instead of bf16 (fp8.py: the
-  quantization, `Fp8Rows`); readers return bf16 either way.
+- `store.dtype: float8_e4m3 | float8_e5m2`: float8 codes and a float32 scale per row instead of bf16
+  (fp8.py: the quantization, `Fp8Rows`); readers return bf16 either way.
 Format: docs/format.md; names and layouts: format.py; a shard file's bytes: shard_codec.py.
 """
 

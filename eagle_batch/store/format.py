@@ -38,20 +38,25 @@ TOKEN_ARRAYS = ("hidden_states", "input_ids", "loss_mask")  # of a bfloat16 stor
 SCALE_ARRAY = "hidden_states_scale"  # float8 stores: float32 [tokens, L], one scale per row (token x layer)
 ARRAY_DTYPES = {"hidden_states": "bfloat16", "input_ids": "int32", "loss_mask": "uint8"}
 # store.dtype -> the Zarr data type of each token array, in the order streams, records and checks go through them.
-HIDDEN_DTYPES = {
-    "bfloat16": ARRAY_DTYPES,
-    "float8_e4m3": {"hidden_states": "uint8", SCALE_ARRAY: "float32", "input_ids": "int32", "loss_mask": "uint8"},
-}
+# store.dtype of a float8 store -> (its codes' encoding: the ml_dtypes / torch dtype name, the largest finite
+# value of that encoding, to which a row's scale maps the row's largest |x|). store/fp8.py has the arithmetic.
+FLOAT8_ENCODINGS = {"float8_e4m3": ("float8_e4m3fn", 448.0), "float8_e5m2": ("float8_e5m2", 57344.0)}
+FLOAT8_ARRAYS = {"hidden_states": "uint8", SCALE_ARRAY: "float32", "input_ids": "int32", "loss_mask": "uint8"}
+HIDDEN_DTYPES = {"bfloat16": ARRAY_DTYPES, **dict.fromkeys(FLOAT8_ENCODINGS, FLOAT8_ARRAYS)}
 # Zarr data type -> numpy dtype of the raw bytes (bf16 is handled as its uint16 bits; float8 as its uint8 codes).
 ZARR_NP = {"bfloat16": np.dtype("<u2"), "uint8": np.dtype("u1"), "int32": np.dtype("<i4"), "float32": np.dtype("<f4")}
-# The attributes of a float8 store's hidden_states array: what its uint8 codes mean (docs/format.md).
-FP8_ATTRIBUTES = {
-    "eagle_batch": {
-        "encoding": "float8_e4m3fn",
-        "scale_array": SCALE_ARRAY,
-        "dequantize": "value[t, l, h] = float8_e4m3fn(code[t, l, h]) * scale[t, l]",
+
+
+def float8_attributes(encoding: str) -> dict:
+    """The attributes of a float8 store's hidden_states array: what its uint8 codes mean (docs/format.md)."""
+    return {
+        "eagle_batch": {
+            "encoding": encoding,
+            "scale_array": SCALE_ARRAY,
+            "dequantize": f"value[t, l, h] = {encoding}(code[t, l, h]) * scale[t, l]",
+        }
     }
-}
+
 
 EMPTY = np.uint64(2**64 - 1)  # ShardingCodec's marker for an absent inner chunk
 CHUNK_TARGET_BYTES = 4 << 20  # store.chunk_tokens=0: inner chunks of about this many bytes of hidden states
@@ -207,6 +212,7 @@ class ArrayLayout:
     shard_tokens: int
     codec: Codec
     data_type: str  # the Zarr data type (ZARR_NP)
+    encoding: str = ""  # a float8 store's hidden_states: its codes' encoding (FLOAT8_ENCODINGS); else ""
 
     @property
     def np_dtype(self) -> np.dtype:
@@ -231,7 +237,6 @@ class ArrayLayout:
 
     def zarr_json(self, num_tokens: int) -> dict:
         dtype = self.data_type
-        fp8_codes = self.name == "hidden_states" and dtype == "uint8"
         return {
             "shape": [num_tokens, *self.row_shape],
             "data_type": dtype,
@@ -249,7 +254,7 @@ class ArrayLayout:
                     },
                 }
             ],
-            "attributes": FP8_ATTRIBUTES if fp8_codes else {},
+            "attributes": float8_attributes(self.encoding) if self.encoding else {},
             "zarr_format": 3,
             "node_type": "array",
             "storage_transformers": [],
@@ -269,6 +274,7 @@ class ArrayLayout:
             int(shard_shape[0]),
             Codec.from_zarr_codecs(cfg["codecs"]),
             str(meta["data_type"]),
+            str(meta.get("attributes", {}).get("eagle_batch", {}).get("encoding", "")),
         )
 
 
@@ -286,8 +292,10 @@ def make_layouts(spec, chunk_tokens: int, shard_tokens: int, codec: Codec) -> di
     """The token arrays' layouts for a store holding `spec` (a StoreSpec)."""
     L = spec.num_layers
     rows = {"hidden_states": (L, spec.hidden_size), SCALE_ARRAY: (L,), "input_ids": (), "loss_mask": ()}
+    encoding = FLOAT8_ENCODINGS[spec.dtype][0] if spec.dtype in FLOAT8_ENCODINGS else ""
     return {
-        n: ArrayLayout(n, rows[n], chunk_tokens, shard_tokens, codec, t) for n, t in array_dtypes(spec.dtype).items()
+        n: ArrayLayout(n, rows[n], chunk_tokens, shard_tokens, codec, t, encoding if n == "hidden_states" else "")
+        for n, t in array_dtypes(spec.dtype).items()
     }
 
 

@@ -1,36 +1,91 @@
-"""FP8 hidden states (store.dtype float8_e4m3): OCP E4M3 codes with one float32 scale per row (token x layer).
+"""FP8 hidden states (store.dtype float8_e4m3 | float8_e5m2): float8 codes with one float32 scale per row
+(token x layer).
 
-The one definition of the quantization (the capture's device version, capture/fp8.py, gives the same bits):
+The one definition of the quantization (the capture's device version, capture/fp8.py, gives the same bits),
+for an encoding `f8` (E4M3: `float8_e4m3fn`, MAX 448; E5M2: `float8_e5m2`, MAX 57344; format.FLOAT8_ENCODINGS):
 
     x[t, l, :]   the bf16 states of token t, layer l, exact in float32
-    scale[t, l]  = max_h |x[t, l, h]| / 448          float32; 448 is the largest finite E4M3 value
-    code         = e4m3fn(clip(x / scale, -448, 448))  round to nearest even; a row of zeros: scale 0, codes 0
+    scale[t, l]  = max_h |x[t, l, h]| / MAX          float32; MAX is the encoding's largest finite value
+    code         = f8(clip(x / scale, -MAX, MAX))    round to nearest even; a row of zeros: scale 0, codes 0
 
-and of the dequantization, `value = e4m3fn(code) * scale` in float32, rounded to bf16 by the reader.
-E4M3 has 3 mantissa bits, so a value in its normal range (down to 2^-6 / 448 of its row's largest) comes
-back within 2^-4 relative; smaller values lose bits to the subnormals. A row scale rather than one per block
-of channels was chosen by measurement on real states (docs/decisions/0020). E4M3 has no infinity: a store of
-float8 states holds finite values only (NaN/Inf rows are refused at append).
+and of the dequantization, `value = f8(code) * scale` in float32, rounded to bf16 by the reader.
+E4M3 keeps 3 mantissa bits, so a value in its normal range (down to 2^-6 / 448 of its row's largest) comes
+back within 2^-4 relative; E5M2 keeps 2 (within 2^-3) over a far wider range (down to 2^-14 / 57344), and its
+codes carry about one bit less entropy, which the store's lossless coder turns into ~15% fewer bytes
+(docs/decisions/0020). A row scale rather than one per block of channels was chosen by measurement on real
+states (0020). Neither encoding is given infinities (the clip): a store of float8 states holds finite values
+only (NaN/Inf rows are refused at append).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import cache
 
 import ml_dtypes
 import numpy as np
 
-from .format import BF16
+from .format import BF16, FLOAT8_ENCODINGS
 
-E4M3 = np.dtype(ml_dtypes.float8_e4m3fn)
-E4M3_MAX = 448.0
-# Every code's value (0x7F and 0xFF are NaN): dequantization is a table lookup.
-E4M3_VALUES = np.arange(256, dtype=np.uint8).view(E4M3).astype(np.float32)
+
+@dataclass(frozen=True)
+class Float8:
+    """One float8 encoding as a store uses it: `dtype` the store.dtype, `encoding` the ml_dtypes / torch name."""
+
+    dtype: str
+    encoding: str
+    max: float
+
+    @property
+    def np_dtype(self) -> np.dtype:
+        return np.dtype(getattr(ml_dtypes, self.encoding))
+
+    @property
+    def values(self) -> np.ndarray:
+        """Every code's value, float32 [256] (NaN and Inf codes included): dequantization is a table lookup."""
+        return _values(self.encoding)
+
+    @property
+    def smallest_normal(self) -> float:
+        """The smallest normal value: below `smallest_normal / max` of its row's largest, a value loses bits."""
+        return float(ml_dtypes.finfo(self.np_dtype).smallest_normal)
+
+    @property
+    def mantissa_bits(self) -> int:
+        return int(ml_dtypes.finfo(self.np_dtype).nmant)
+
+
+@cache
+def _values(encoding: str) -> np.ndarray:
+    table = np.arange(256, dtype=np.uint8).view(getattr(ml_dtypes, encoding)).astype(np.float32)
+    table.flags.writeable = False
+    return table
+
+
+def float8(dtype: str) -> Float8:
+    """The encoding of store.dtype `dtype` (a float8 one; ValueError otherwise)."""
+    try:
+        encoding, top = FLOAT8_ENCODINGS[dtype]
+    except KeyError:
+        raise ValueError(f"{dtype!r} is not a float8 store.dtype; use one of {', '.join(FLOAT8_ENCODINGS)}") from None
+    return Float8(dtype, encoding, top)
+
+
+def float8_for_encoding(encoding: str) -> Float8:
+    """The float8 store.dtype whose codes are `encoding` (a hidden_states array's attribute)."""
+    for dtype, (enc, _) in FLOAT8_ENCODINGS.items():
+        if enc == encoding:
+            return float8(dtype)
+    raise ValueError(f"unknown float8 encoding {encoding!r}; this eagle-batch reads {sorted(FLOAT8_ENCODINGS)}")
+
+
+E4M3 = float8("float8_e4m3")
+E5M2 = float8("float8_e5m2")
 
 
 @dataclass(frozen=True)
 class Fp8Rows:
-    """Hidden states as a float8 store keeps them: `codes` uint8 [T, L, H] (E4M3 bit patterns) and `scales`
+    """Hidden states as a float8 store keeps them: `codes` uint8 [T, L, H] (float8 bit patterns) and `scales`
     float32 [T, L]. What the capture hands a float8 store after quantizing on the device."""
 
     codes: np.ndarray
@@ -66,35 +121,37 @@ def bf16_to_f32(bits: np.ndarray) -> np.ndarray:
 QUANTIZE_PIECE_BYTES = 1 << 20  # bf16 bytes quantized per pass: its float32 temporaries stay in cache
 
 
-def quantize(bits: np.ndarray) -> Fp8Rows:
-    """bf16 states [T, L, H] (uint16 bits) -> codes and row scales (module docstring). NaN/Inf states give
-    non-finite scales: callers check `np.isfinite(rows.scales)`."""
+def quantize(bits: np.ndarray, f8: Float8) -> Fp8Rows:
+    """bf16 states [T, L, H] (uint16 bits) -> codes and row scales in encoding `f8` (module docstring). NaN/Inf
+    states give non-finite scales: callers check `np.isfinite(rows.scales)`."""
     codes = np.empty(bits.shape, np.uint8)
     scales = np.empty(bits.shape[:2], np.float32)
+    top, enc = np.float32(f8.max), f8.np_dtype
     step = max(1, QUANTIZE_PIECE_BYTES // max(1, bits[0].nbytes if len(bits) else 1))
     for s in range(0, len(bits), step):
         x = bf16_to_f32(bits[s : s + step])
-        sc = np.abs(x).max(axis=-1) / np.float32(E4M3_MAX)
+        sc = np.abs(x).max(axis=-1) / top
         q = x / np.where(sc > 0, sc, np.float32(1))[..., None]
-        np.clip(q, -E4M3_MAX, E4M3_MAX, out=q)
-        codes[s : s + step] = q.astype(E4M3).view(np.uint8)
+        np.clip(q, -top, top, out=q)
+        codes[s : s + step] = q.astype(enc).view(np.uint8)
         scales[s : s + step] = sc
     return Fp8Rows(codes, scales)
 
 
-def dequantize_f32(codes: np.ndarray, scales: np.ndarray) -> np.ndarray:
+def dequantize_f32(codes: np.ndarray, scales: np.ndarray, f8: Float8) -> np.ndarray:
     """codes [..., H] and scales [...] -> float32 values."""
-    out = E4M3_VALUES[codes]
+    out = f8.values[codes]
     out *= scales[..., None]
     return out
 
 
-def dequantize(codes: np.ndarray, scales: np.ndarray) -> np.ndarray:
+def dequantize(codes: np.ndarray, scales: np.ndarray, f8: Float8) -> np.ndarray:
     """codes [..., H] and scales [...] -> bf16 bits (uint16): `dequantize_f32` rounded to nearest even.
 
     A row's 256 possible results are computed once (the same float32 products, rounded), then looked up: a
     uint16 table gather per row instead of a float32 gather, multiply and bf16 rounding per value."""
-    tables = (E4M3_VALUES * scales.reshape(-1, 1)).astype(BF16).view(np.uint16)  # [rows, 256]
+    with np.errstate(invalid="ignore"):  # Inf codes x a zero row's scale 0: NaN entries no stored code selects
+        tables = (f8.values * scales.reshape(-1, 1)).astype(BF16).view(np.uint16)  # [rows, 256]
     out = np.empty(codes.shape, np.uint16)
     H = codes.shape[-1]
     for table, row, dst in zip(tables, codes.reshape(-1, H), out.reshape(-1, H)):
@@ -102,6 +159,7 @@ def dequantize(codes: np.ndarray, scales: np.ndarray) -> np.ndarray:
     return out
 
 
-def nan_codes(codes: np.ndarray) -> int:
-    """How many codes are E4M3's NaN (0x7F, 0xFF); the quantization never writes one for finite states."""
-    return int(((codes & 0x7F) == 0x7F).sum())
+def special_codes(codes: np.ndarray, f8: Float8) -> tuple[int, int]:
+    """(NaN codes, Inf codes) among `codes` in encoding `f8`; the quantization writes neither for finite states."""
+    counts = np.bincount(codes.reshape(-1), minlength=256)
+    return int(counts[np.isnan(f8.values)].sum()), int(counts[np.isinf(f8.values)].sum())

@@ -5,7 +5,7 @@
     aux = open_dataset(RUN, layer_ids=[2, 15, 27])  # only those layers (by layer id)
     ds.get_arrays(0, raw=True)                   # a float8 store's codes and scales, not dequantized
 
-Hidden states come back as bf16 whatever the store's dtype: a float8 store's (store.dtype float8_e4m3) are
+Hidden states come back as bf16 whatever the store's dtype: a float8 store's (float8_e4m3, float8_e5m2) are
 dequantized (store/fp8.py); `raw=True` gives its uint8 codes and float32 row scales instead.
 
 Everything comes from the committed record (`progress.json`), never from array shapes: a shape can
@@ -36,7 +36,7 @@ from .format import (
     read_attrs,
     read_layouts,
 )
-from .fp8 import dequantize
+from .fp8 import dequantize, float8
 from .record import read_record, sample_bounds
 from .shard_codec import ShardDecoder
 from .spec import StoreSpec
@@ -117,7 +117,7 @@ class TaskStore:
 
     @property
     def dtype(self) -> str:
-        """How the store keeps hidden states (store.dtype): bfloat16 or float8_e4m3."""
+        """How the store keeps hidden states (store.dtype): bfloat16, float8_e4m3 or float8_e5m2."""
         self._ensure()
         return self.spec.dtype
 
@@ -231,7 +231,7 @@ class TaskStore:
             if raw:
                 out[SCALE_ARRAY] = scales
             else:
-                out["hidden_states"] = dequantize(out["hidden_states"], scales)
+                out["hidden_states"] = dequantize(out["hidden_states"], scales, float8(self.spec.dtype))
         return out
 
     def token_arrays(self, i: int) -> tuple[np.ndarray, np.ndarray]:
@@ -242,7 +242,7 @@ class TaskStore:
 
     def get(self, i: int, layers: Sequence[int] | None = None, raw: bool = False) -> dict[str, Any]:
         """Sample i as torch tensors: hidden_states bf16; with `raw`, a float8 store's codes as
-        torch.float8_e4m3fn and `hidden_states_scale` float32."""
+        torch.float8_e4m3fn or torch.float8_e5m2 (the store's encoding) and `hidden_states_scale` float32."""
         import torch
 
         x = self.sample_arrays(i, layers, raw)
@@ -253,7 +253,9 @@ class TaskStore:
             "sample_id": x["sample_id"],
         }
         if SCALE_ARRAY in x:
-            out["hidden_states"] = torch.from_numpy(x["hidden_states"]).view(torch.float8_e4m3fn)
+            out["hidden_states"] = torch.from_numpy(x["hidden_states"]).view(
+                getattr(torch, float8(self.dtype).encoding)
+            )
             out[SCALE_ARRAY] = torch.from_numpy(x[SCALE_ARRAY])
         return out
 

@@ -30,7 +30,7 @@ from .format import (
     array_dtypes,
     read_attrs,
 )
-from .fp8 import nan_codes
+from .fp8 import float8_for_encoding, special_codes
 from .record import (
     committed_samples_of_shard,
     expected_shards,
@@ -276,8 +276,9 @@ def _check_shard_values(
     try:
         for rows in decoder.chunks(data, tokens, where):
             crc = crc32c.crc32c(rows, crc)
-            if lay.name == "hidden_states" and lay.data_type == "uint8":  # float8 codes: NaN only, no Inf
-                nan += nan_codes(rows)
+            if lay.name == "hidden_states" and lay.data_type == "uint8":  # float8 codes: no NaN/Inf code
+                n_nan, n_inf = special_codes(rows, float8_for_encoding(lay.encoding))
+                nan, inf = nan + n_nan, inf + n_inf
             elif lay.name == "hidden_states":
                 special = (rows & 0x7F80) == 0x7F80  # bf16 exponent all ones: Inf (mantissa 0) or NaN
                 if special.any():

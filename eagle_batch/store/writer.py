@@ -48,7 +48,7 @@ from .durable import makedirs_durable
 from .errors import StoreError
 from .finalize import finalize_store
 from .format import BF16, COMPLETE_NAME, SCALE_ARRAY, ArrayLayout, auto_chunk_tokens, hidden_row_nbytes
-from .fp8 import Fp8Rows, quantize
+from .fp8 import Fp8Rows, float8, quantize
 from .ingest import Ingest
 from .loan import Loan
 from .lock import StoreLock
@@ -252,7 +252,7 @@ class TaskStoreWriter:
         on_release: Callable[[], None] | None = None,
     ) -> None:
         """Queue one sample; durable only after the next commit(). `hidden_states`: bf16 [T, L, H] (torch, or
-        numpy uint16 bits); a float8 store (spec.dtype float8_e4m3) quantizes it, or takes `Fp8Rows` (codes and
+        numpy uint16 bits); a float8 store (spec.dtype float8_e4m3 or float8_e5m2) quantizes it, or takes `Fp8Rows` (codes and
         scales) quantized by the caller (store/fp8.py has the one definition).
 
         Without `on_release` the rows are copied before append returns. With it, `hidden_states` is lent:
@@ -350,20 +350,20 @@ class TaskStoreWriter:
         return sids, ids, masks, self._stored_rows(hs, sids)
 
     def _stored_rows(self, hs: np.ndarray | Fp8Rows, sample_ids: list) -> np.ndarray | Fp8Rows:
-        """The states as this store keeps them: bf16 bits, or (store.dtype float8_e4m3) codes and row scales,
+        """The states as this store keeps them: bf16 bits, or (a float8 store.dtype) codes and row scales,
         quantized here from bf16 bits unless the caller did (the capture, on the device)."""
         fp8 = self.spec.dtype != "bfloat16"
         if isinstance(hs, Fp8Rows):
             if not fp8:
                 raise TypeError(
                     f"{self.path} stores bfloat16 hidden states (store.dtype) but was given float8 codes; "
-                    "append the bf16 states, or write to a store created with store.dtype=float8_e4m3."
+                    "append the bf16 states, or write to a store created with a float8 store.dtype."
                 )
             rows = hs
         elif not fp8:
             return hs
         else:
-            rows = quantize(np.ascontiguousarray(hs))
+            rows = quantize(np.ascontiguousarray(hs), float8(self.spec.dtype))
         if not np.isfinite(rows.scales).all():
             what = (
                 f"sample {sample_ids[0]!r}"
@@ -371,7 +371,7 @@ class TaskStoreWriter:
                 else f"samples {sample_ids[0]!r}..{sample_ids[-1]!r}"
             )
             raise ValueError(
-                f"{what}: hidden states hold NaN/Inf, which float8 (store.dtype=float8_e4m3) cannot store; "
+                f"{what}: hidden states hold NaN/Inf, which float8 (store.dtype={self.spec.dtype}) cannot store; "
                 "check the model dtype, or capture into a bfloat16 store to keep them as they are."
             )
         return rows

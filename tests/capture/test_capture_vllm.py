@@ -233,7 +233,7 @@ def test_native_float8_store_quantizes_in_the_connector(tiny_model, samples_fact
     and run_capture writes them to a float8 store whose dequantized states match the reference."""
     from eagle_batch.capture.fp8 import packed_row_nbytes, unpack
     from eagle_batch.store import StoreSpec, TaskStoreWriter, open_dataset, verify
-    from eagle_batch.store.fp8 import dequantize_f32
+    from eagle_batch.store.fp8 import E4M3, dequantize_f32
 
     path = tiny_model("llama")
     cfg = _native_config(tmp_path, path, "store.dtype=float8_e4m3")
@@ -259,6 +259,6 @@ def test_native_float8_store_quantizes_in_the_connector(tiny_model, samples_fact
     assert sorted(ds.stores[0].sample_ids) == sorted(s.sample_id for s in samples)
     for i in range(len(ds)):  # in the order the engine finished them
         x = ds.get_arrays(i, raw=True)
-        got = torch.from_numpy(dequantize_f32(x["hidden_states"], x["hidden_states_scale"])).double()
+        got = torch.from_numpy(dequantize_f32(x["hidden_states"], x["hidden_states_scale"], E4M3)).double()
         cos = torch.nn.functional.cosine_similarity(got, ref[x["sample_id"]].double(), dim=-1)
         assert float(cos.min()) >= 0.999, x["sample_id"]

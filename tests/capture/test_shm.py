@@ -10,6 +10,7 @@ import torch
 from eagle_batch.capture.shm import ShmProducer, ShmReceiver
 from eagle_batch.capture.sink import CapturedRequest
 from eagle_batch.capture.writer import WriterThread
+from eagle_batch.store.fp8 import E4M3
 
 
 def _produce(spec, n, L, H):
@@ -261,7 +262,7 @@ def _produce_fp8(spec, n, L, H):
     prod = ShmProducer(spec)
     for i in range(0, n, 2):
         group = list(range(i, min(n, i + 2)))
-        rows = fp8.pack(torch.cat([_bf16_rows(j, L, H) for j in group]))
+        rows = fp8.pack(torch.cat([_bf16_rows(j, L, H) for j in group]), E4M3)
         host, where = prod.alloc_host(rows.shape, rows.dtype, pin=False)
         host.copy_(rows)
         reqs = [(f"s{j}", f"r{j}", np.arange(len(_bf16_rows(j, L, H))), len(_bf16_rows(j, L, H))) for j in group]
@@ -285,5 +286,5 @@ def test_float8_records_cross_the_ring_into_a_float8_store(tmp_path, samples_fac
         w.close()
     ds = open_dataset(tmp_path / "s.zarr")
     for i in range(n):
-        q = quantize(_bf16_rows(i, L, H).view(torch.uint16).numpy())
-        np.testing.assert_array_equal(ds.get_arrays(i)["hidden_states"], dequantize(q.codes, q.scales))
+        q = quantize(_bf16_rows(i, L, H).view(torch.uint16).numpy(), E4M3)
+        np.testing.assert_array_equal(ds.get_arrays(i)["hidden_states"], dequantize(q.codes, q.scales, E4M3))

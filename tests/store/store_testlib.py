@@ -105,15 +105,15 @@ def run_writer_to_end(
 def reference_arrays(n_samples: int, dtype: str = "bfloat16") -> dict:
     """What a store of the first `n_samples` samples holds: `arrays` (each token array's raw values, as plain
     zarr reads them) and `read` (hidden states as the reader returns them: bf16 bits)."""
-    from eagle_batch.store.fp8 import dequantize, quantize
+    from eagle_batch.store.fp8 import dequantize, float8, quantize
 
     samples = [make_sample(i) for i in range(n_samples)]
     hs = np.concatenate([s[3] for s in samples])
     arrays = {"hidden_states": hs}
     if dtype != "bfloat16":
-        q = quantize(hs)
+        q = quantize(hs, float8(dtype))
         arrays = {"hidden_states": q.codes, "hidden_states_scale": q.scales}
-        hs = dequantize(q.codes, q.scales)
+        hs = dequantize(q.codes, q.scales, float8(dtype))
     arrays.update(input_ids=np.concatenate([s[1] for s in samples]), loss_mask=np.concatenate([s[2] for s in samples]))
     return {
         "sample_ids": [s[0] for s in samples],

@@ -1,4 +1,5 @@
-"""store.dtype float8_e4m3: quantization, the writer and reader, verify, plain zarr + numpy, mismatches."""
+"""store.dtype float8_e4m3 / float8_e5m2: quantization, the writer and reader, verify, plain zarr + numpy,
+mismatches. Every store test runs for both encodings (the `f8` fixture)."""
 
 from __future__ import annotations
 
@@ -20,14 +21,17 @@ from eagle_batch.store import (
     read_record,
     verify,
 )
-from eagle_batch.store.fp8 import E4M3_VALUES, Fp8Rows, bf16_to_f32, dequantize, dequantize_f32, quantize
+from eagle_batch.store.fp8 import E4M3, E5M2, Float8, Fp8Rows, bf16_to_f32, dequantize, dequantize_f32, quantize
 
-FP8 = "float8_e4m3"
+
+@pytest.fixture(params=[E4M3, E5M2], ids=lambda f: f.dtype)
+def f8(request) -> Float8:
+    return request.param
 
 
 @pytest.fixture
-def fp8_spec(spec) -> StoreSpec:
-    return dataclasses.replace(spec, dtype=FP8)
+def fp8_spec(spec, f8) -> StoreSpec:
+    return dataclasses.replace(spec, dtype=f8.dtype)
 
 
 def write(path, spec, cfg, samples, commit_every=4, lend=False):
@@ -40,29 +44,34 @@ def write(path, spec, cfg, samples, commit_every=4, lend=False):
     return read_record(path)
 
 
-def test_quantize_row_scale_error_bound_and_zero_rows():
+@pytest.mark.parametrize(
+    "f8, top_code, smallest_normal, mantissa_bits", [(E4M3, 0x7E, 2.0**-6, 3), (E5M2, 0x7B, 2.0**-14, 2)]
+)
+def test_quantize_row_scale_error_bound_and_zero_rows(f8, top_code, smallest_normal, mantissa_bits):
+    assert (f8.smallest_normal, f8.mantissa_bits) == (smallest_normal, mantissa_bits)
     _, _, _, bits = make_sample(3)
     bits[0, 1] = 0  # a row of zeros
-    q = quantize(bits)
+    q = quantize(bits, f8)
     x = bf16_to_f32(bits)
     amax = np.abs(x).max(-1)
-    np.testing.assert_array_equal(q.scales, amax / np.float32(448))
+    np.testing.assert_array_equal(q.scales, amax / np.float32(f8.max))
     assert q.scales[0, 1] == 0 and not q.codes[0, 1].any()
-    # Each row's largest magnitude is 448 (0x7E, or 0xFE negative); no NaN code.
+    # Each row's largest magnitude is the encoding's largest finite value (448: 0x7E; 57344: 0x7B; | 0x80 when
+    # negative); no NaN or Inf code.
     top = np.take_along_axis(q.codes, np.abs(x).argmax(-1)[..., None], -1)[..., 0]
-    assert set(np.unique(top[amax > 0] & 0x7F)) == {0x7E}
-    assert not ((q.codes & 0x7F) == 0x7F).any()
-    # Values in E4M3's normal range come back within half an ulp of 3 mantissa bits: 2^-4 relative.
-    d = dequantize_f32(q.codes, q.scales)
-    normal = np.abs(x) >= amax[..., None] * 2.0**-6 / 448
-    assert (np.abs(d - x)[normal] <= 2.0**-4 * np.abs(x)[normal]).all()
+    assert set(np.unique(top[amax > 0] & 0x7F)) == {top_code}
+    assert np.isfinite(f8.values[q.codes]).all()
+    # Values in the normal range come back within half an ulp of m mantissa bits: 2^-(m+1) relative.
+    d = dequantize_f32(q.codes, q.scales, f8)
+    normal = np.abs(x) >= amax[..., None] * smallest_normal / f8.max
+    assert (np.abs(d - x)[normal] <= 2.0 ** -(mantissa_bits + 1) * np.abs(x)[normal]).all()
     # The reader's bf16 is that float32 rounded to nearest even.
     import ml_dtypes
 
-    np.testing.assert_array_equal(dequantize(q.codes, q.scales), d.astype(ml_dtypes.bfloat16).view(np.uint16))
+    np.testing.assert_array_equal(dequantize(q.codes, q.scales, f8), d.astype(ml_dtypes.bfloat16).view(np.uint16))
 
 
-def test_roundtrip_raw_codes_verify_and_format_version(tmp_path, fp8_spec, small_cfg):
+def test_roundtrip_raw_codes_verify_and_format_version(tmp_path, fp8_spec, f8, small_cfg):
     samples = [make_sample(i) for i in range(14)]
     rec = write(tmp_path / "s.zarr", fp8_spec, small_cfg, samples)
     assert rec["format_version"] == 2 and set(rec["shards"]) == {
@@ -72,31 +81,33 @@ def test_roundtrip_raw_codes_verify_and_format_version(tmp_path, fp8_spec, small
         "loss_mask",
     }
     attrs = json.loads((tmp_path / "s.zarr" / "zarr.json").read_text())["attributes"]["eagle_batch"]
-    assert attrs["dtype"] == FP8 and attrs["format_version"] == 2
+    assert attrs["dtype"] == f8.dtype and attrs["format_version"] == 2
+    meta = json.loads((tmp_path / "s.zarr" / "hidden_states" / "zarr.json").read_text())
+    assert meta["attributes"]["eagle_batch"]["encoding"] == f8.encoding
     ds = open_dataset(tmp_path / "s.zarr")
     for i, s in enumerate(samples):
-        q = quantize(s[3])
+        q = quantize(s[3], f8)
         x = ds.get_arrays(i)
-        np.testing.assert_array_equal(x["hidden_states"], dequantize(q.codes, q.scales))
+        np.testing.assert_array_equal(x["hidden_states"], dequantize(q.codes, q.scales, f8))
         r = ds.get_arrays(i, raw=True)
         np.testing.assert_array_equal(r["hidden_states"], q.codes)
         np.testing.assert_array_equal(r["hidden_states_scale"], q.scales)
     t = ds.get(2, raw=True)
-    assert str(t["hidden_states"].dtype) == "torch.float8_e4m3fn" and tuple(t["hidden_states_scale"].shape) == (
+    assert str(t["hidden_states"].dtype) == f"torch.{f8.encoding}" and tuple(t["hidden_states_scale"].shape) == (
         len(samples[2][1]),
         len(LAYERS),
     )
     assert str(ds[2]["hidden_states"].dtype) == "torch.bfloat16"
     # Some layers only: codes and scales are cut the same way.
     sub = open_dataset(tmp_path / "s.zarr", layer_ids=[LAYERS[2], LAYERS[0]])
-    q = quantize(samples[5][3])
-    np.testing.assert_array_equal(sub.get_arrays(5)["hidden_states"], dequantize(q.codes, q.scales)[:, [2, 0]])
+    q = quantize(samples[5][3], f8)
+    np.testing.assert_array_equal(sub.get_arrays(5)["hidden_states"], dequantize(q.codes, q.scales, f8)[:, [2, 0]])
     assert verify(tmp_path / "s.zarr") == []
 
 
-def test_plain_zarr_and_numpy_dequantize_like_the_reader(tmp_path, fp8_spec, small_cfg):
+def test_plain_zarr_and_numpy_dequantize_like_the_reader(tmp_path, fp8_spec, f8, small_cfg):
     """docs/format.md, "FP8 hidden states": its block, run where eagle-batch cannot be imported, reads sample 3
-    of a float8 store as the reader's float32 dequantization, with an E4M3 table equal to ml_dtypes'."""
+    of a float8 store as the reader's float32 dequantization, with a code table equal to ml_dtypes'."""
     import re
     import subprocess
     import sys
@@ -106,21 +117,21 @@ def test_plain_zarr_and_numpy_dequantize_like_the_reader(tmp_path, fp8_spec, sma
     (block,) = re.findall(r"```python\n(.*?)```", doc.split("\n## FP8 hidden states")[1], flags=re.S)
     samples = [make_sample(i) for i in range(6)]
     write(tmp_path / "task-00000.zarr", fp8_spec, small_cfg, samples)
-    driver = block + "\nimport sys\nnp.save('states.npy', states)\nnp.save('table.npy', E4M3)\n"
+    driver = block + "\nimport sys\nnp.save('states.npy', states)\nnp.save('table.npy', table)\n"
     driver += "assert not [m for m in sys.modules if m.startswith('eagle_batch')]\n"
     r = subprocess.run([sys.executable, "-I", "-c", driver], cwd=tmp_path, capture_output=True, text=True, timeout=120)
     assert r.returncode == 0, r.stderr[-3000:]
-    np.testing.assert_array_equal(np.load(tmp_path / "table.npy").astype(np.float32), E4M3_VALUES)
+    np.testing.assert_array_equal(np.load(tmp_path / "table.npy").astype(np.float32), f8.values)
     x = open_dataset(tmp_path / "task-00000.zarr").get_arrays(3, raw=True)
-    want = dequantize_f32(x["hidden_states"], x["hidden_states_scale"])
+    want = dequantize_f32(x["hidden_states"], x["hidden_states_scale"], f8)
     np.testing.assert_array_equal(np.load(tmp_path / "states.npy"), want)
 
 
-def test_prequantized_rows_give_the_same_store_as_bf16(tmp_path, fp8_spec, small_cfg):
+def test_prequantized_rows_give_the_same_store_as_bf16(tmp_path, fp8_spec, f8, small_cfg):
     """What the capture hands over (codes and scales from the device, lent) equals quantizing in the writer."""
     samples = [make_sample(i) for i in range(10)]
     a = write(tmp_path / "a.zarr", fp8_spec, small_cfg, samples)
-    pre = [(sid, ids, mask, quantize(hs)) for sid, ids, mask, hs in samples]
+    pre = [(sid, ids, mask, quantize(hs, f8)) for sid, ids, mask, hs in samples]
     b = write(tmp_path / "b.zarr", fp8_spec, small_cfg, pre, lend=True)
     for name in a["shards"]:
         assert [x["crc32c"] for x in a["shards"][name]] == [x["crc32c"] for x in b["shards"][name]], name
@@ -133,7 +144,7 @@ def test_prequantized_rows_give_the_same_store_as_bf16(tmp_path, fp8_spec, small
     assert [x["crc32c"] for x in c["shards"]["hidden_states"]] == [x["crc32c"] for x in a["shards"]["hidden_states"]]
 
 
-def test_refusals_name_the_cause(tmp_path, spec, fp8_spec, small_cfg):
+def test_refusals_name_the_cause(tmp_path, spec, fp8_spec, f8, small_cfg):
     sid, ids, mask, hs = make_sample(1)
     with TaskStoreWriter.open(tmp_path / "f.zarr", fp8_spec, small_cfg) as w:
         bad = hs.copy()
@@ -144,7 +155,7 @@ def test_refusals_name_the_cause(tmp_path, spec, fp8_spec, small_cfg):
         w.commit()
     with TaskStoreWriter.open(tmp_path / "b.zarr", spec, small_cfg) as w:
         with pytest.raises(TypeError, match="store.dtype"):
-            w.append(sid, ids, mask, quantize(hs))
+            w.append(sid, ids, mask, quantize(hs, f8))
     # Resuming a float8 store as bfloat16 (or the reverse) names the dtype.
     with pytest.raises(StoreMismatchError, match="dtype"):
         TaskStoreWriter.open(tmp_path / "f.zarr", spec, small_cfg)
@@ -162,11 +173,11 @@ def test_newer_format_version_is_refused(tmp_path, fp8_spec, small_cfg):
         len(open_dataset(tmp_path / "s.zarr"))
 
 
-def test_verify_finds_nan_codes_and_bad_scales(tmp_path, fp8_spec, small_cfg):
+def test_verify_finds_nan_codes_and_bad_scales(tmp_path, fp8_spec, f8, small_cfg):
     sid, ids, mask, hs = make_sample(2)
-    q = quantize(hs)
+    q = quantize(hs, f8)
     codes, scales = q.codes.copy(), q.scales.copy()
-    codes[0, 0, 0] = 0x7F
+    codes[0, 0, 0] = 0x7F  # NaN in both encodings
     scales[1, 0] = -1.0
     with TaskStoreWriter.open(tmp_path / "s.zarr", fp8_spec, small_cfg) as w:
         w.append(sid, ids, mask, Fp8Rows(codes, scales))
@@ -175,7 +186,7 @@ def test_verify_finds_nan_codes_and_bad_scales(tmp_path, fp8_spec, small_cfg):
     assert got == {("hidden_states", "values"), ("hidden_states_scale", "values")}
 
 
-def test_aggregated_fp8_run_reads_bf16(tmp_path, fp8_spec):
+def test_aggregated_fp8_run_reads_bf16(tmp_path, fp8_spec, f8):
     cfg = StoreConfig(chunk_tokens=8, shard_tokens=32, fsync=False)
     samples = []
     for s in range(2):
@@ -186,12 +197,12 @@ def test_aggregated_fp8_run_reads_bf16(tmp_path, fp8_spec):
     assert set(index["arrays"]) == {"hidden_states", "hidden_states_scale", "input_ids", "loss_mask"}
     ds = open_dataset(tmp_path)
     for i, s in enumerate(samples):
-        q = quantize(s[3])
-        np.testing.assert_array_equal(ds.get_arrays(i)["hidden_states"], dequantize(q.codes, q.scales))
+        q = quantize(s[3], f8)
+        np.testing.assert_array_equal(ds.get_arrays(i)["hidden_states"], dequantize(q.codes, q.scales, f8))
     assert verify(tmp_path) == []
 
 
-def test_trainer_reads_a_float8_store_as_bf16(tmp_path, fp8_spec, small_cfg):
+def test_trainer_reads_a_float8_store_as_bf16(tmp_path, fp8_spec, f8, small_cfg):
     import torch
 
     from eagle_batch.train.data import TrainSamples
@@ -199,20 +210,32 @@ def test_trainer_reads_a_float8_store_as_bf16(tmp_path, fp8_spec, small_cfg):
     samples = [make_sample(i) for i in range(4)]
     write(tmp_path / "s.zarr", fp8_spec, small_cfg, samples)
     ts = TrainSamples(open_dataset(tmp_path / "s.zarr"), LAYERS[:2], LAYERS[2])
-    q = quantize(samples[1][3])
-    want = torch.from_numpy(dequantize(q.codes, q.scales)).view(torch.bfloat16)
+    q = quantize(samples[1][3], f8)
+    want = torch.from_numpy(dequantize(q.codes, q.scales, f8)).view(torch.bfloat16)
     x = ts[1]
     assert x["aux"].dtype == torch.bfloat16
     assert torch.equal(x["aux"], want[:, :2].reshape(len(want), -1)) and torch.equal(x["last"], want[:, 2])
 
 
-def test_bench_error_metrics_bound_what_e4m3_can_hold():
-    """bench store's fp8_error: per layer; in E4M3's normal range within 2^-4 (+ bf16's rounding of it)."""
+def test_bench_error_metrics_bound_what_each_encoding_can_hold(f8):
+    """bench store's fp8_error: per layer; in the normal range within 2^-(m+1) (+ bf16's rounding of it)."""
     from eagle_batch.bench.fp8_error import METRICS, layer_errors
 
     bits = np.concatenate([make_sample(i)[3] for i in range(8)])
-    got = layer_errors(bits, LAYERS)
+    got = layer_errors(bits, LAYERS, f8)
     assert got["layer_ids"] == LAYERS and all(len(got[m]) == len(LAYERS) for m in METRICS)
-    assert all(0.999 < c <= 1.0 for c in got["cosine_min"])
-    assert all(e <= 2.0**-4 * (1 + 2.0**-7) for e in got["max_rel_err_normal"])
-    assert all(0 < e < 0.05 for e in got["rel_l2_mean"])
+    assert all(0.995 < c <= 1.0 for c in got["cosine_min"])
+    assert all(e <= 2.0 ** -(f8.mantissa_bits + 1) * (1 + 2.0**-7) for e in got["max_rel_err_normal"])
+    assert all(0 < e < 0.025 * 2 ** (3 - f8.mantissa_bits) for e in got["rel_l2_mean"])
+
+
+def test_e5m2_codes_are_fewer_bytes_than_e4m3(tmp_path, spec, small_cfg):
+    """The point of E5M2: one mantissa bit less per code, which the store's entropy coder turns into fewer
+    bytes for the same states."""
+    samples = [make_sample(i, max_len=200) for i in range(24)]
+    sizes = {}
+    for f in (E4M3, E5M2):
+        store = tmp_path / f"{f.dtype}.zarr"
+        write(store, dataclasses.replace(spec, dtype=f.dtype), small_cfg, samples)
+        sizes[f.dtype] = sum(p.stat().st_size for p in (store / "hidden_states").rglob("*") if p.is_file())
+    assert sizes["float8_e5m2"] < 0.95 * sizes["float8_e4m3"], sizes

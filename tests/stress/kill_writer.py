@@ -1,7 +1,7 @@
 """Stress: SIGKILL store writers at >= 50 random moments, resume each, compare with an uninterrupted run.
 
     python tests/stress/kill_writer.py [--min-kills 50] [--kills-per-store 6] [--workdir DIR] [--seed 0]
-                                       [--dtype bfloat16|float8_e4m3]
+                                       [--dtype bfloat16|float8_e4m3|float8_e5m2]
 
 Not collected by pytest (no test_ prefix). Each store is written by a child process (120 samples,
 commit every 3, 8-token chunks in 32-token shards so every kill lands among many shard writes); after
@@ -32,7 +32,12 @@ def main() -> int:
     p.add_argument("--samples", type=int, default=120)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--workdir", default=None, help="where the stores go (default: a temporary folder)")
-    p.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float8_e4m3"], help="the stores' store.dtype")
+    p.add_argument(
+        "--dtype",
+        default="bfloat16",
+        choices=["bfloat16", "float8_e4m3", "float8_e5m2"],
+        help="the stores' store.dtype",
+    )
     args = p.parse_args()
     t0 = time.monotonic()
     with tempfile.TemporaryDirectory(dir=args.workdir) as d:
