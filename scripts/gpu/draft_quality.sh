@@ -11,7 +11,7 @@
 #   bash scripts/gpu/draft_quality.sh OUTDIR [STAGE ...]
 #   stages: setup regenerate extract-orig extract-regen train-orig train-regen train-floor evaluate summary
 #   (default: all, in that order; each stage can run in its own call on the same warm machine)
-#   more stages: extract-fp8 / train-fp8 (issue #25: the orig chats stored as float8_e4m3 and a draft on
+#   more stages: extract-fp8 / train-fp8 (issue #25: the orig chats stored as FP8_DTYPE and a draft on
 #   them), export-spec / train-spec (issue #26: speculators' trainer on the orig states from export-data),
 #   profile-train (lab/train_step_probe.py on the orig states at BATCH_TOKENS and twice that: where a training
 #   step's time goes, and the tokens/s of each), calibrate (sets STEPS, and BATCH_TOKENS from the two
@@ -33,7 +33,10 @@
 # evaluation; 420; each training is also capped there with train.max_time_s), CONCURRENT (each draft
 # training side by side is assumed to run at the calibrated speed divided by this; 1.5), BRANCHES (the
 # optional branches of `parallel`, of fp8 spec lr; "fp8 spec"), LR_ALT (the lr branch's learning rate; 3e-4),
-# EVAL_DTYPE (the acceptance runs' compute dtype; float32; bfloat16 runs them with batch-invariant kernels).
+# EVAL_DTYPE (the acceptance runs' compute dtype; float32; bfloat16 runs them with batch-invariant kernels),
+# FP8_DTYPE (the fp8 branch's store.dtype; float8_e5m2), PROFILE_BATCHES (the batch sizes profile-train
+# measures and calibrate chooses from; "BATCH_TOKENS 2xBATCH_TOKENS"), REGEN_BATCH (conversations per
+# regenerate engine call; 1024), SPEED (1: the decode-speed runs after the acceptance ones; 0 skips them).
 set -euo pipefail
 out=${1:?output folder}
 shift
@@ -51,6 +54,8 @@ EVAL_TOKENS=${EVAL_TOKENS:-128}
 LR=${LR:-1e-3}
 WARMUP=${WARMUP:-50}
 LR_ALT=${LR_ALT:-3e-4}
+FP8_DTYPE=${FP8_DTYPE:-float8_e5m2}
+PROFILE_BATCHES=${PROFILE_BATCHES:-"$BATCH_TOKENS $(( 2 * BATCH_TOKENS ))"}
 mkdir -p "$out" "$work"
 NAME=draft-quality
 # shellcheck source=scripts/gpu/cli_run.sh
@@ -152,7 +157,7 @@ regenerate:
   keep_cut_off: true
   num_tasks: 1
   max_tokens: $MAX_TOKENS
-  batch_conversations: 1024
+  batch_conversations: ${REGEN_BATCH:-1024}
 slurm:
   executor: local
   gpus_per_node: 1
@@ -181,8 +186,8 @@ EOF
     train-floor) train floor "$work/run-regen" train.steps=0 ;;
     # The learning rate question of issue #23 on one budget: the regen draft again at LR_ALT.
     train-lr) train "regen-lr$LR_ALT" "$work/run-regen" "${regen_data[@]}" train.lr="$LR_ALT" ;;
-    extract-fp8) extract fp8 "$work/run-fp8" store.dtype=float8_e4m3 ;;
-    train-fp8) train fp8 "$work/run-fp8" store.dtype=float8_e4m3 ;;
+    extract-fp8) extract fp8 "$work/run-fp8" store.dtype="$FP8_DTYPE" ;;
+    train-fp8) train fp8 "$work/run-fp8" store.dtype="$FP8_DTYPE" ;;
     calibrate)
       # The rate alone: from profile-train's records when there are some (which also choose the batch size),
       # else from a short training.
@@ -199,7 +204,7 @@ EOF
       # Where a step's time goes (lab/train_step_probe.py: the device's busy fraction per step, the ops) and
       # the tokens/s alone, at BATCH_TOKENS and at twice that (a step bound by the host gets the larger batch
       # nearly free; calibrate then picks it).
-      for bt in "$BATCH_TOKENS" $(( 2 * BATCH_TOKENS )); do
+      for bt in $PROFILE_BATCHES; do
         step "profile-train-$bt" python3 "$repo/lab/train_step_probe.py" "$cfg" run_dir="$work/run-orig" \
           train.batch_tokens="$bt" "${train_extra[@]}" "${extra[@]}" --out "$work/probe-$bt" \
           --json-out "$out/profile-$bt.json" || true
@@ -281,6 +286,7 @@ print(max(rows, key=lambda r: r.get("mean_acceptance_length") or 0)["draft"] if 
 EOF
 )
       [ -n "$best" ] || best=${drafts[regen]}
+      [ "${SPEED:-1}" = 1 ] || continue
       for b in 1 16; do
         step "speed-batch$b" eagle-batch evaluate "$work/run-regen" --draft "$best" --k 3 \
           --prompts "$work/prompts.jsonl" --num-prompts $(( b == 1 ? 8 : 64 )) --max-tokens "$EVAL_TOKENS" \
