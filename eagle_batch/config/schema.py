@@ -264,6 +264,12 @@ class TrainConfig:
     lm_head_init: str = "random"
     # Keep the draft's lm_head fixed (speculators does, with lm_head_init=target).
     freeze_lm_head: bool = False
+    # Draft architecture options vLLM serves from the exported config (speculators turns all three on for
+    # EAGLE-3; train/model.py): an RMSNorm over the concatenated aux states before fc; the residual taken
+    # after hidden_norm; the normed state fed back to the next draft step.
+    norm_before_fc: bool = False
+    norm_before_residual: bool = False
+    norm_output: bool = False
 
 
 @dataclass

@@ -11,6 +11,12 @@ reproduce the training-time forward inside vLLM:
     out    = norm(m + r)   -> lm_head -> draft-vocab logits
     pre    = m + r         -> fed back as `g` of the next draft step (vLLM returns it as the aux output)
 
+Three options vLLM's eagle3 model reads from the draft's config.json (speculators turns all three on for its
+EAGLE-3 drafts), each off by default here: `norm_before_fc` (an RMSNorm over the concatenated aux states
+before fc, weight `input_norm.weight`: a target's layers differ in scale by orders of magnitude),
+`norm_before_residual` (the residual is hidden_norm(g), not g), `norm_output` (the state fed back is
+norm(m + r), not m + r).
+
 Embeddings are the target's (frozen, never exported: vLLM shares the target's `embed_tokens` when the
 draft has none). `d2t[i] = target_id(i) - i` (vLLM adds `arange(draft_vocab) + d2t`), `t2d` is a bool
 mask over the target vocabulary.
@@ -51,6 +57,9 @@ class DraftConfig:
     rope: dict[str, Any] = field(default_factory=dict)  # target's rope_parameters / rope_theta / rope_scaling
     hidden_act: str = "silu"
     target_architecture: str = "LlamaForCausalLM"
+    norm_before_fc: bool = False
+    norm_before_residual: bool = False
+    norm_output: bool = False
 
     @property
     def num_aux(self) -> int:
@@ -321,6 +330,7 @@ class DraftLayer(nn.Module):
 
     def __init__(self, cfg: DraftConfig):
         super().__init__()
+        self.norm_before_residual = cfg.norm_before_residual
         self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.hidden_norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.self_attn = DraftAttention(cfg)
@@ -328,8 +338,9 @@ class DraftLayer(nn.Module):
         self.mlp = DraftMLP(cfg)
 
     def forward(self, embeds, hidden, positions, cache):
-        residual = hidden
-        x = torch.cat([self.input_layernorm(embeds), self.hidden_norm(hidden)], dim=-1)
+        normed = self.hidden_norm(hidden)
+        residual = normed if self.norm_before_residual else hidden
+        x = torch.cat([self.input_layernorm(embeds), normed], dim=-1)
         a = self.self_attn(x, positions, cache)
         residual = a + residual
         m = self.mlp(self.post_attention_layernorm(residual))
@@ -340,6 +351,9 @@ class Eagle3Draft(nn.Module):
     def __init__(self, cfg: DraftConfig, embed_weight: torch.Tensor | None = None):
         super().__init__()
         self.cfg = cfg
+        self.input_norm = (
+            RMSNorm(cfg.num_aux * cfg.target_hidden_size, cfg.rms_norm_eps) if cfg.norm_before_fc else None
+        )
         self.fc = nn.Linear(cfg.num_aux * cfg.target_hidden_size, cfg.hidden_size, bias=False)
         self.midlayer = DraftLayer(cfg)
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
@@ -384,10 +398,15 @@ class Eagle3Draft(nn.Module):
     def step(
         self, ids: torch.Tensor, hidden: torch.Tensor, positions: torch.Tensor, cache: list, rows=None
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        """One draft step: (draft-vocab logits, pre-norm hidden to feed back). rows: logits only for these
-        rows of the flattened [B*T] batch ([len(rows), Vd]); None: all ([B, T, Vd])."""
+        """One draft step: (draft-vocab logits, the hidden to feed back: pre-norm, or with norm_output the
+        normed). rows: logits only for these rows of the flattened [B*T] batch ([len(rows), Vd]); None: all
+        ([B, T, Vd])."""
         emb = self.embed(ids).to(hidden.dtype)
         pre = self.midlayer(emb, hidden, positions, cache)
+        if self.cfg.norm_output:
+            post = self.norm(pre)
+            out = post if rows is None else post.flatten(0, 1).index_select(0, rows)
+            return self.lm_head(out), post
         out = pre if rows is None else pre.flatten(0, 1).index_select(0, rows)
         return self.lm_head(self.norm(out)), pre
 
@@ -401,7 +420,7 @@ class Eagle3Draft(nn.Module):
         """TTT unroll. aux: [B, T, 3*Ht]; ids_per_step[s]: [B, T] tokens fed at step s. Returns logits per
         step: [B, T, Vd], or with rows[s] (indexes into the flattened B*T rows) [len(rows[s]), Vd] - the
         rows the loss counts, so lm_head and the loss skip the rest."""
-        hidden = self.fc(aux)
+        hidden = self.fc(aux if self.input_norm is None else self.input_norm(aux))
         cache: list = []
         out = []
         for s, ids in enumerate(ids_per_step):
@@ -457,7 +476,14 @@ def export_draft(model: Eagle3Draft, out_dir: str | os.PathLike, dtype: torch.dt
         "torch_dtype": str(dtype).replace("torch.", ""),
         # Read both at the top level (0.32 gpu_model_runner / eagle3_utils) and in eagle_config (0.26).
         "eagle_aux_hidden_state_layer_ids": list(cfg.aux_layer_ids),
-        "eagle_config": {"eagle_aux_hidden_state_layer_ids": list(cfg.aux_layer_ids), "use_aux_hidden_state": True},
+        "eagle_config": {
+            "eagle_aux_hidden_state_layer_ids": list(cfg.aux_layer_ids),
+            "use_aux_hidden_state": True,
+            "norm_before_fc": cfg.norm_before_fc,
+        },
+        "norm_before_fc": cfg.norm_before_fc,
+        "norm_before_residual": cfg.norm_before_residual,
+        "norm_output": cfg.norm_output,
         "eagle_batch": {"draft_config": cfg.to_json()},
     }
     config.update(served_rope(cfg))

@@ -25,7 +25,7 @@ import json
 import random
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -143,6 +143,12 @@ def _build_model(cfg, dataset, aux_ids, last_id, rank, out, device, progress):
         tc.draft_intermediate_size,
         tc.draft_num_heads,
         tc.draft_num_kv_heads,
+    )
+    dcfg = replace(
+        dcfg,
+        norm_before_fc=bool(tc.norm_before_fc),
+        norm_before_residual=bool(tc.norm_before_residual),
+        norm_output=bool(tc.norm_output),
     )
     th = target_head(cfg.model.path)
     model = Eagle3Draft(dcfg, th["embed"]).to(device)

@@ -16,7 +16,8 @@
 #   profile-train (lab/train_step_probe.py on the orig states at BATCH_TOKENS and twice that: where a training
 #   step's time goes, and the tokens/s of each), calibrate (sets STEPS, and BATCH_TOKENS from the two
 #   profiles, so that every draft is done by DEADLINE; without profiles it measures with a short training),
-#   train-lr (the regen draft again at train.lr=LR_ALT: the learning rate on the same budget),
+#   train-lr (the regen draft again at train.lr=LR_ALT: the learning rate on the same budget), train-norms
+#   (the orig draft with speculators' three norm options on: the architecture question of issue #26),
 #   parallel (all stages after setup as a dependency graph whose branches share the one GPU).
 #
 # Inputs in DATA (default .devdata; carried to the device machine in parts, see docs/training.md):
@@ -32,7 +33,7 @@
 # DEADLINE (epoch seconds by which `parallel` must be done), EVAL_RESERVE (seconds of it kept for the
 # evaluation; 420; each training is also capped there with train.max_time_s), CONCURRENT (each draft
 # training side by side is assumed to run at the calibrated speed divided by this; 1.5), BRANCHES (the
-# optional branches of `parallel`, of fp8 spec lr; "fp8 spec"), LR_ALT (the lr branch's learning rate; 3e-4),
+# optional branches of `parallel`, of fp8 spec lr norms; "fp8 spec"), LR_ALT (the lr branch's learning rate; 3e-4),
 # EVAL_DTYPE (the acceptance runs' compute dtype; float32; bfloat16 runs them with batch-invariant kernels),
 # FP8_DTYPE (the fp8 branch's store.dtype; float8_e5m2), PROFILE_BATCHES (the batch sizes profile-train
 # measures and calibrate chooses from; "BATCH_TOKENS 2xBATCH_TOKENS"), REGEN_BATCH (conversations per
@@ -186,6 +187,10 @@ EOF
     train-floor) train floor "$work/run-regen" train.steps=0 ;;
     # The learning rate question of issue #23 on one budget: the regen draft again at LR_ALT.
     train-lr) train "regen-lr$LR_ALT" "$work/run-regen" "${regen_data[@]}" train.lr="$LR_ALT" ;;
+    # The draft architecture speculators trains (its three norm options on), on the orig states: against
+    # (a) and speculators' own draft on the same states (issue #26).
+    train-norms) train norms "$work/run-orig" train.norm_before_fc=true train.norm_before_residual=true \
+      train.norm_output=true ;;
     extract-fp8) extract fp8 "$work/run-fp8" store.dtype="$FP8_DTYPE" ;;
     train-fp8) train fp8 "$work/run-fp8" store.dtype="$FP8_DTYPE" ;;
     calibrate)
@@ -262,7 +267,7 @@ EOF
       # batch-invariant kernels.
       declare -A drafts=([floor]="$work/run-regen/train/floor/export" [orig]="$work/run-orig/train/orig/export"
         [regen]="$work/run-regen/train/regen/export" [fp8]="$work/run-fp8/train/fp8/export"
-        [lr]="$work/run-regen/train/regen-lr$LR_ALT/export")
+        [lr]="$work/run-regen/train/regen-lr$LR_ALT/export" [norms]="$work/run-orig/train/norms/export")
       eval_dtype=${EVAL_DTYPE:-float32}
       eval_opts=(--dtype "$eval_dtype")
       # vLLM's batch-invariant kernels are CUDA kernels

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 import pytest
 import torch
@@ -14,8 +16,9 @@ from eagle_batch.train.model import Eagle3Draft, draft_config_from_target, targe
 from eagle_batch.train.target import TargetHead
 
 
-def make_draft(target, vocab_size=128, seed=0):
-    cfg = draft_config_from_target(target, TINY_LAYERS[:3], TINY_LAYERS[3], vocab_size)
+def make_draft(target, vocab_size=128, seed=0, **options):
+    """A draft of the tiny target; `options`: DraftConfig's norm options (norm_before_fc, ...)."""
+    cfg = dataclasses.replace(draft_config_from_target(target, TINY_LAYERS[:3], TINY_LAYERS[3], vocab_size), **options)
     th = target_head(target)
     torch.manual_seed(seed)
     m = Eagle3Draft(cfg, th["embed"].float())
@@ -68,10 +71,15 @@ def _sequential_reference(m: Eagle3Draft, aux, ids, root: int, steps: int):
     c = m.cfg
     t = aux.shape[0]
     pos = torch.arange(t)[None]
-    # Step 0 over the prefix 0..root: causal attention, keys cached.
-    g = m.fc(aux[None, : root + 1])
+    # vLLM's options (llama_eagle3.py): the norm before fc, the residual after hidden_norm, the normed state
+    # fed back.
+    a = aux[None, : root + 1]
+    g = m.fc(m.input_norm(a) if c.norm_before_fc else a)
     emb = m.embed(ids[1 : root + 2][None])
-    x = torch.cat([m.midlayer.input_layernorm(emb), m.midlayer.hidden_norm(g)], -1)
+    gn = m.midlayer.hidden_norm(g)
+    x = torch.cat([m.midlayer.input_layernorm(emb), gn], -1)
+    g = gn if c.norm_before_residual else g
+    # Step 0 over the prefix 0..root: causal attention, keys cached.
     q = attn.q_proj(x).view(1, -1, c.num_attention_heads, c.head_dim).transpose(1, 2)
     k = attn.k_proj(x).view(1, -1, c.num_key_value_heads, c.head_dim).transpose(1, 2)
     v = attn.v_proj(x).view(1, -1, c.num_key_value_heads, c.head_dim).transpose(1, 2)
@@ -83,11 +91,12 @@ def _sequential_reference(m: Eagle3Draft, aux, ids, root: int, steps: int):
     pre = m.midlayer.mlp(m.midlayer.post_attention_layernorm(r)) + r
     logits = [m.lm_head(m.norm(pre[0, root]))]
     kc, vc = k, v
-    hidden = pre[:, root : root + 1]
+    hidden = (m.norm(pre) if c.norm_output else pre)[:, root : root + 1]
     for s in range(1, steps):
         p = root + s
         emb = m.embed(ids[p + 1 : p + 2][None])
-        x = torch.cat([m.midlayer.input_layernorm(emb), m.midlayer.hidden_norm(hidden)], -1)
+        hn = m.midlayer.hidden_norm(hidden)
+        x = torch.cat([m.midlayer.input_layernorm(emb), hn], -1)
         q = attn.q_proj(x).view(1, 1, c.num_attention_heads, c.head_dim).transpose(1, 2)
         k = attn.k_proj(x).view(1, 1, c.num_key_value_heads, c.head_dim).transpose(1, 2)
         v = attn.v_proj(x).view(1, 1, c.num_key_value_heads, c.head_dim).transpose(1, 2)
@@ -95,16 +104,21 @@ def _sequential_reference(m: Eagle3Draft, aux, ids, root: int, steps: int):
         kc, vc = torch.cat([kc, k], 2), torch.cat([vc, v], 2)
         o = F.scaled_dot_product_attention(q, kc.repeat_interleave(rep, 1), vc.repeat_interleave(rep, 1))
         o = attn.o_proj(o.transpose(1, 2).reshape(1, 1, -1))
-        r = o + hidden
+        r = o + (hn if c.norm_before_residual else hidden)
         pre = m.midlayer.mlp(m.midlayer.post_attention_layernorm(r)) + r
         logits.append(m.lm_head(m.norm(pre[0, 0])))
-        hidden = pre
+        hidden = m.norm(pre) if c.norm_output else pre
     return torch.stack(logits)
 
 
-def test_ttt_unroll_matches_sequential_decoding(fake_target):
+@pytest.mark.parametrize(
+    "options",
+    [{}, {"norm_before_fc": True, "norm_before_residual": True, "norm_output": True}, {"norm_output": True}],
+    ids=["plain", "all-norms", "norm-output"],
+)
+def test_ttt_unroll_matches_sequential_decoding(fake_target, options):
     torch.manual_seed(1)
-    m, _ = make_draft(fake_target)
+    m, _ = make_draft(fake_target, **options)
     m.eval()
     t, steps, h = 16, 4, TINY["hidden"]
     aux = torch.randn(t, 3 * h)

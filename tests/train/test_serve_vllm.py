@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 
@@ -16,11 +17,14 @@ from eagle_batch.train.serve_check import measure_acceptance
 
 @pytest.mark.vllm
 @pytest.mark.slow
-def test_untrained_export_loads_and_serves_in_vllm(tmp_path):
+@pytest.mark.parametrize("norms", [False, True], ids=["plain", "all-norms"])
+def test_untrained_export_loads_and_serves_in_vllm(tmp_path, norms):
     """An exported (untrained) draft loads in vLLM with speculative_config method eagle3; greedy output is
-    the target's own, and the spec-decode counters are read (mean acceptance length >= 1)."""
+    the target's own, and the spec-decode counters are read (mean acceptance length >= 1). With the norm
+    options on, vLLM builds and loads their weights (input_norm) from the exported config."""
     target = servable_smollm2(tmp_path / "smollm2")
     cfg = draft_config_from_target(target, [2, 15, 27], 30, 1024)
+    cfg = dataclasses.replace(cfg, norm_before_fc=norms, norm_before_residual=norms, norm_output=norms)
     m = Eagle3Draft(cfg, target_head(target)["embed"])
     m.set_vocab_map(torch.arange(1024))
     draft = export_draft(m, tmp_path / "draft")
