@@ -219,6 +219,9 @@ class TrainConfig:
     # remain (the schedule is cut, not refitted): a hard deadline for a local run.
     max_time_s: float = 0.0
     lr: float = 3e-4
+    # adamw | muon (Muon on the draft's 2-D weights except lm_head, AdamW on the rest, as speculators trains
+    # its drafts; train/optim.py)
+    optimizer: str = "adamw"
     min_lr_ratio: float = 0.1
     warmup_steps: int = 50
     weight_decay: float = 0.0

@@ -26,6 +26,7 @@ ENUMS = {
     "slurm.executor": ("auto", "slurm", "local"),
     "slurm.container.runtime": ("none", "apptainer", "pyxis"),
     "train.precision": ("bf16", "fp32"),
+    "train.optimizer": ("adamw", "muon"),
     "model.dtype": ("bfloat16", "float16", "float32", "auto"),
 }
 

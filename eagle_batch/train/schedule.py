@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -24,10 +23,6 @@ class LRSchedule:
             return (step + 1) / self.warmup
         progress = min(1.0, (step - self.warmup) / max(1, self.total - self.warmup))
         return self.min_ratio + (1.0 - self.min_ratio) * 0.5 * (1.0 + math.cos(math.pi * progress))
-
-
-def lr_lambda(warmup: int, total: int, min_ratio: float) -> Callable[[int], float]:
-    return LRSchedule(warmup, total, min_ratio)
 
 
 class TimeBudget:

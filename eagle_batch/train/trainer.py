@@ -37,8 +37,9 @@ from .data import BatchPlan, EpochLoader, TrainSamples, build_vocab_map, token_f
 from .distributed import StopFlag, all_reduce_sum, init_distributed, shutdown_distributed
 from .loss import CrossEntropyKernels, plan_to, ttt_loss, ttt_plan
 from .model import Eagle3Draft, draft_config_from_target, export_draft
+from .optim import OPTIMIZERS, DraftOptimizer
 from .progress import Metrics, TrainProgress
-from .schedule import TimeBudget, TimeLimit, lr_lambda
+from .schedule import TimeBudget, TimeLimit
 from .target import TargetHead, target_head
 
 __all__ = ["train", "ttt_loss", "output_dir", "latest_checkpoint", "init_distributed", "shutdown_distributed"]
@@ -94,8 +95,7 @@ class _Run:
     model: Eagle3Draft
     head: TargetHead
     params: list
-    opt: Any
-    sched: Any
+    opt: DraftOptimizer
     ckpt_path: Path | None
     step: int = 0
     epoch: int = 0
@@ -124,6 +124,7 @@ def _check_choices(tc) -> None:
     for key, value, allowed in (
         ("ttt_attention", tc.ttt_attention, ("merged", "masked")),
         ("lm_head_init", tc.lm_head_init, ("random", "target")),
+        ("optimizer", tc.optimizer, OPTIMIZERS),
         ("precision", tc.precision, ("bf16", "fp32")),
         ("accuracy_vs", tc.accuracy_vs, ("full", "draft")),
     ):
@@ -222,19 +223,14 @@ def _setup(cfg, dataset, progress_enabled: bool) -> tuple[_Run, TrainProgress, d
     )
     dcfg, model, head, ckpt, ckpt_path = _build_model(cfg, dataset, aux_ids, last_id, rank, out, device, progress)
     params = [p for p in model.parameters() if p.requires_grad]
-    # fused: one kernel for the whole update on CUDA (the default foreach path launches several per group)
-    opt = torch.optim.AdamW(
-        params, lr=tc.lr, betas=(0.9, 0.95), weight_decay=tc.weight_decay, fused=device.type == "cuda"
-    )
-    sched = torch.optim.lr_scheduler.LambdaLR(opt, lr_lambda(tc.warmup_steps, total_steps, tc.min_lr_ratio))
-    r = _Run(tc, rank, world, device, out, samples, plan, total_steps, dcfg, model, head, params, opt, sched, ckpt_path)
+    opt = DraftOptimizer(model, tc, total_steps, device)
+    r = _Run(tc, rank, world, device, out, samples, plan, total_steps, dcfg, model, head, params, opt, ckpt_path)
     if ckpt is not None:
-        opt.load_state_dict(ckpt["optimizer"])
-        sched.load_state_dict(ckpt["scheduler"])
+        opt.load_state_dict(ckpt["optimizer"], ckpt["scheduler"])
         r.step, r.epoch, r.batch_in_epoch = ckpt["step"], ckpt["epoch"], ckpt["batch_in_epoch"]
         r.budget_total = int(ckpt.get("budget_total", 0))
         r.total_steps = r.budget_total or total_steps
-        sched.lr_lambdas[0].total = r.total_steps
+        opt.set_total(r.total_steps)
         progress.set_total(r.total_steps)
         rngs = ckpt.get("rng", {})
         if str(rank) in rngs:
@@ -256,10 +252,11 @@ def _checkpoint_state(r: _Run) -> dict:
         torch.distributed.all_gather_object(rngs, mine)
     else:
         rngs = [mine]
+    opt_state, sched_state = r.opt.state_dict()
     return {
         "model": r.model.state_dict(),
-        "optimizer": r.opt.state_dict(),
-        "scheduler": r.sched.state_dict(),
+        "optimizer": opt_state,
+        "scheduler": sched_state,
         "step": r.step,
         "epoch": r.epoch,
         "batch_in_epoch": r.batch_in_epoch,
@@ -293,7 +290,7 @@ def _log_record(r: _Run, win: _Window, gnorm: torch.Tensor | None) -> dict:
     return {
         "step": r.step,
         "epoch": r.epoch,
-        "lr": r.sched.get_last_lr()[0],
+        "lr": r.opt.last_lr(),
         "loss": float(loss),
         "loss_per_step": (vec[:k] / cnt).tolist(),
         "acc_per_step": (vec[k : 2 * k] / cnt).tolist(),
@@ -314,18 +311,17 @@ def _train_step(r: _Run, ddp: Any, batch: dict, plan: dict, kernels: CrossEntrop
     r.model.train()
     model = r.model if r.world == 1 else _DDPProxy(ddp, r.model)
     loss, st = ttt_loss(model, r.head, batch, r.tc.ttt_steps, r.tc.ttt_decay, autocast, kernels, plan)
-    r.opt.zero_grad(set_to_none=True)
+    r.opt.zero_grad()
     loss.backward()
     gnorm = torch.nn.utils.clip_grad_norm_(r.params, r.tc.grad_clip) if r.tc.grad_clip > 0 else None
     r.opt.step()
-    r.sched.step()
     return loss, st, gnorm
 
 
 def _set_total(r: _Run, total: int, progress: TrainProgress, metrics: Any, why: str) -> None:
     """Move the end of the run (and of the cosine) to step `total`."""
     r.total_steps = r.budget_total = total
-    r.sched.lr_lambdas[0].total = total
+    r.opt.set_total(total)
     progress.set_total(total)
     progress.note(f"{why}: the run ends at step {total}")
     metrics.log({"event": "total_steps", "step": r.step, "total_steps": total, "why": why})

@@ -52,9 +52,10 @@ def test_train_loss_decreases_and_metrics(tmp_path, fake_target, tiny_dataset):
     assert (out / "export" / "config.json").is_file() and (out / "export" / "model.safetensors").is_file()
 
 
-def test_kill_resume_same_data_order_and_identical_result(tmp_path, fake_target, tiny_dataset):
+@pytest.mark.parametrize("optimizer", ["adamw", "muon"])
+def test_kill_resume_same_data_order_and_identical_result(tmp_path, fake_target, tiny_dataset, optimizer):
     def run(run_dir, *, limit=0, order=None):
-        cfg = tiny_cfg(run_dir, fake_target, "train.steps=7", "train.epochs=0")
+        cfg = tiny_cfg(run_dir, fake_target, "train.steps=7", "train.epochs=0", f"train.optimizer={optimizer}")
         return train(
             cfg,
             dataset=tiny_dataset,
@@ -77,7 +78,11 @@ def test_kill_resume_same_data_order_and_identical_result(tmp_path, fake_target,
     b = torch.load(latest_checkpoint(tmp_path / "b" / "train" / "draft"), weights_only=False)
     for k in a["model"]:
         torch.testing.assert_close(a["model"][k], b["model"][k], rtol=0, atol=0)
-    assert a["scheduler"]["last_epoch"] == b["scheduler"]["last_epoch"] == 7
+    scheds = [a["scheduler"], b["scheduler"]]
+    if optimizer == "muon":  # one schedule per optimizer: Muon's (the 2-D weights) and AdamW's (the rest)
+        assert len(a["optimizer"]) == len(a["scheduler"]) == 2
+        scheds = [s for pair in zip(a["scheduler"], b["scheduler"]) for s in pair]
+    assert all(s["last_epoch"] == 7 for s in scheds)
 
 
 def test_aux_layers_reach_fc_in_ascending_order(tmp_path, fake_target):
@@ -168,3 +173,29 @@ def test_max_time_ends_the_run_exported(tmp_path, fake_target, tiny_dataset):
         tiny_cfg(tmp_path / "run2", fake_target, "train.steps=3", "train.max_time_s=600"), dataset=tiny_dataset
     )
     assert quick["step"] == quick["total_steps"] == 3
+
+
+def test_muon_takes_the_matrices_adamw_the_rest_and_a_checkpoint_keeps_its_optimizer(tmp_path, fake_target):
+    """train.optimizer=muon: Muon steps fc and the projections, AdamW the norms and lm_head (speculators'
+    split); resuming a run with the other optimizer is refused with what to do."""
+    from conftest import TINY_LAYERS
+
+    from eagle_batch.train.model import Eagle3Draft, draft_config_from_target
+    from eagle_batch.train.optim import DraftOptimizer, muon_split
+
+    m = Eagle3Draft(draft_config_from_target(fake_target, TINY_LAYERS[:3], TINY_LAYERS[3], 64))
+    matrices, rest = muon_split(m.named_parameters())
+    names = {id(p): n for n, p in m.named_parameters()}
+    assert {names[id(p)] for p in matrices} == {n for n, p in m.named_parameters() if p.ndim == 2} - {"lm_head.weight"}
+    assert "lm_head.weight" in {names[id(p)] for p in rest} and all(
+        p.ndim == 1 for p in rest if p is not m.lm_head.weight
+    )
+    tc = tiny_cfg(tmp_path, fake_target, "train.optimizer=muon").train
+    opt = DraftOptimizer(m, tc, 10, torch.device("cpu"))
+    assert isinstance(opt.optimizers[0], torch.optim.Muon) and isinstance(opt.optimizers[1], torch.optim.AdamW)
+    opt.set_total(20)
+    assert opt.schedule.total == 20 and all(s.lr_lambdas[0] is opt.schedule for s in opt.schedulers)
+    saved = opt.state_dict()
+    adamw = DraftOptimizer(m, tiny_cfg(tmp_path, fake_target).train, 10, torch.device("cpu"))
+    with pytest.raises(ValueError, match="train.optimizer=muon.*resume with train.optimizer=muon"):
+        adamw.load_state_dict(*saved)
