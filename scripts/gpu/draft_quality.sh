@@ -16,8 +16,9 @@
 #   profile-train (lab/train_step_probe.py on the orig states at BATCH_TOKENS and twice that: where a training
 #   step's time goes, and the tokens/s of each), calibrate (sets STEPS, and BATCH_TOKENS from the two
 #   profiles, so that every draft is done by DEADLINE; without profiles it measures with a short training),
-#   train-lr (the regen draft again at train.lr=LR_ALT: the learning rate on the same budget), train-norms
-#   (the orig draft with speculators' three norm options on: the architecture question of issue #26),
+#   train-lr (the regen draft again at train.lr=LR_ALT: the learning rate on the same budget),
+#   variant=NAME=OVERRIDES (the orig draft again with comma-separated train.* overrides; parallel trains
+#   every VARIANTS entry beside the others and evaluate serves each),
 #   parallel (all stages after setup as a dependency graph whose branches share the one GPU).
 #
 # Inputs in DATA (default .devdata; carried to the device machine in parts, see docs/training.md):
@@ -33,7 +34,8 @@
 # DEADLINE (epoch seconds by which `parallel` must be done), EVAL_RESERVE (seconds of it kept for the
 # evaluation; 420; each training is also capped there with train.max_time_s), CONCURRENT (each draft
 # training side by side is assumed to run at the calibrated speed divided by this; 1.5), BRANCHES (the
-# optional branches of `parallel`, of fp8 spec lr norms; "fp8 spec"), LR_ALT (the lr branch's learning rate; 3e-4),
+# optional branches of `parallel`, of fp8 spec lr; "fp8 spec"), VARIANTS (orig drafts with other train.*
+# settings, e.g. "norms=train.norm_before_fc=true,train.norm_output=true ttt3=train.ttt_steps=3"; none), LR_ALT (the lr branch's learning rate; 3e-4),
 # EVAL_DTYPE (the acceptance runs' compute dtype; float32; bfloat16 runs them with batch-invariant kernels),
 # FP8_DTYPE (the fp8 branch's store.dtype; float8_e5m2), PROFILE_BATCHES (the batch sizes profile-train
 # measures and calibrate chooses from; "BATCH_TOKENS 2xBATCH_TOKENS"), REGEN_BATCH (conversations per
@@ -187,10 +189,13 @@ EOF
     train-floor) train floor "$work/run-regen" train.steps=0 ;;
     # The learning rate question of issue #23 on one budget: the regen draft again at LR_ALT.
     train-lr) train "regen-lr$LR_ALT" "$work/run-regen" "${regen_data[@]}" train.lr="$LR_ALT" ;;
-    # The draft architecture speculators trains (its three norm options on), on the orig states: against
-    # (a) and speculators' own draft on the same states (issue #26).
-    train-norms) train norms "$work/run-orig" train.norm_before_fc=true train.norm_before_residual=true \
-      train.norm_output=true ;;
+    # One VARIANTS entry, NAME=OVERRIDES: the orig draft again with train.* overrides (comma-separated), on
+    # the orig states beside (a) and speculators' draft (issue #26: which of speculators' choices matters).
+    variant=*)
+      spec_=${stage#variant=}
+      # shellcheck disable=SC2046
+      train "${spec_%%=*}" "$work/run-orig" $(tr ',' ' ' <<< "${spec_#*=}")
+      ;;
     extract-fp8) extract fp8 "$work/run-fp8" store.dtype="$FP8_DTYPE" ;;
     train-fp8) train fp8 "$work/run-fp8" store.dtype="$FP8_DTYPE" ;;
     calibrate)
@@ -254,6 +259,7 @@ EOF
       wait || true
       run_stage calibrate > "$out/branch-calibrate.log" 2>&1 || true
       for d in orig regen floor $branches; do (run_stage "train-$d") > "$out/branch-train-$d.log" 2>&1 & done
+      for v in ${VARIANTS:-}; do (run_stage "variant=$v") > "$out/branch-train-${v%%=*}.log" 2>&1 & done
       wait || true
       run_stage evaluate summary
       ;;
@@ -267,7 +273,8 @@ EOF
       # batch-invariant kernels.
       declare -A drafts=([floor]="$work/run-regen/train/floor/export" [orig]="$work/run-orig/train/orig/export"
         [regen]="$work/run-regen/train/regen/export" [fp8]="$work/run-fp8/train/fp8/export"
-        [lr]="$work/run-regen/train/regen-lr$LR_ALT/export" [norms]="$work/run-orig/train/norms/export")
+        [lr]="$work/run-regen/train/regen-lr$LR_ALT/export")
+      for v in ${VARIANTS:-}; do drafts[${v%%=*}]="$work/run-orig/train/${v%%=*}/export"; done
       eval_dtype=${EVAL_DTYPE:-float32}
       eval_opts=(--dtype "$eval_dtype")
       # vLLM's batch-invariant kernels are CUDA kernels
