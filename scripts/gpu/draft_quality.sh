@@ -17,8 +17,8 @@
 #   step's time goes, and the tokens/s of each), calibrate (sets STEPS, and BATCH_TOKENS from the two
 #   profiles, so that every draft is done by DEADLINE; without profiles it measures with a short training),
 #   train-lr (the regen draft again at train.lr=LR_ALT: the learning rate on the same budget),
-#   variant=NAME=OVERRIDES (the orig draft again with comma-separated train.* overrides; parallel trains
-#   every VARIANTS entry beside the others and evaluate serves each),
+#   variant=[STATES:]NAME=OVERRIDES (a draft on the orig (default) or regen states with comma-separated
+#   train.* overrides; parallel trains every VARIANTS entry beside the others and evaluate serves each),
 #   parallel (all stages after setup as a dependency graph whose branches share the one GPU).
 #
 # Inputs in DATA (default .devdata; carried to the device machine in parts, see docs/training.md):
@@ -34,12 +34,13 @@
 # DEADLINE (epoch seconds by which `parallel` must be done), EVAL_RESERVE (seconds of it kept for the
 # evaluation; 420; each training is also capped there with train.max_time_s), CONCURRENT (each draft
 # training side by side is assumed to run at the calibrated speed divided by this; 1.5), BRANCHES (the
-# optional branches of `parallel`, of fp8 spec lr; "fp8 spec"), VARIANTS (orig drafts with other train.*
-# settings, e.g. "norms=train.norm_before_fc=true,train.norm_output=true ttt3=train.ttt_steps=3"; none), LR_ALT (the lr branch's learning rate; 3e-4),
+# optional branches of `parallel`, of fp8 spec lr; "fp8 spec"), DRAFTS (the default-setting drafts `parallel`
+# trains, of orig regen floor; all three), VARIANTS (drafts with other train.*
+# settings, e.g. "norms=train.norm_before_fc=true,train.norm_output=true regen:regen-ttt3=train.ttt_steps=3"; none), LR_ALT (the lr branch's learning rate; 3e-4),
 # EVAL_DTYPE (the acceptance runs' compute dtype; float32; bfloat16 runs them with batch-invariant kernels),
 # FP8_DTYPE (the fp8 branch's store.dtype; float8_e5m2), PROFILE_BATCHES (the batch sizes profile-train
 # measures and calibrate chooses from; "BATCH_TOKENS 2xBATCH_TOKENS"), REGEN_BATCH (conversations per
-# regenerate engine call; 1024), SPEED (1: the decode-speed runs after the acceptance ones; 0 skips them).
+# regenerate engine call; 1024), REGEN_TASKS (regenerate's tasks, side by side on the GPU; 1), SPEED (1: the decode-speed runs after the acceptance ones; 0 skips them).
 set -euo pipefail
 out=${1:?output folder}
 shift
@@ -79,6 +80,12 @@ load_budget() {
 load_budget
 # The regenerated chats as prepare and train read them (extract-regen, train-regen, train-lr).
 regen_data=(data.inputs="[$work/run-regen/regenerate/output]" data.format=messages data.limit=0)
+# variant_parts ENTRY: "STATES NAME OVERRIDES" of a VARIANTS entry [STATES:]NAME=OVERRIDES (STATES orig|regen).
+variant_parts() {
+  local entry=$1 states=orig
+  case $entry in orig:* | regen:*) states=${entry%%:*}; entry=${entry#*:} ;; esac
+  echo "$states ${entry%%=*} ${entry#*=}"
+}
 model_path() { python3 -c "from eagle_batch.models.smollm2 import materialize; print(materialize())"; }
 
 # extract NAME RUN [overrides]: prepare and extract one run, then aggregate and verify it
@@ -158,7 +165,7 @@ regenerate:
   # 135M target's greedy answers often run on to the limit (1,812 of 2,263 in the first H200 run, where
   # dropping them lost 1,435 of 2,500 chats).
   keep_cut_off: true
-  num_tasks: 1
+  num_tasks: ${REGEN_TASKS:-1}
   max_tokens: $MAX_TOKENS
   batch_conversations: ${REGEN_BATCH:-1024}
 slurm:
@@ -189,12 +196,15 @@ EOF
     train-floor) train floor "$work/run-regen" train.steps=0 ;;
     # The learning rate question of issue #23 on one budget: the regen draft again at LR_ALT.
     train-lr) train "regen-lr$LR_ALT" "$work/run-regen" "${regen_data[@]}" train.lr="$LR_ALT" ;;
-    # One VARIANTS entry, NAME=OVERRIDES: the orig draft again with train.* overrides (comma-separated), on
-    # the orig states beside (a) and speculators' draft (issue #26: which of speculators' choices matters).
+    # One VARIANTS entry, [STATES:]NAME=OVERRIDES: a draft on the orig (default) or regen states with train.*
+    # overrides (comma-separated), beside (a), (b) and speculators' draft (issue #26: speculators' choices
+    # on the same states; issue #23: the better recipe on the regenerated data).
     variant=*)
-      spec_=${stage#variant=}
+      read -r states_ name_ overrides_ <<< "$(variant_parts "${stage#variant=}")"
+      vdata=()
+      [ "$states_" = regen ] && vdata=("${regen_data[@]}")
       # shellcheck disable=SC2046
-      train "${spec_%%=*}" "$work/run-orig" $(tr ',' ' ' <<< "${spec_#*=}")
+      train "$name_" "$work/run-$states_" "${vdata[@]}" $(tr ',' ' ' <<< "$overrides_")
       ;;
     extract-fp8) extract fp8 "$work/run-fp8" store.dtype="$FP8_DTYPE" ;;
     train-fp8) train fp8 "$work/run-fp8" store.dtype="$FP8_DTYPE" ;;
@@ -245,7 +255,10 @@ EOF
       # turns on its lock (the first H200 run's three captures and regenerate, "side by side", took turns).
       # A fixed KV cache (8 GiB; ~370k tokens of SmolLM2's) for each: vLLM otherwise sizes it from the GPU's
       # free memory measured across its start, which counts a neighbour's allocations as its own.
-      share="slurm.share_devices=true extract.gpu_memory_utilization=0.2 regenerate.gpu_memory_utilization=0.25"
+      # REGEN_TASKS regenerate engines split 0.45 of the memory (a 135M target's engine is bound by the host,
+      # so several side by side generate faster than one).
+      regen_mem=$(awk "BEGIN { m = 0.45 / ${REGEN_TASKS:-1}; print (m > 0.25 ? 0.25 : m) }")
+      share="slurm.share_devices=true extract.gpu_memory_utilization=0.2 regenerate.gpu_memory_utilization=$regen_mem"
       share+=" extract.extra_engine_args.kv_cache_memory_bytes=$(( 8 << 30 ))"
       run_stage() { EXTRA="${EXTRA:-} $share" bash "$repo/scripts/gpu/draft_quality.sh" "$out" "$@"; }
       branches=${BRANCHES-fp8 spec}
@@ -258,8 +271,11 @@ EOF
       fi
       wait || true
       run_stage calibrate > "$out/branch-calibrate.log" 2>&1 || true
-      for d in orig regen floor $branches; do (run_stage "train-$d") > "$out/branch-train-$d.log" 2>&1 & done
-      for v in ${VARIANTS:-}; do (run_stage "variant=$v") > "$out/branch-train-${v%%=*}.log" 2>&1 & done
+      for d in ${DRAFTS:-orig regen floor} $branches; do (run_stage "train-$d") > "$out/branch-train-$d.log" 2>&1 & done
+      for v in ${VARIANTS:-}; do
+        read -r _ vname _ <<< "$(variant_parts "$v")"
+        (run_stage "variant=$v") > "$out/branch-train-$vname.log" 2>&1 &
+      done
       wait || true
       run_stage evaluate summary
       ;;
@@ -274,7 +290,10 @@ EOF
       declare -A drafts=([floor]="$work/run-regen/train/floor/export" [orig]="$work/run-orig/train/orig/export"
         [regen]="$work/run-regen/train/regen/export" [fp8]="$work/run-fp8/train/fp8/export"
         [lr]="$work/run-regen/train/regen-lr$LR_ALT/export")
-      for v in ${VARIANTS:-}; do drafts[${v%%=*}]="$work/run-orig/train/${v%%=*}/export"; done
+      for v in ${VARIANTS:-}; do
+        read -r vstates vname _ <<< "$(variant_parts "$v")"
+        drafts[$vname]="$work/run-$vstates/train/$vname/export"
+      done
       eval_dtype=${EVAL_DTYPE:-float32}
       eval_opts=(--dtype "$eval_dtype")
       # vLLM's batch-invariant kernels are CUDA kernels

@@ -33,8 +33,25 @@ def test_batch_plan_budget_determinism_and_sharding():
     assert sum(lengths[i] for i in flat) / padded > 0.85
 
 
-def test_train_loss_decreases_and_metrics(tmp_path, fake_target, tiny_dataset):
-    cfg = tiny_cfg(tmp_path / "run", fake_target, "train.steps=30", "train.lr=1e-2", "train.checkpoint_every=100")
+# speculators 0.9.0's EAGLE-3 recipe as train.* settings: its three norm options, Muon, 3 TTT steps weighted
+# equally, lm_head from the target's rows and frozen.
+SPECULATORS_RECIPE = (
+    "train.norm_before_fc=true",
+    "train.norm_before_residual=true",
+    "train.norm_output=true",
+    "train.optimizer=muon",
+    "train.ttt_steps=3",
+    "train.ttt_decay=1.0",
+    "train.lm_head_init=target",
+    "train.freeze_lm_head=true",
+)
+
+
+@pytest.mark.parametrize("recipe", [(), SPECULATORS_RECIPE], ids=["defaults", "speculators-recipe"])
+def test_train_loss_decreases_and_metrics(tmp_path, fake_target, tiny_dataset, recipe):
+    cfg = tiny_cfg(
+        tmp_path / "run", fake_target, "train.steps=30", "train.lr=1e-2", "train.checkpoint_every=100", *recipe
+    )
     r = train(cfg, dataset=tiny_dataset)
     assert r["status"] == "done" and r["step"] == 30
     out = tmp_path / "run" / "train" / "draft"
