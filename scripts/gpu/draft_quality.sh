@@ -39,7 +39,8 @@
 # settings, e.g. "norms=train.norm_before_fc=true,train.norm_output=true regen:regen-ttt3=train.ttt_steps=3"; none), LR_ALT (the lr branch's learning rate; 3e-4),
 # EVAL_DTYPE (the acceptance runs' compute dtype; float32; bfloat16 runs them with batch-invariant kernels),
 # FP8_DTYPE (the fp8 branch's store.dtype; float8_e5m2), PROFILE_BATCHES (the batch sizes profile-train
-# measures and calibrate chooses from; "BATCH_TOKENS 2xBATCH_TOKENS"), REGEN_BATCH (conversations per
+# measures and calibrate chooses from; "BATCH_TOKENS 2xBATCH_TOKENS"), PROFILE_RECIPE (train.* overrides,
+# comma-separated, profile-train also measures alone; none), REGEN_BATCH (conversations per
 # regenerate engine call; 1024), REGEN_TASKS (regenerate's tasks, side by side on the GPU; 1), SPEED (1: the decode-speed runs after the acceptance ones; 0 skips them).
 set -euo pipefail
 out=${1:?output folder}
@@ -229,6 +230,14 @@ EOF
           train.batch_tokens="$bt" "${train_extra[@]}" "${extra[@]}" --out "$work/probe-$bt" \
           --json-out "$out/profile-$bt.json" || true
       done
+      # The same probe with PROFILE_RECIPE's train.* overrides (comma-separated), e.g. fewer TTT steps: its
+      # speed alone at BATCH_TOKENS (not named profile-*: calibrate's rate stays the default draft's).
+      if [ -n "${PROFILE_RECIPE:-}" ]; then
+        # shellcheck disable=SC2046
+        step profile-train-recipe python3 "$repo/lab/train_step_probe.py" "$cfg" run_dir="$work/run-orig" \
+          train.batch_tokens="$BATCH_TOKENS" "${train_extra[@]}" $(tr ',' ' ' <<< "$PROFILE_RECIPE") \
+          "${extra[@]}" --out "$work/probe-recipe" --json-out "$out/probe-recipe.json" || true
+      fi
       ;;
     export-spec)
       step export-spec eagle-batch export-data "$work/run-orig" "$work/spec" --format speculators --json --no-progress
@@ -351,7 +360,7 @@ for f in sorted([*out.glob("evaluate-*.json"), *out.glob("speed-*.json")]):
     for r in doc if isinstance(doc, list) else [doc]:
         rows.append({"file": f.name, "batch": r.get("batch"), "draft": Path(r["draft"]).parent.name,
                      "k": r["k"], **{k: r.get(k) for k in keys}})
-profiles = [json.loads(f.read_text()) for f in sorted(out.glob("profile-*.json"))]
+profiles = [json.loads(f.read_text()) for f in sorted([*out.glob("profile-*.json"), *out.glob("probe-recipe.json")])]
 print(json.dumps({"training": training, "profiles": profiles, "evaluate": rows}, indent=1))
 EOF
       ;;
