@@ -82,6 +82,14 @@ def check_values(cfg: RunConfig) -> None:
         )
     if not 0.0 < cfg.extract.gpu_memory_utilization <= 1.0:
         raise ConfigError(f"extract.gpu_memory_utilization={cfg.extract.gpu_memory_utilization} must be in (0, 1].")
+    if cfg.slurm.tasks_per_gpu_group < 1:
+        raise ConfigError(f"slurm.tasks_per_gpu_group={cfg.slurm.tasks_per_gpu_group} must be >= 1.")
+    if cfg.slurm.tasks_per_gpu_group > 1 and not cfg.slurm.share_devices:
+        raise ConfigError(
+            f"slurm.tasks_per_gpu_group={cfg.slurm.tasks_per_gpu_group} runs tasks side by side on one GPU group, "
+            "which only slurm.share_devices=true allows (each engine then keeps to its gpu_memory_utilization "
+            "share); set slurm.share_devices=true, or slurm.tasks_per_gpu_group=1."
+        )
 
 
 def check_model_files(cfg: RunConfig) -> ModelInfo:

@@ -11,7 +11,9 @@ GPU box. It keeps the promises of the Slurm path:
   the CPU, one at a time (each task runs its own engine; two would compete for the same memory). A slot
   holds its devices through a lock file per device in the machine's temp folder, so a second local job
   (a `resume`, another run) waits for them instead of sharing a GPU; `slurm.share_devices=true` lets a
-  run's slots skip the locks (engines small enough to share a GPU, each within its memory share).
+  run's slots skip the locks (engines small enough to share a GPU, each within its memory share), and
+  with it `slurm.tasks_per_gpu_group=K` puts K slots on each group (a small model's engine is bound by
+  the host, so K side by side on one GPU do more than one).
 - **One process per task.** A slot is one submitit LocalExecutor job (its log, its pickled result). It
   claims the next unclaimed task and runs it in a child process, so a task that is killed (the
   out-of-memory killer, `kill -9`) is reaped at once, its exit is recorded, and the slot goes on with the
@@ -95,9 +97,15 @@ class SlotPlan:
 
 
 def plan_slots(
-    devices: Sequence[str], gpus_per_task: int, max_parallel: int, num_tasks: int, tensor_parallel: int = 1
+    devices: Sequence[str],
+    gpus_per_task: int,
+    max_parallel: int,
+    num_tasks: int,
+    tensor_parallel: int = 1,
+    per_group: int = 1,
 ) -> SlotPlan:
-    """Split `devices` into slots of `gpus_per_task` GPUs; raise LocalResourceError if one slot cannot fit."""
+    """Split `devices` into groups of `gpus_per_task` GPUs, `per_group` slots on each (slots k and k + groups
+    share a group), spread over the groups first; raise LocalResourceError if one slot cannot fit."""
     devices = list(devices)
     if gpus_per_task <= 0:
         return SlotPlan([[]], "slurm.gpus_per_node=0: the tasks run on the CPU, one at a time")
@@ -119,9 +127,10 @@ def plan_slots(
             )
             + "."
         )
-    n = max(1, min(len(devices) // gpus_per_task, max(1, max_parallel), max(1, num_tasks)))
-    groups = [devices[i * gpus_per_task : (i + 1) * gpus_per_task] for i in range(n)]
-    spare = len(devices) - n * gpus_per_task
+    avail = len(devices) // gpus_per_task
+    n = max(1, min(avail * max(1, per_group), max(1, max_parallel), max(1, num_tasks)))
+    groups = [devices[(k % avail) * gpus_per_task : (k % avail + 1) * gpus_per_task] for k in range(n)]
+    spare = len(devices) - min(n, avail) * gpus_per_task
     note = f"{spare} GPU(s) left idle" if spare and n < max_parallel and n < num_tasks else ""
     return SlotPlan(groups, note)
 
@@ -235,8 +244,14 @@ def submit_local(cfg, run_dir: Path, task_ids: Sequence[int], kind: str) -> S.Su
     """Start one slot job per GPU group; each claims and runs `task_ids` in order (LocalResourceError when
     a task would need more GPUs than the machine has)."""
     sc = cfg.slurm
+    per_group = sc.tasks_per_gpu_group if sc.share_devices else 1
     plan = plan_slots(
-        visible_gpus(), sc.gpus_per_node, sc.array_parallelism, len(task_ids), cfg.model.tensor_parallel_size
+        visible_gpus(),
+        sc.gpus_per_node,
+        sc.array_parallelism,
+        len(task_ids),
+        cfg.model.tensor_parallel_size,
+        per_group,
     )
     t0 = time.time()
     job_id = f"local-{int(t0)}-{os.getpid()}"

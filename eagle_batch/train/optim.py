@@ -1,7 +1,7 @@
 """The draft's optimizer and its learning-rate schedule, stepped as one (`train.optimizer`).
 
-- `adamw` (default): one AdamW over every trainable parameter, betas (0.9, 0.95), fused on CUDA.
-- `muon`: torch's Muon on the draft's 2-D weight matrices except lm_head (fc, the attention and MLP
+- `adamw`: one AdamW over every trainable parameter, betas (0.9, 0.95), fused on CUDA.
+- `muon` (default): torch's Muon on the draft's 2-D weight matrices except lm_head (fc, the attention and MLP
   projections), AdamW on the rest (the norms, lm_head), as speculators trains its EAGLE-3 drafts by
   default. Muon's update RMS is matched to AdamW's (`adjust_lr_fn="match_rms_adamw"`), so one `train.lr`
   serves both groups; momentum 0.95 (Nesterov) and weight decay MUON_WEIGHT_DECAY, speculators' values.

@@ -9,7 +9,7 @@ the stored last-layer state (id N, pre-final-norm) through the target's own fina
 (train/target.py), restricted to the draft vocabulary, per TTT step; alignment as vLLM's eagle proposer
 feeds the draft (see loss.py).
 
-A step is built to keep a GPU busy: bf16 autocast (fp32 master weights), fused AdamW on CUDA, no
+A step is built to keep a GPU busy: bf16 autocast (fp32 master weights), the optimizers of train/optim.py, no
 host-device synchronization except on log steps (the loss, statistics and gradient norm stay on the device;
 token counts come from the CPU batch; DDP's stop flag is read one step late), the TTT attention on SDPA's
 fused causal kernels (model.ttt_attention), and optionally the loss's memory-bound passes compiled

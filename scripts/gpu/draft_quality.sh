@@ -41,7 +41,7 @@
 # FP8_DTYPE (the fp8 branch's store.dtype; float8_e5m2), PROFILE_BATCHES (the batch sizes profile-train
 # measures and calibrate chooses from; "BATCH_TOKENS 2xBATCH_TOKENS"), PROFILE_RECIPE (train.* overrides,
 # comma-separated, profile-train also measures alone; none), REGEN_BATCH (conversations per
-# regenerate engine call; 1024), REGEN_TASKS (regenerate's tasks, side by side on the GPU; 1), SPEED (1: the decode-speed runs after the acceptance ones; 0 skips them).
+# regenerate engine call; 1024), REGEN_TASKS (regenerate's tasks, side by side on the GPU with slurm.tasks_per_gpu_group; 1), SPEED (1: the decode-speed runs after the acceptance ones; 0 skips them).
 set -euo pipefail
 out=${1:?output folder}
 shift
@@ -267,7 +267,8 @@ EOF
       # REGEN_TASKS regenerate engines split 0.45 of the memory (a 135M target's engine is bound by the host,
       # so several side by side generate faster than one).
       regen_mem=$(awk "BEGIN { m = 0.45 / ${REGEN_TASKS:-1}; print (m > 0.25 ? 0.25 : m) }")
-      share="slurm.share_devices=true extract.gpu_memory_utilization=0.2 regenerate.gpu_memory_utilization=$regen_mem"
+      share="slurm.share_devices=true slurm.tasks_per_gpu_group=${REGEN_TASKS:-1}"
+      share+=" extract.gpu_memory_utilization=0.2 regenerate.gpu_memory_utilization=$regen_mem"
       share+=" extract.extra_engine_args.kv_cache_memory_bytes=$(( 8 << 30 ))"
       run_stage() { EXTRA="${EXTRA:-} $share" bash "$repo/scripts/gpu/draft_quality.sh" "$out" "$@"; }
       branches=${BRANCHES-fp8 spec}

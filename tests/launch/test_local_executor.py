@@ -121,6 +121,12 @@ def test_visible_gpus_and_slot_plan():
     assert plan_slots(["0", "1", "2", "3"], 2, 64, 5).devices == [["0", "1"], ["2", "3"]]
     assert plan_slots(["0", "1", "2", "3"], 1, 2, 5).devices == [["0"], ["1"]]  # array_parallelism caps slots
     assert plan_slots(["0", "1", "2", "3"], 1, 64, 1).devices == [["0"]]  # no more slots than tasks
+    # slurm.tasks_per_gpu_group: K slots per group, spread over the groups first, within the same caps
+    assert plan_slots(["0"], 1, 64, 5, per_group=3).devices == [["0"], ["0"], ["0"]]
+    assert plan_slots(["0", "1"], 1, 64, 3, per_group=2).devices == [["0"], ["1"], ["0"]]
+    assert plan_slots(["0", "1", "2", "3"], 2, 3, 9, per_group=2).devices == [["0", "1"], ["2", "3"], ["0", "1"]]
+    assert plan_slots(["0", "1", "2"], 2, 64, 1, per_group=2).devices == [["0", "1"]]
+    assert plan_slots([], 1, 64, 3, per_group=3).devices == [[]]  # on the CPU: one at a time, as ever
     cpu = plan_slots([], 8, 64, 3)
     assert cpu.devices == [[]] and "no GPU is visible" in cpu.note
     with pytest.raises(
@@ -179,6 +185,35 @@ def test_a_second_run_waits_for_the_gpu_unless_it_shares_devices(tmp_path, share
         assert b["started"] < a["ended"], (a, b)  # side by side
     else:
         assert b["started"] >= a["ended"], (a, b)  # one after the other
+
+
+@pytest.mark.parametrize("per_group", [1, 2])
+def test_tasks_per_gpu_group_runs_tasks_side_by_side_on_one_gpu(tmp_path, per_group):
+    """One GPU, two tasks, slurm.share_devices=true: a group runs its tasks one after another, and with
+    slurm.tasks_per_gpu_group=2 both at once, each seeing that GPU."""
+    gpu = f"group-probe-{os.getpid()}-{per_group}"
+    env = {"CUDA_VISIBLE_DEVICES": gpu}
+    run, cfg = make_run(tmp_path, 2, share_devices=True, tasks_per_gpu_group=per_group)
+    (run / "faults" / "sleep_s").write_text("0.3")  # ~4 s per task
+    r = cli("extract", cfg, "--wait", "--interval", "0.5", env=env)
+    assert r.returncode == 0, r.stderr + r.stdout
+    (a,), (b,) = (json.loads((run / "state" / f"task-{t:05d}.json").read_text())["attempts"] for t in (0, 1))
+    first, second = sorted((a, b), key=lambda x: x["started"])
+    if per_group == 2:
+        assert second["started"] < first["ended"], (a, b)  # side by side
+    else:
+        assert second["started"] >= first["ended"], (a, b)  # one after the other
+    slots = json.loads(next((run / "slurm").glob("local-*/slots.json")).read_text())
+    assert [s["devices"] for s in slots] == [[gpu]] * per_group
+
+
+def test_tasks_per_gpu_group_without_share_devices_is_refused_before_anything_starts(tmp_path):
+    run, cfg = make_run(tmp_path, 2, tasks_per_gpu_group=2)
+    r = cli("extract", cfg, env={"CUDA_VISIBLE_DEVICES": "0"})
+    assert r.returncode != 0
+    assert "slurm.tasks_per_gpu_group=2" in r.stderr and "slurm.share_devices=true" in r.stderr
+    no_traceback(r)
+    assert not (run / "state").exists()
 
 
 # ------------------------------------------------------------------------------------------ progress
