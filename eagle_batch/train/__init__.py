@@ -3,6 +3,7 @@
 - `model`: the draft (vLLM llama_eagle3 layout), target head, `export_draft`.
 - `data`: dataset over `open_dataset(RUN)`, token-budget length-bucketed per-rank batch plan, loader.
 - `trainer.train(cfg)`: TTT loop, checkpoint/resume, metrics, DDP.
+- `optim.DraftOptimizer`: the optimizers (Muon + AdamW by default, or AdamW) and their one LR schedule.
 - `cli`: `eagle-batch train CONFIG [k=v ...] [--local] [--after RUN]`.
 - `serve_check.measure_acceptance(target, draft_dir, prompts, k)`: vLLM EAGLE-3 serving check.
 """
