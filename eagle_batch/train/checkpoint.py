@@ -1,14 +1,18 @@
 """Checkpoint files and the RNG state a resume restores: RUN/train/<name>/checkpoints/step-XXXXXXXX.pt
-(atomic rename, the last two kept) and checkpoints/latest naming the newest."""
+(atomic rename, the last two kept) and checkpoints/latest naming the newest; the draft settings a resume
+must keep."""
 
 from __future__ import annotations
 
+import json
 import os
 import random
 from pathlib import Path
 
 import numpy as np
 import torch
+
+from eagle_batch.config.load import ConfigError
 
 
 def rng_state() -> dict:
@@ -46,3 +50,35 @@ def save_checkpoint(out_dir: Path, state: dict, keep: int = 2) -> Path:
     for old in sorted(d.glob("step-*.pt"))[:-keep]:
         old.unlink(missing_ok=True)
     return d / name
+
+
+# The train.* settings that change what a checkpoint's weights mean (the norm options) or which of them train
+# (freeze_lm_head): a run resumes only with the ones it was trained with.
+DRAFT_SETTINGS = ("norm_before_fc", "norm_before_residual", "norm_output", "freeze_lm_head")
+
+
+def draft_settings(tc) -> dict:
+    return {key: bool(getattr(tc, key)) for key in DRAFT_SETTINGS}
+
+
+def check_resume_settings(ckpt: dict, out: Path, tc) -> None:
+    """Refuse to resume a checkpoint with other DRAFT_SETTINGS than it was trained with (ConfigError, what to
+    do). Checkpoints record them; for older ones the norm options come from out/draft_config.json (written at
+    every start, from the settings the checkpoint then trained with) or, for norm_before_fc, the weights."""
+    saved = dict(ckpt.get("draft_settings") or {})
+    if not saved:
+        prior = out / "draft_config.json"
+        if prior.is_file():
+            dc = json.loads(prior.read_text())
+            saved = {k: bool(dc[k]) for k in DRAFT_SETTINGS if k in dc}
+        saved.setdefault("norm_before_fc", "input_norm.weight" in ckpt["model"])
+    wanted = draft_settings(tc)
+    differ = {k: v for k, v in saved.items() if k in wanted and wanted[k] != v}
+    if differ:
+        resume = " ".join(f"train.{k}={str(v).lower()}" for k, v in differ.items())
+        asked = ", ".join(f"train.{k}={str(wanted[k]).lower()}" for k in differ)
+        raise ConfigError(
+            f"{out}: the checkpoint was trained with {resume.replace(' ', ', ')}, this run asks for {asked} "
+            f"(eagle-batch's defaults changed with decision 0021): resume with {resume}, or start a new run "
+            "(another train.name)"
+        )

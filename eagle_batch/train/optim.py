@@ -18,6 +18,8 @@ from typing import Any
 
 import torch
 
+from eagle_batch.config.load import ConfigError
+
 from .schedule import LRSchedule
 
 OPTIMIZERS = ("adamw", "muon")
@@ -91,7 +93,7 @@ class DraftOptimizer:
         lists = isinstance(opt_state, list)
         if lists != (self.kind == "muon"):
             saved = "muon" if lists else "adamw"
-            raise ValueError(
+            raise ConfigError(
                 f"the checkpoint was trained with train.optimizer={saved}, this run asks for {self.kind}: "
                 f"resume with train.optimizer={saved}, or start a new run (another train.name)"
             )

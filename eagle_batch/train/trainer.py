@@ -32,7 +32,14 @@ from typing import Any
 import numpy as np
 import torch
 
-from .checkpoint import latest_checkpoint, rng_state, save_checkpoint, set_rng_state
+from .checkpoint import (
+    check_resume_settings,
+    draft_settings,
+    latest_checkpoint,
+    rng_state,
+    save_checkpoint,
+    set_rng_state,
+)
 from .data import BatchPlan, EpochLoader, TrainSamples, build_vocab_map, token_frequencies
 from .distributed import StopFlag, all_reduce_sum, init_distributed, shutdown_distributed
 from .loss import CrossEntropyKernels, plan_to, ttt_loss, ttt_plan
@@ -157,6 +164,7 @@ def _build_model(cfg, dataset, aux_ids, last_id, rank, out, device, progress):
     ckpt_path = latest_checkpoint(out)
     ckpt = torch.load(ckpt_path, map_location="cpu", weights_only=False) if ckpt_path else None
     if ckpt is not None:
+        check_resume_settings(ckpt, out, tc)
         model.load_state_dict(ckpt["model"])
         progress.note(f"resuming from {ckpt_path} (step {ckpt['step']})")
     else:
@@ -255,6 +263,7 @@ def _checkpoint_state(r: _Run) -> dict:
     opt_state, sched_state = r.opt.state_dict()
     return {
         "model": r.model.state_dict(),
+        "draft_settings": draft_settings(r.tc),
         "optimizer": opt_state,
         "scheduler": sched_state,
         "step": r.step,

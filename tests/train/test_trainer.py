@@ -214,3 +214,29 @@ def test_muon_takes_the_matrices_adamw_the_rest_and_a_checkpoint_keeps_its_optim
     adamw = DraftOptimizer(m, tiny_cfg(tmp_path, fake_target, "train.optimizer=adamw").train, 10, torch.device("cpu"))
     with pytest.raises(ValueError, match="train.optimizer=muon.*resume with train.optimizer=muon"):
         adamw.load_state_dict(*saved)
+
+
+@pytest.mark.parametrize("recorded", [True, False], ids=["recorded", "older-checkpoint"])
+def test_resume_with_other_draft_settings_is_refused_with_what_to_do(tmp_path, fake_target, tiny_dataset, recorded):
+    """A run trained with SpecForge's settings resumed under the defaults (other norm options, a frozen
+    lm_head) would load weights that mean something else: refused, naming the settings to resume with. A
+    checkpoint that predates the record is checked against the run's draft_config.json."""
+    from eagle_batch.config.load import ConfigError
+
+    run = tmp_path / "run"
+    first = tiny_cfg(run, fake_target, "train.steps=2", "train.checkpoint_every=1", *SPECFORGE_SETTINGS)
+    train(first, dataset=tiny_dataset)
+    ck_path = latest_checkpoint(run / "train" / "draft")
+    if not recorded:
+        ck = torch.load(ck_path, weights_only=False)
+        del ck["draft_settings"]
+        torch.save(ck, ck_path)
+    with pytest.raises(ConfigError) as e:
+        train(tiny_cfg(run, fake_target, "train.steps=4", "train.optimizer=adamw"), dataset=tiny_dataset)
+    msg = str(e.value)
+    assert "resume with train.norm_before_fc=false train.norm_before_residual=false train.norm_output=false" in msg
+    assert ("train.freeze_lm_head=false" in msg) == recorded  # an older checkpoint did not record it
+    assert "another train.name" in msg
+    # resumed with the settings it was trained with, it goes on to the end
+    r = train(tiny_cfg(run, fake_target, "train.steps=4", *SPECFORGE_SETTINGS), dataset=tiny_dataset)
+    assert r["status"] == "done" and r["step"] == 4
