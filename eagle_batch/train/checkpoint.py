@@ -75,10 +75,11 @@ def check_resume_settings(ckpt: dict, out: Path, tc) -> None:
     wanted = draft_settings(tc)
     differ = {k: v for k, v in saved.items() if k in wanted and wanted[k] != v}
     if differ:
-        resume = " ".join(f"train.{k}={str(v).lower()}" for k, v in differ.items())
+        trained = [f"train.{k}={str(v).lower()}" for k, v in differ.items()]
         asked = ", ".join(f"train.{k}={str(wanted[k]).lower()}" for k in differ)
+        resume = " ".join(trained)
         raise ConfigError(
-            f"{out}: the checkpoint was trained with {resume.replace(' ', ', ')}, this run asks for {asked} "
+            f"{out}: the checkpoint was trained with {', '.join(trained)}, this run asks for {asked} "
             f"(eagle-batch's defaults changed with decision 0021): resume with {resume}, or start a new run "
             "(another train.name)"
         )

@@ -12,8 +12,9 @@ reproduce the training-time forward inside vLLM:
     pre    = m + r         -> fed back as `g` of the next draft step (vLLM returns it as the aux output)
 
 Three options vLLM's eagle3 model reads from the draft's config.json (speculators turns all three on for its
-EAGLE-3 drafts; the trainer's defaults too, `train.norm_*`), each off in a bare `DraftConfig`: `norm_before_fc` (an RMSNorm over the concatenated aux states
-before fc, weight `input_norm.weight`: a target's layers differ in scale by orders of magnitude),
+EAGLE-3 drafts, and so do the trainer's defaults, `train.norm_*`), each off in a bare `DraftConfig`:
+`norm_before_fc` (an RMSNorm over the concatenated aux states before fc, weight `input_norm.weight`: a
+target's layers differ in scale by orders of magnitude),
 `norm_before_residual` (the residual is hidden_norm(g), not g), `norm_output` (the state fed back is
 norm(m + r), not m + r).
 

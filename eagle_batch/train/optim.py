@@ -46,24 +46,24 @@ class DraftOptimizer:
             raise ValueError(f"train.optimizer={tc.optimizer!r}: expected one of {', '.join(OPTIMIZERS)}")
         self.kind = tc.optimizer
         self.schedule = LRSchedule(tc.warmup_steps, total_steps, tc.min_lr_ratio)
+        # fused: one kernel for the whole update on CUDA (the default foreach path launches several per group)
         fused = device.type == "cuda"
+
+        def adamw(params: list) -> torch.optim.AdamW:
+            return torch.optim.AdamW(params, lr=tc.lr, betas=ADAMW_BETAS, weight_decay=tc.weight_decay, fused=fused)
+
         if self.kind == "adamw":
-            params = [p for p in model.parameters() if p.requires_grad]
-            self.optimizers: list[torch.optim.Optimizer] = [
-                torch.optim.AdamW(params, lr=tc.lr, betas=ADAMW_BETAS, weight_decay=tc.weight_decay, fused=fused)
-            ]
+            self.optimizers: list[torch.optim.Optimizer] = [adamw([p for p in model.parameters() if p.requires_grad])]
         else:
             matrices, rest = muon_split(model.named_parameters())
-            self.optimizers = [
-                torch.optim.Muon(
-                    matrices,
-                    lr=tc.lr,
-                    weight_decay=MUON_WEIGHT_DECAY,
-                    momentum=MUON_MOMENTUM,
-                    adjust_lr_fn="match_rms_adamw",
-                ),
-                torch.optim.AdamW(rest, lr=tc.lr, betas=ADAMW_BETAS, weight_decay=tc.weight_decay, fused=fused),
-            ]
+            muon = torch.optim.Muon(
+                matrices,
+                lr=tc.lr,
+                weight_decay=MUON_WEIGHT_DECAY,
+                momentum=MUON_MOMENTUM,
+                adjust_lr_fn="match_rms_adamw",
+            )
+            self.optimizers = [muon, adamw(rest)]
         self.schedulers = [torch.optim.lr_scheduler.LambdaLR(o, self.schedule) for o in self.optimizers]
 
     def zero_grad(self) -> None:
