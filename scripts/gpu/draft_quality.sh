@@ -41,7 +41,8 @@
 # FP8_DTYPE (the fp8 branch's store.dtype; float8_e5m2), PROFILE_BATCHES (the batch sizes profile-train
 # measures and calibrate chooses from; "BATCH_TOKENS 2xBATCH_TOKENS"), PROFILE_RECIPE (train.* overrides,
 # comma-separated, profile-train also measures alone; none), REGEN_BATCH (conversations per
-# regenerate engine call; 1024), REGEN_TASKS (regenerate's tasks, side by side on the GPU with slurm.tasks_per_gpu_group; 1), SPEED (1: the decode-speed runs after the acceptance ones; 0 skips them).
+# regenerate engine call; 1024), REGEN_TASKS (regenerate's tasks, side by side on the GPU with slurm.tasks_per_gpu_group; 1), REGEN_KV_GIB
+# (the regenerate engines' KV cache in GiB; the engines' own sizing), SPEED (1: the decode-speed runs after the acceptance ones; 0 skips them).
 set -euo pipefail
 out=${1:?output folder}
 shift
@@ -184,13 +185,19 @@ EOF
       cp "$cfg" "$out/run.yaml"
       ;;
     regenerate)
+      # REGEN_KV_GIB: the regenerate engines' own KV cache (the fixed 8 GiB of the extract engines in
+      # `parallel` holds ~300 long conversations at once; vLLM recomputes what does not fit).
+      regen_kv=()
+      [ -n "${REGEN_KV_GIB:-}" ] && regen_kv=(extract.extra_engine_args.kv_cache_memory_bytes=$(( REGEN_KV_GIB << 30 )))
       step regenerate eagle-batch regenerate "$cfg" run_dir="$work/run-regen" data.limit="$REGEN_CHATS" \
-        "${extra[@]}" --wait --interval 15
+        "${extra[@]}" "${regen_kv[@]}" --wait --interval 15
       cp "$work/run-regen/regenerate/summary.json" "$out/regenerate-summary.json"
       ;;
     extract-orig) extract orig "$work/run-orig" ;;
     extract-regen)
-      extract regen "$work/run-regen" "${regen_data[@]}"
+      # As many capture tasks as regenerate had (side by side with slurm.tasks_per_gpu_group in `parallel`):
+      # one capture task stored ~50k tokens/s alone in the third H200 run, far below the GPU's prefill.
+      extract regen "$work/run-regen" "${regen_data[@]}" extract.num_tasks="${REGEN_TASKS:-1}"
       ;;
     train-orig) train orig "$work/run-orig" ;;
     train-regen) train regen "$work/run-regen" "${regen_data[@]}" ;;
@@ -271,21 +278,48 @@ EOF
       share+=" extract.gpu_memory_utilization=0.2 regenerate.gpu_memory_utilization=$regen_mem"
       share+=" extract.extra_engine_args.kv_cache_memory_bytes=$(( 8 << 30 ))"
       run_stage() { EXTRA="${EXTRA:-} $share" bash "$repo/scripts/gpu/draft_quality.sh" "$out" "$@"; }
+      # train_when_budgeted STAGE...: once calibrate has written the budget (or given up), each training
+      # stage in the background; the budget is the same for every draft wherever its states came from.
+      train_when_budgeted() {
+        while [ ! -f "$work/budget.done" ]; do sleep 5; done
+        local s label
+        for s in "$@"; do
+          case $s in variant=*) read -r _ label _ <<< "$(variant_parts "${s#variant=}")" ;; *) label=${s#train-} ;; esac
+          (run_stage "$s") > "$out/branch-train-$label.log" 2>&1 &
+        done
+        wait || true
+      }
+      # The drafts of each branch: DRAFTS and VARIANTS by the states they train on, BRANCHES' own.
       branches=${BRANCHES-fp8 spec}
-      (run_stage regenerate extract-regen) > "$out/branch-regen.log" 2>&1 &
-      [[ " $branches " == *" fp8 "* ]] && { (run_stage extract-fp8) > "$out/branch-fp8.log" 2>&1 & }
+      orig_trains=() regen_trains=() fp8_trains=()
+      for d in ${DRAFTS:-orig regen floor}; do
+        case $d in orig) orig_trains+=(train-orig) ;; *) regen_trains+=("train-$d") ;; esac
+      done
+      for v in ${VARIANTS:-}; do
+        read -r vstates _ _ <<< "$(variant_parts "$v")"
+        case $vstates in regen) regen_trains+=("variant=$v") ;; *) orig_trains+=("variant=$v") ;; esac
+      done
+      [[ " $branches " == *" lr "* ]] && regen_trains+=(train-lr)
+      [[ " $branches " == *" fp8 "* ]] && fp8_trains+=(train-fp8)
+      rm -f "$work/budget.env" "$work/budget.done"
+      # Every branch trains as soon as its states exist and the budget is set: the orig drafts (and
+      # speculators' trainer, whose compilation takes minutes of CPU) start while regenerate still runs.
+      (run_stage regenerate extract-regen && train_when_budgeted "${regen_trains[@]}") > "$out/branch-regen.log" 2>&1 &
+      if [ ${#fp8_trains[@]} -gt 0 ]; then
+        (run_stage extract-fp8 && train_when_budgeted "${fp8_trains[@]}") > "$out/branch-fp8.log" 2>&1 &
+      fi
       # export-spec (disk and CPU) beside profile-train: the profile's rate is then, if anything, low.
       if run_stage extract-orig > "$out/branch-orig.log" 2>&1; then
-        [[ " $branches " == *" spec "* ]] && { (run_stage export-spec) > "$out/branch-export-spec.log" 2>&1 & }
+        spec_pid=
+        [[ " $branches " == *" spec "* ]] && { (run_stage export-spec) > "$out/branch-export-spec.log" 2>&1 & spec_pid=$!; }
         run_stage profile-train >> "$out/branch-orig.log" 2>&1 || true
+        run_stage calibrate > "$out/branch-calibrate.log" 2>&1 || true
+        touch "$work/budget.done"
+        if [ -n "$spec_pid" ] && wait "$spec_pid"; then orig_trains+=(train-spec); fi
+        train_when_budgeted "${orig_trains[@]}" > /dev/null 2>&1 &
+      else
+        touch "$work/budget.done"  # no orig states: the other branches train on the STEPS given
       fi
-      wait || true
-      run_stage calibrate > "$out/branch-calibrate.log" 2>&1 || true
-      for d in ${DRAFTS:-orig regen floor} $branches; do (run_stage "train-$d") > "$out/branch-train-$d.log" 2>&1 & done
-      for v in ${VARIANTS:-}; do
-        read -r _ vname _ <<< "$(variant_parts "$v")"
-        (run_stage "variant=$v") > "$out/branch-train-$vname.log" 2>&1 &
-      done
       wait || true
       run_stage evaluate summary
       ;;
