@@ -301,22 +301,24 @@ def test_cancel_midway_duplicate_refused_resume_identical(tmp_path, capsys, synt
 # ------------------------------------------------------------------------- time limit -> requeue
 def test_time_limit_checkpoints_requeues_and_completes(tmp_path, capsys, synthetic):
     ref = reference_run(tmp_path, 1)
-    # 1 minute limit, checkpoint signal up to 30 s before it (Slurm may send it earlier: it checks time
-    # limits periodically); 12 samples x 3 s cannot finish before the signal.
-    run, cfg = make_synthetic_run(tmp_path, "timeout", 1, time_min=1, signal_delay_s=30, max_num_timeout=10)
-    (run / "faults" / "sleep_s").write_text("3")
+    # 1 minute limit, checkpoint signal 10 s before it. slurmctld checks time limits every 30 s and sends
+    # the signal at the first check that finds at most signal delay + 30 s left: here at 20-50 s of run
+    # time, never during the interpreter's start (a SIGUSR2 before submitit installs its handler kills the
+    # process). 12 samples x 5 s cannot finish before the signal; the task stops within one sample (5 s)
+    # of it, before the limit's kill (at the first check after 60 s).
+    run, cfg = make_synthetic_run(tmp_path, "timeout", 1, time_min=1, signal_delay_s=10, max_num_timeout=10)
+    (run / "faults" / "sleep_s").write_text("5")
     rc, out, err = cli(capsys, "extract", cfg)
     assert rc == 0, err
-    wait_for(lambda: status(capsys, run)["tasks"][0]["state"] == "requeued", 90, "the checkpoint requeue")
+    wait_for(lambda: status(capsys, run)["tasks"][0]["state"] == "requeued", 120, "the checkpoint requeue")
     (run / "faults" / "sleep_s").write_text("0.5")  # later attempts finish quickly
     st = wait_idle(capsys, run, 150)
     assert st["totals"]["all_done"], json.dumps(st, indent=1)
     s = json.loads((run / "state" / "task-00000.json").read_text())
     outcomes = [a["outcome"] for a in s["attempts"]]
     assert outcomes[0] == "checkpointed" and outcomes[-1] == "done" and len(outcomes) >= 2
-    # Requeues of one job: consecutive restart counts. The first need not be 0: Slurm may send the checkpoint
-    # signal up to 60 s early, i.e. right at the start of a 1-minute job, and a run requeued before the task
-    # wrote its first state leaves no attempt (nothing was computed; seen once: restarts [1, 2]).
+    # Requeues of one job: consecutive restart counts. The first need not be 0: a run requeued before the
+    # task wrote its first state (a late-starting interpreter on a loaded machine) leaves no attempt.
     restarts = [a["restart"] for a in s["attempts"]]
     assert restarts == list(range(restarts[0], restarts[0] + len(outcomes)))
     assert s["failures"] == 0
