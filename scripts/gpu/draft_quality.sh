@@ -14,8 +14,8 @@
 #   more stages: extract-fp8 / train-fp8 (issue #25: the orig chats stored as FP8_DTYPE and a draft on
 #   them), export-spec / train-spec (issue #26: speculators' trainer on the orig states from export-data),
 #   profile-train (lab/train_step_probe.py on the orig states at BATCH_TOKENS and twice that: where a training
-#   step's time goes, and the tokens/s of each), calibrate (sets STEPS, and BATCH_TOKENS from the two
-#   profiles, so that every draft is done by DEADLINE; without profiles it measures with a short training),
+#   step's time goes, and the tokens/s of each), calibrate (sets BATCH_TOKENS from the two profiles and
+#   STEPS from a short training at it, so that every draft is done by DEADLINE),
 #   train-lr (the regen draft again at train.lr=LR_ALT: the learning rate on the same budget),
 #   variant=[STATES:]NAME=OVERRIDES (a draft on the orig (default) or regen states with comma-separated
 #   train.* overrides; parallel trains every VARIANTS entry beside the others and evaluate serves each),
@@ -217,13 +217,12 @@ EOF
     extract-fp8) extract fp8 "$work/run-fp8" store.dtype="$FP8_DTYPE" ;;
     train-fp8) train fp8 "$work/run-fp8" store.dtype="$FP8_DTYPE" ;;
     calibrate)
-      # The rate alone: from profile-train's records when there are some (which also choose the batch size),
-      # else from a short training.
-      if ! ls "$out"/profile-*.json > /dev/null 2>&1; then
-        step calibrate eagle-batch train "$cfg" run_dir="$work/run-orig" train.name=calibrate train.steps=40 \
-          train.warmup_steps=10 train.log_every=10 train.export=false train.batch_tokens="$BATCH_TOKENS" \
-          "${train_extra[@]}" "${extra[@]}" --local --no-progress
-      fi
+      # The batch size from profile-train's records (if any), the rate from a short real training at it
+      # (a profiled step is slower than a trained one: dq_budget.py).
+      cal_bt=$(python3 "$repo/scripts/gpu/dq_budget.py" batch "$out" "$BATCH_TOKENS")
+      step calibrate eagle-batch train "$cfg" run_dir="$work/run-orig" train.name=calibrate train.steps=40 \
+        train.warmup_steps=10 train.log_every=10 train.export=false train.batch_tokens="$cal_bt" \
+        "${train_extra[@]}" "${extra[@]}" --local --no-progress || true
       python3 "$repo/scripts/gpu/dq_budget.py" "$work" "$budget_env" "$BATCH_TOKENS" "${DEADLINE:-0}" \
         "${EVAL_RESERVE:-420}" "${CONCURRENT:-1.5}" "$STEPS" "$out" | tee "$out/budget.txt"
       load_budget
