@@ -284,7 +284,7 @@ class _Window:
         self.loss = torch.zeros((), device=device)
         self.stats = torch.zeros(3 * k, device=device)  # loss_sum | correct | chain, per TTT step
         self.count = torch.zeros(2 * k)  # counted rows | rows a chain is judged on, per TTT step (host)
-        self.wait = self.compute = 0.0
+        self.wait = self.compute = self.checkpoint_s = 0.0
         self.tokens = self.steps = 0
 
 
@@ -311,6 +311,7 @@ def _log_record(r: _Run, win: _Window, gnorm: torch.Tensor | None) -> dict:
         "grad_norm": float(gnorm) if gnorm is not None else 0.0,
         "tokens_per_s": win.tokens * r.world / elapsed,
         "data_wait_frac": win.wait / elapsed,
+        "checkpoint_s": win.checkpoint_s,  # saving, outside the rate and the wait above
         "steps_in_window": win.steps,
         "time": time.time(),
     }
@@ -402,6 +403,10 @@ def _loop(r: _Run, ddp, metrics, progress, should_stop, max_steps_this_run, on_s
                 st_ = _checkpoint_state(r)  # collective: every rank calls it
                 if r.rank == 0:
                     save_checkpoint(r.out, st_)
+                # The next batch's wait starts after the save: saving is neither data wait nor compute.
+                t_saved = time.perf_counter()
+                win.checkpoint_s += t_saved - t_last
+                t_last = t_saved
             if stop_now and r.step < r.total_steps:
                 status = "stopped"
                 break

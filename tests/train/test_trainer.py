@@ -240,3 +240,27 @@ def test_resume_with_other_draft_settings_is_refused_with_what_to_do(tmp_path, f
     # resumed with the settings it was trained with, it goes on to the end
     r = train(tiny_cfg(run, fake_target, "train.steps=4", *SPECFORGE_SETTINGS), dataset=tiny_dataset)
     assert r["status"] == "done" and r["step"] == 4
+
+
+def test_checkpoint_saves_are_timed_apart_from_the_data_wait(tmp_path, fake_target, tiny_dataset, monkeypatch):
+    """data_wait_frac is the share of a window spent waiting for batches: a slow checkpoint save lands in
+    checkpoint_s, not in the wait (nor in tokens/s)."""
+    import time
+
+    from eagle_batch.train import trainer
+
+    real_save = trainer.save_checkpoint
+
+    def slow_save(*a, **k):
+        time.sleep(0.3)
+        return real_save(*a, **k)
+
+    monkeypatch.setattr(trainer, "save_checkpoint", slow_save)
+    cfg = tiny_cfg(tmp_path / "run", fake_target, "train.steps=8", "train.log_every=4", "train.checkpoint_every=2")
+    assert train(cfg, dataset=tiny_dataset)["status"] == "done"
+    recs = [json.loads(x) for x in (tmp_path / "run" / "train" / "draft" / "metrics.jsonl").read_text().splitlines()]
+    windows = [x for x in recs if x.get("step") in (4, 8) and "loss" in x]
+    assert len(windows) == 2
+    # A save after a log step counts in the next window: step 2's in the first, 4's and 6's in the second.
+    assert [round(w["checkpoint_s"] / 0.3) for w in windows] == [1, 2], windows
+    assert all(w["data_wait_frac"] < 0.2 for w in windows), windows
