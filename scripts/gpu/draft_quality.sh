@@ -42,7 +42,9 @@
 # measures and calibrate chooses from; "BATCH_TOKENS 2xBATCH_TOKENS"), PROFILE_RECIPE (train.* overrides,
 # comma-separated, profile-train also measures alone; none), REGEN_BATCH (conversations per
 # regenerate engine call; 1024), REGEN_TASKS (regenerate's tasks, side by side on the GPU with slurm.tasks_per_gpu_group; 1), REGEN_KV_GIB
-# (the regenerate engines' KV cache in GiB; the engines' own sizing), SPEED (1: the decode-speed runs after the acceptance ones; 0 skips them).
+# (the regenerate engines' KV cache in GiB; the engines' own sizing), SPEED (1: the decode-speed runs after the acceptance ones; 0 skips them),
+# REGEN_SAMPLES (answers per conversation: the greedy one, then REGEN_SAMPLES-1 more sampled at
+# REGEN_TEMPERATURE, one regenerate pass each with its own seed; 1), REGEN_TEMPERATURE (0.8).
 set -euo pipefail
 out=${1:?output folder}
 shift
@@ -80,8 +82,12 @@ load_budget() {
   budget=(train.steps="$STEPS" train.batch_tokens="$BATCH_TOKENS")
 }
 load_budget
-# The regenerated chats as prepare and train read them (extract-regen, train-regen, train-lr).
-regen_data=(data.inputs="[$work/run-regen/regenerate/output]" data.format=messages data.limit=0)
+# The regenerated chats as prepare and train read them (extract-regen, train-regen, train-lr): pass 0 is
+# greedy (the answers the evaluation's greedy target gives), passes 1.. are sampled, each in its own folder.
+REGEN_SAMPLES=${REGEN_SAMPLES:-1}
+regen_dir() { if [ "$1" = 0 ]; then echo "$work/run-regen/regenerate"; else echo "$work/run-regen/regenerate-$1"; fi; }
+regen_outputs=$(for ((i = 0; i < REGEN_SAMPLES; i++)); do echo "$(regen_dir $i)/output"; done | paste -sd, -)
+regen_data=(data.inputs="[$regen_outputs]" data.format=messages data.limit=0)
 # variant_parts ENTRY: "STATES NAME OVERRIDES" of a VARIANTS entry [STATES:]NAME=OVERRIDES (STATES orig|regen).
 variant_parts() {
   local entry=$1 states=orig
@@ -192,6 +198,14 @@ EOF
       step regenerate eagle-batch regenerate "$cfg" run_dir="$work/run-regen" data.limit="$REGEN_CHATS" \
         "${extra[@]}" "${regen_kv[@]}" --wait --interval 15
       cp "$work/run-regen/regenerate/summary.json" "$out/regenerate-summary.json"
+      # More answers to the same conversations, sampled: more distinct target-written tokens per record
+      # (the regen draft's gap between its training batches and new prompts is one of data).
+      for ((i = 1; i < REGEN_SAMPLES; i++)); do
+        step "regenerate-$i" eagle-batch regenerate "$cfg" run_dir="$work/run-regen" data.limit="$REGEN_CHATS" \
+          regenerate.run_dir="$(regen_dir $i)" regenerate.temperature="${REGEN_TEMPERATURE:-0.8}" \
+          regenerate.seed="$i" "${extra[@]}" "${regen_kv[@]}" --wait --interval 15
+        cp "$(regen_dir $i)/summary.json" "$out/regenerate-$i-summary.json"
+      done
       ;;
     extract-orig) extract orig "$work/run-orig" ;;
     extract-regen)
