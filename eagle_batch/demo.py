@@ -84,7 +84,7 @@ def run(args: argparse.Namespace) -> int:
     result, acc, baseline = _train_and_serve(args, cfg, model_path, extra)
     summary = _summary(cfg, prep, which, result, acc, baseline, t_start)
     _print_summary(cfg, summary, acc, baseline)
-    return 0 if acc["identical_outputs"] else 1
+    return 0 if acc["outputs_verified"] else 1
 
 
 def _configure(args: argparse.Namespace):

@@ -161,6 +161,13 @@ def _link(run_dir: Path, path: Path, label: str = "") -> _Raw:
     return _Raw(f"<a href='{html.escape(href)}'>{html.escape(label or href)}</a>")
 
 
+def _outputs_cell(r: dict) -> str:
+    if r.get("identical_outputs"):
+        return "yes"
+    n = len(r.get("mismatches", []))
+    return f"{n} differ, at near-ties only" if r.get("outputs_verified") else f"NO ({n} differ)"
+
+
 def _acceptance_rows(evaluation: dict | None, baseline: dict | None) -> list[tuple]:
     rows = []
     for name, r in (("trained draft", evaluation), ("untrained draft (same shape, initial weights)", baseline)):
@@ -172,7 +179,7 @@ def _acceptance_rows(evaluation: dict | None, baseline: dict | None) -> list[tup
                 name,
                 round(r["mean_acceptance_length"], 3),
                 *(f"{p:.3f}" for p in per),
-                "yes" if r.get("identical_outputs") else f"NO ({len(r.get('mismatches', []))} differ)",
+                _outputs_cell(r),
             )
         )
     return rows

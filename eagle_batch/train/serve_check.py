@@ -8,6 +8,13 @@ Each engine (plain target, target + draft) runs in its own Python subprocess: vL
 fully release their distributed state / memory when deleted, and only one engine may exist at a time on
 the shared CPU box. Greedy decoding in both; `identical_outputs` compares the generated token ids.
 
+Where the outputs differ, `divergences` says where each prompt's two outputs part and how close the target
+alone was to the token the run with the draft chose there (its top-2 logprobs, recorded by the plain run):
+a run with the draft emits the target's argmax from a (k+1)-token verification forward, plain decoding from
+a one-token step, and the two round differently, so where the target's top two tokens are closer than that
+rounding either may win. A divergence within TIE_TOLERANCE is such a near-tie (`outputs_verified`); one
+beyond it means the run with the draft did not emit what the target would have.
+
 Mean acceptance length = 1 + accepted draft tokens / drafts (the tokens each target forward yields,
 the number EAGLE papers report), from vLLM's spec-decode counters (`llm.get_metrics()`:
 `vllm:spec_decode_num_drafts`, `..._num_draft_tokens`, `..._num_accepted_tokens`,
@@ -38,6 +45,33 @@ BUILTIN_PROMPTS = [
     "Give me a recipe for a simple tomato pasta.",
     "How does compound interest work?",
 ]
+
+
+# Near-tie tolerance in nats per compute dtype: above the rounding of a logit in that dtype (bfloat16 keeps
+# 8 bits of mantissa: ~0.1 at a logit of 20; float16 10 bits; float32 24, which kernels with different
+# reduction orders still move by ~1e-4), far below a real preference of the target.
+TIE_TOLERANCE = {"float32": 0.01, "float16": 0.05, "bfloat16": 0.25}
+REFERENCE_TOP = 2  # logprobs per generated position the plain run records
+
+
+def divergence(prompt: int, target: list[int], top: list, with_draft: list[int], tolerance: float) -> dict:
+    """Where one prompt's two greedy outputs part: the position, both tokens, and the target's logprob gap
+    between them there (from the plain run's top-REFERENCE_TOP; None when the run with the draft chose a
+    token outside it, or one output ended first)."""
+    j = next((i for i, (a, b) in enumerate(zip(target, with_draft)) if a != b), min(len(target), len(with_draft)))
+    gap = None
+    if j < min(len(target), len(with_draft), len(top)):
+        logprobs = {int(t): lp for t, lp in top[j]}
+        if target[j] in logprobs and with_draft[j] in logprobs:
+            gap = logprobs[target[j]] - logprobs[with_draft[j]]
+    return {
+        "prompt": prompt,
+        "position": j,
+        "target_token": target[j] if j < len(target) else None,
+        "with_draft_token": with_draft[j] if j < len(with_draft) else None,
+        "logprob_gap": gap,
+        "near_tie": gap is not None and gap <= tolerance,
+    }
 
 
 def _engine_env(extra: dict[str, str] | None = None) -> dict[str, str]:
@@ -129,11 +163,14 @@ def measure_acceptance(
     say: Callable[[str], None] | None = None,
     max_num_seqs: int = 0,
     engine_args: dict[str, Any] | None = None,
+    tie_tolerance: float | None = None,
 ) -> dict[str, Any]:
     """Greedy-generate `prompts` with and without the EAGLE-3 draft in `draft_dir`.
 
     Returns mean_acceptance_length, identical_outputs, num_drafts, num_draft_tokens,
-    num_accepted_tokens, accepted_per_position, acceptance_rate, mismatches (prompt indexes), timings,
+    num_accepted_tokens, accepted_per_position, acceptance_rate, mismatches (prompt indexes), divergences
+    (where each mismatch starts, see above), outputs_verified (identical, or every divergence a near-tie
+    within `tie_tolerance` nats; default TIE_TOLERANCE of the dtype), timings,
     and `reference` (the no-speculation outputs; pass it back in to skip re-running the plain engine).
     dtype: the engines' compute dtype; "auto" = bfloat16 on a GPU, float32 on a CPU (CPUs without
     AVX512-BF16/AMX run bf16 several times slower; both engines use the same dtype either way).
@@ -177,24 +214,36 @@ def measure_acceptance(
     }
     if spec is None:
         return result
+    tol = TIE_TOLERANCE.get(dtype, TIE_TOLERANCE["bfloat16"]) if tie_tolerance is None else tie_tolerance
+    result.update(_compare(reference, spec, tol))
+    return result
+
+
+def _compare(reference: dict, spec: dict, tol: float) -> dict[str, Any]:
+    """The run with the draft against the plain one: spec-decode counters and where the outputs part."""
     mismatches = [i for i, (a, b) in enumerate(zip(reference["outputs"], spec["outputs"])) if a != b]
+    tops = reference.get("top") or [[] for _ in reference["outputs"]]
+    divergences = [divergence(i, reference["outputs"][i], tops[i], spec["outputs"][i], tol) for i in mismatches]
     m = spec["metrics"]
     drafts = m.get("vllm:spec_decode_num_drafts", 0)
     accepted = m.get("vllm:spec_decode_num_accepted_tokens", 0)
     draft_tokens = m.get("vllm:spec_decode_num_draft_tokens", 0)
-    result.update(
+    same_count = len(reference["outputs"]) == len(spec["outputs"])
+    return dict(
         mean_acceptance_length=(1.0 + accepted / drafts) if drafts else float("nan"),
         acceptance_rate=(accepted / draft_tokens) if draft_tokens else float("nan"),
         num_drafts=drafts,
         num_draft_tokens=draft_tokens,
         num_accepted_tokens=accepted,
         accepted_per_position=m.get("vllm:spec_decode_num_accepted_tokens_per_pos", []),
-        identical_outputs=not mismatches and len(reference["outputs"]) == len(spec["outputs"]),
+        identical_outputs=not mismatches and same_count,
         mismatches=mismatches,
+        divergences=divergences,
+        tie_tolerance=tol,
+        outputs_verified=same_count and all(d["near_tie"] for d in divergences),
         spec_s=spec["elapsed_s"],
         generated_tokens=sum(len(o) for o in spec["outputs"]),
     )
-    return result
 
 
 def _engine_main(inp: Path, out: Path) -> None:
@@ -220,7 +269,12 @@ def _engine_main(inp: Path, out: Path) -> None:
     if spec.get("draft"):
         kwargs["speculative_config"] = {"method": "eagle3", "model": spec["draft"], "num_speculative_tokens": spec["k"]}
     llm = LLM(**kwargs)
-    sp = SamplingParams(temperature=0.0, max_tokens=spec["max_tokens"], ignore_eos=False)
+    # The plain run records its top logprobs: where the run with the draft parts from it, they tell a
+    # near-tie from an error (divergence()).
+    plain = not spec.get("draft")
+    sp = SamplingParams(
+        temperature=0.0, max_tokens=spec["max_tokens"], ignore_eos=False, logprobs=REFERENCE_TOP if plain else None
+    )
     t0 = time.perf_counter()
     res = llm.generate([TokensPrompt(prompt_token_ids=p) for p in spec["prompts"]], sp, use_tqdm=False)
     elapsed = time.perf_counter() - t0
@@ -235,12 +289,21 @@ def _engine_main(inp: Path, out: Path) -> None:
         json.dumps(
             {
                 "outputs": [list(r.outputs[0].token_ids) for r in res],
+                "top": [_top_logprobs(r.outputs[0].logprobs) for r in res] if plain else None,
                 "texts": [r.outputs[0].text for r in res],
                 "metrics": metrics,
                 "elapsed_s": elapsed,
             }
         )
     )
+
+
+def _top_logprobs(per_position) -> list[list[list]]:
+    """vLLM's per-position {token id: Logprob} as [[token, logprob], ...], best first."""
+    return [
+        [[int(t), float(lp.logprob)] for t, lp in sorted(d.items(), key=lambda kv: -kv[1].logprob)]
+        for d in per_position or []
+    ]
 
 
 if __name__ == "__main__":

@@ -29,7 +29,12 @@ def test_untrained_export_loads_and_serves_in_vllm(tmp_path, norms):
     m.set_vocab_map(torch.arange(1024))
     draft = export_draft(m, tmp_path / "draft")
     r = measure_acceptance(target, draft, ["Name three colors.", "What is 2 + 2?"], k=2, max_tokens=16)
-    assert r["identical_outputs"], r["mismatches"]
+    assert r["identical_outputs"] and r["outputs_verified"] and r["divergences"] == [], r["mismatches"]
+    # The plain run's top-2 logprobs, per generated position, best first: greedy picked the first.
+    ref = r["reference"]
+    for out, top in zip(ref["outputs"], ref["top"]):
+        assert len(top) == len(out) and all(t[0][0] == tok and len(t) >= 2 for t, tok in zip(top, out))
+        assert all(t[0][1] >= t[1][1] for t in top)
     assert r["num_drafts"] > 0 and r["num_draft_tokens"] == 2 * r["num_drafts"]
     assert 1.0 <= r["mean_acceptance_length"] <= 3.0
     assert len(r["accepted_per_position"]) == 2
@@ -140,7 +145,8 @@ def test_evaluate_options_become_engine_args(tmp_path, monkeypatch):
 
     def fake_measure(target, draft, prompts, **kw):
         seen.update(kw)
-        return {"reference": [], "identical_outputs": True, "mean_acceptance_length": 1.0, "k": kw["k"]}
+        verified = kw["tie_tolerance"] != 0  # a run whose one divergence is a near-tie of 0.001
+        return {"reference": [], "identical_outputs": False, "outputs_verified": verified, "k": kw["k"]}
 
     monkeypatch.setattr(serve_check, "measure_acceptance", fake_measure)
     p = argparse.ArgumentParser()
@@ -155,6 +161,50 @@ def test_evaluate_options_become_engine_args(tmp_path, monkeypatch):
     assert seen["dtype"] == "bfloat16"  # the run's model.dtype
     assert cli_evaluate.run(p.parse_args(["RUN", "--draft", str(draft), "--dtype", "float32", "--json"])) == 0
     assert seen["engine_args"] == {} and seen["dtype"] == "float32"  # vLLM's own defaults; the dtype asked for
+    assert seen["tie_tolerance"] is None  # the dtype's default
+    # Outputs that part beyond the tolerance fail the evaluation
+    assert cli_evaluate.run(p.parse_args(["RUN", "--draft", str(draft), "--tie-tolerance", "0", "--json"])) == 1
+
+
+def test_divergences_tell_near_ties_from_errors(monkeypatch):
+    """Where an output with the draft parts from the target alone's: a near-tie of the target (its logprob
+    gap between the two tokens within the tolerance) passes, a clear preference or a token outside the plain
+    run's top 2 fails; identical outputs pass with no divergence."""
+    from eagle_batch.train import serve_check
+
+    alone = [[5, 6, 7, 8], [1, 2, 3], [4, 4, 4], [9, 9]]
+    with_draft = [[5, 6, 7, 8], [1, 2, 30], [4, 40, 4], [9, 90]]
+    top = [
+        [[[t, 0.0], [0, -9.0]] for t in alone[0]],
+        [[[1, -0.1], [0, -5]], [[2, -0.2], [0, -5]], [[3, -0.690], [30, -0.696]]],  # 3 vs 30: gap 0.006
+        [[[4, -0.1], [0, -5]], [[4, -0.2], [40, -1.9]], [[4, -0.1], [0, -5]]],  # 4 vs 40: gap 1.7
+        [[[9, -0.1], [0, -5]], [[9, -0.2], [0, -5]]],  # 90 is not in the top 2
+    ]
+
+    def fake_engine(spec, timeout_s, env=None):
+        if spec["draft"] is None:
+            return {"outputs": alone, "top": top, "metrics": {}, "elapsed_s": 1.0}
+        return {"outputs": with_draft, "metrics": {"vllm:spec_decode_num_drafts": 2}, "elapsed_s": 1.0}
+
+    monkeypatch.setattr(serve_check, "_run_engine", fake_engine)
+    monkeypatch.setattr(serve_check, "render_prompts", lambda target, prompts: [[1]] * len(prompts))
+    monkeypatch.setattr(serve_check, "servable_target", lambda p: p)
+    r = serve_check.measure_acceptance("/t", "/d", ["a", "b", "c", "d"], dtype="float32")
+    assert r["mismatches"] == [1, 2, 3] and not r["identical_outputs"] and r["tie_tolerance"] == 0.01
+    gaps = [(d["prompt"], d["position"], d["near_tie"]) for d in r["divergences"]]
+    assert gaps == [(1, 2, True), (2, 1, False), (3, 1, False)]
+    assert r["divergences"][0]["logprob_gap"] == pytest.approx(0.006)
+    assert r["divergences"][1]["logprob_gap"] == pytest.approx(1.7) and r["divergences"][2]["logprob_gap"] is None
+    assert not r["outputs_verified"]
+    from eagle_batch.train.cli_evaluate import _divergence_line
+
+    line = _divergence_line(r["divergences"], r["tie_tolerance"])
+    assert "1 of 3 part at a near-tie" in line and "prompt 2 at token 1 (4 alone, 40 with the draft; gap 1.7)" in line
+    # Only the near-tie left: verified; with a tolerance of 0 it fails again
+    with_draft[2], with_draft[3] = alone[2], alone[3]
+    assert serve_check.measure_acceptance("/t", "/d", ["a", "b", "c", "d"], dtype="float32")["outputs_verified"]
+    strict = serve_check.measure_acceptance("/t", "/d", ["a", "b", "c", "d"], dtype="float32", tie_tolerance=0)
+    assert not strict["outputs_verified"]
 
 
 @pytest.mark.vllm
