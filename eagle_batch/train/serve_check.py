@@ -301,7 +301,7 @@ def _engine_main(inp: Path, out: Path) -> None:
 def _top_logprobs(per_position) -> list[list[list]]:
     """vLLM's per-position {token id: Logprob} as [[token, logprob], ...], best first."""
     return [
-        [[int(t), float(lp.logprob)] for t, lp in sorted(d.items(), key=lambda kv: -kv[1].logprob)]
+        [[int(t), float(lp.logprob)] for t, lp in sorted((d or {}).items(), key=lambda kv: -kv[1].logprob)]
         for d in per_position or []
     ]
 
