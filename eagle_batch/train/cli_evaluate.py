@@ -80,7 +80,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         default=None,
         help="where an output with the draft parts from the target alone's, the target's logprob gap between "
         "the two tokens up to which it counts as a near-tie of rounding, not an error (default by dtype: "
-        "float32 0.01, float16 0.05, bfloat16 0.25 nats; 0: every difference fails)",
+        "float32 0.05, float16 0.1, bfloat16 0.25 nats; 0: every difference fails)",
     )
     p.add_argument("--json", action="store_true", help="print the result as one JSON object")
     p.add_argument("--out", default="", help="also write the result as JSON to this file")

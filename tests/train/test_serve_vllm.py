@@ -190,7 +190,7 @@ def test_divergences_tell_near_ties_from_errors(monkeypatch):
     monkeypatch.setattr(serve_check, "render_prompts", lambda target, prompts: [[1]] * len(prompts))
     monkeypatch.setattr(serve_check, "servable_target", lambda p: p)
     r = serve_check.measure_acceptance("/t", "/d", ["a", "b", "c", "d"], dtype="float32")
-    assert r["mismatches"] == [1, 2, 3] and not r["identical_outputs"] and r["tie_tolerance"] == 0.01
+    assert r["mismatches"] == [1, 2, 3] and not r["identical_outputs"] and r["tie_tolerance"] == 0.05
     gaps = [(d["prompt"], d["position"], d["near_tie"]) for d in r["divergences"]]
     assert gaps == [(1, 2, True), (2, 1, False), (3, 1, False)]
     assert r["divergences"][0]["logprob_gap"] == pytest.approx(0.006)
@@ -226,3 +226,18 @@ def test_served_acceptance_per_position_matches_the_teacher_forced_chain(tmp_pat
     assert 0.25 <= chain[0] <= 0.9, chain  # the draft has learned something, not everything
     for s, (c, v) in enumerate(zip(chain, served)):
         assert abs(c - v) <= 0.08, (s, chain, served)
+
+
+def test_reference_logprobs_are_kept_only_where_the_untimed_pass_agrees():
+    """The plain run's logprobs come from a second pass: past a token where it parts from the timed pass,
+    its logprobs describe another text and are dropped (a divergence there is then never a near-tie)."""
+    from types import SimpleNamespace
+
+    from eagle_batch.train.serve_check import _agreeing_top
+
+    lp = lambda x: SimpleNamespace(logprob=x)  # noqa: E731
+    steps = [{7: lp(-0.1), 3: lp(-2.0)}, {8: lp(-0.3), 1: lp(-0.4)}, {9: lp(-0.2), 2: lp(-3.0)}]
+    agree = SimpleNamespace(token_ids=[7, 8, 9], logprobs=steps)
+    assert _agreeing_top([7, 8, 9], agree) == [[[7, -0.1], [3, -2.0]], [[8, -0.3], [1, -0.4]], [[9, -0.2], [2, -3.0]]]
+    parted = SimpleNamespace(token_ids=[7, 1, 9], logprobs=steps)
+    assert _agreeing_top([7, 8, 9], parted) == [[[7, -0.1], [3, -2.0]]]
