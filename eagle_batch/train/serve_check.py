@@ -59,19 +59,24 @@ REFERENCE_TOP = 2  # logprobs per generated position the plain run records
 def divergence(prompt: int, target: list[int], top: list, with_draft: list[int], tolerance: float) -> dict:
     """Where one prompt's two greedy outputs part: the position, both tokens, and the target's logprob gap
     between them there (from the plain run's top-REFERENCE_TOP; None when the run with the draft chose a
-    token outside it, or one output ended first)."""
+    token outside it, when one output ended first, or when the plain run has no logprobs for that position:
+    `reference` says which)."""
     j = next((i for i, (a, b) in enumerate(zip(target, with_draft)) if a != b), min(len(target), len(with_draft)))
-    gap = None
-    if j < min(len(target), len(with_draft), len(top)):
-        logprobs = {int(t): lp for t, lp in top[j]}
-        if target[j] in logprobs and with_draft[j] in logprobs:
-            gap = logprobs[target[j]] - logprobs[with_draft[j]]
+    gap, reference = None, "ended"
+    if j < min(len(target), len(with_draft)):
+        reference = "none"
+        if j < len(top):
+            logprobs = {int(t): lp for t, lp in top[j]}
+            reference = f"top{REFERENCE_TOP}"
+            if target[j] in logprobs and with_draft[j] in logprobs:
+                gap = logprobs[target[j]] - logprobs[with_draft[j]]
     return {
         "prompt": prompt,
         "position": j,
         "target_token": target[j] if j < len(target) else None,
         "with_draft_token": with_draft[j] if j < len(with_draft) else None,
         "logprob_gap": gap,
+        "reference": reference,  # top<n>: the plain run's top-n logprobs there; none: no logprobs; ended
         "near_tie": gap is not None and gap <= tolerance,
     }
 
@@ -309,11 +314,14 @@ def _engine_main(inp: Path, out: Path) -> None:
 
 def _agreeing_top(tokens: list[int], completion) -> list[list[list]]:
     """`completion`'s per-position {token id: Logprob} as [[token, logprob], ...], best first, for the
-    positions up to where its tokens part from `tokens` (past that they describe another text)."""
-    same = next((i for i, (a, b) in enumerate(zip(tokens, completion.token_ids)) if a != b), len(tokens))
+    positions whose context (the tokens before them) is `tokens`': up to and including the first position
+    where its tokens part from `tokens` (past that they describe another text). That first position is
+    kept because both passes chose there from the same context: the two plain passes themselves parting
+    there is a near-tie of the target, which is where a run with the draft parts most often too."""
+    same = next((i for i, (a, b) in enumerate(zip(tokens, completion.token_ids)) if a != b), len(tokens) - 1)
     return [
         [[int(t), float(lp.logprob)] for t, lp in sorted((d or {}).items(), key=lambda kv: -kv[1].logprob)]
-        for d in list(completion.logprobs or [])[:same]
+        for d in list(completion.logprobs or [])[: same + 1]
     ]
 
 

@@ -230,7 +230,8 @@ def test_served_acceptance_per_position_matches_the_teacher_forced_chain(tmp_pat
 
 def test_reference_logprobs_are_kept_only_where_the_untimed_pass_agrees():
     """The plain run's logprobs come from a second pass: past a token where it parts from the timed pass,
-    its logprobs describe another text and are dropped (a divergence there is then never a near-tie)."""
+    its logprobs describe another text and are dropped; at that token both passes chose from the same
+    context, so its logprobs are kept (the passes parting there is a near-tie the draft's run may meet)."""
     from types import SimpleNamespace
 
     from eagle_batch.train.serve_check import _agreeing_top
@@ -240,4 +241,25 @@ def test_reference_logprobs_are_kept_only_where_the_untimed_pass_agrees():
     agree = SimpleNamespace(token_ids=[7, 8, 9], logprobs=steps)
     assert _agreeing_top([7, 8, 9], agree) == [[[7, -0.1], [3, -2.0]], [[8, -0.3], [1, -0.4]], [[9, -0.2], [2, -3.0]]]
     parted = SimpleNamespace(token_ids=[7, 1, 9], logprobs=steps)
-    assert _agreeing_top([7, 8, 9], parted) == [[[7, -0.1], [3, -2.0]]]
+    assert _agreeing_top([7, 8, 9], parted) == [[[7, -0.1], [3, -2.0]], [[8, -0.3], [1, -0.4]]]
+    assert _agreeing_top([], SimpleNamespace(token_ids=[], logprobs=[])) == []
+
+
+def test_a_divergence_past_the_reference_logprobs_says_so():
+    """Where the plain run has no logprobs (its second pass parted earlier) the divergence is not a near-tie,
+    and the report says the reference is missing rather than that the token was outside its top 2."""
+    from eagle_batch.train.cli_evaluate import _divergence_line
+    from eagle_batch.train.serve_check import divergence
+
+    top = [[[5, -0.1], [6, -3.0]]]  # logprobs for position 0 only
+    missing = divergence(0, [5, 7, 8], top, [5, 9, 8], tolerance=0.05)
+    assert (missing["position"], missing["reference"], missing["logprob_gap"], missing["near_tie"]) == (
+        1,
+        "none",
+        None,
+        False,
+    )
+    outside = divergence(1, [5, 7], top, [4, 7], tolerance=0.05)
+    assert (outside["position"], outside["reference"], outside["near_tie"]) == (0, "top2", False)
+    assert "no logprobs of the target alone there" in _divergence_line([missing], 0.05)
+    assert "outside its top 2" in _divergence_line([outside], 0.05)
