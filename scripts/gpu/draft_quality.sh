@@ -47,8 +47,8 @@
 # REGEN_SAMPLES (answers per conversation: the greedy one, then REGEN_SAMPLES-1 more sampled at
 # REGEN_TEMPERATURE, one regenerate pass each with its own seed, side by side; 1), REGEN_TEMPERATURE (0.8),
 # EXTRACT_REGEN_TASKS (capture tasks of the regen states; REGEN_TASKS), VERIFY_BESIDE (1: verify runs in the
-# background, beside what follows; 0), TRAIN_TOGETHER (1: in `parallel` the orig drafts wait for the regen
-# states and the `budget` stage sets every draft's budget then; 0), SEEN (1: evaluate also serves the regen
+# background, beside what follows; 0), TRAIN_TOGETHER (1: in `parallel` calibrate and the orig drafts wait for
+# the regen states, so that every draft's budget is measured and set then; 0), SEEN (1: evaluate also serves the regen
 # draft on PROMPTS first user turns of its own training records, seen-prompts.jsonl; 0).
 set -euo pipefail
 out=${1:?output folder}
@@ -344,9 +344,10 @@ EOF
       rm -f "$work/budget.env" "$work/budget.done"
       # Every branch trains as soon as its states exist and the budget is set: the orig drafts (and
       # speculators' trainer, whose compilation takes minutes of CPU) start while regenerate still runs.
-      # TRAIN_TOGETHER=1: the orig drafts wait for the regen states (regen.ready, whether they came or not)
-      # and the budget is set then, for every draft training side by side from that moment: the regen chain
-      # is the longest, and trainers beside its engines would slow it (they share the host's cores).
+      # TRAIN_TOGETHER=1: calibrate and the orig drafts wait for the regen states (regen.ready, whether they
+      # came or not), so the budget is measured and set then, for every draft training side by side from
+      # that moment: the regen chain is the longest, and a trainer beside its engines would slow it and be
+      # slowed (they share the host's cores).
       rm -f "$work/regen.ready"
       (run_stage regenerate extract-regen; rc=$?; touch "$work/regen.ready"
        [ "$rc" = 0 ] && train_when_budgeted "${regen_trains[@]}") > "$out/branch-regen.log" 2>&1 &
@@ -358,11 +359,13 @@ EOF
         spec_pid=
         [[ " $branches " == *" spec "* ]] && { (run_stage export-spec) > "$out/branch-export-spec.log" 2>&1 & spec_pid=$!; }
         run_stage profile-train >> "$out/branch-orig.log" 2>&1 || true
-        run_stage calibrate > "$out/branch-calibrate.log" 2>&1 || true
+        # With TRAIN_TOGETHER the calibration waits too: a trainer's step is bound by the host, and beside the
+        # six regenerate engines of the sixth H200 run its 40 steps ran at 58k tok/s against 245k alone, so
+        # the budget set from them used a quarter of the window.
         if [ "${TRAIN_TOGETHER:-0}" = 1 ]; then
           while [ ! -f "$work/regen.ready" ]; do sleep 5; done
-          run_stage budget >> "$out/branch-calibrate.log" 2>&1 || true
         fi
+        run_stage calibrate > "$out/branch-calibrate.log" 2>&1 || true
         touch "$work/budget.done"
         if [ -n "$spec_pid" ] && wait "$spec_pid"; then orig_trains+=(train-spec); fi
         train_when_budgeted "${orig_trains[@]}" > /dev/null 2>&1 &
