@@ -1,7 +1,7 @@
 """The draft's optimizer and its learning-rate schedule, stepped as one (`train.optimizer`).
 
 - `adamw`: one AdamW over every trainable parameter, betas (0.9, 0.95), fused on CUDA.
-- `muon` (default): torch's Muon on the draft's 2-D weight matrices except lm_head (fc, the attention and MLP
+- `muon` (default): torch's Muon (on the CPU `muon.Float32Muon`) on the draft's 2-D weight matrices except lm_head (fc, the attention and MLP
   projections), AdamW on the rest (the norms, lm_head), as speculators trains its EAGLE-3 drafts by
   default. Muon's update RMS is matched to AdamW's (`adjust_lr_fn="match_rms_adamw"`), so one `train.lr`
   serves both groups; momentum 0.95 (Nesterov) and weight decay MUON_WEIGHT_DECAY, speculators' values.
@@ -20,6 +20,7 @@ import torch
 
 from eagle_batch.config.load import ConfigError
 
+from .muon import Float32Muon
 from .schedule import LRSchedule
 
 OPTIMIZERS = ("adamw", "muon")
@@ -56,7 +57,9 @@ class DraftOptimizer:
             self.optimizers: list[torch.optim.Optimizer] = [adamw([p for p in model.parameters() if p.requires_grad])]
         else:
             matrices, rest = muon_split(model.named_parameters())
-            muon = torch.optim.Muon(
+            # On the CPU the orthogonalization runs in float32: bfloat16 matmuls are emulated there (.muon).
+            muon_class = torch.optim.Muon if device.type == "cuda" else Float32Muon
+            muon = muon_class(
                 matrices,
                 lr=tc.lr,
                 weight_decay=MUON_WEIGHT_DECAY,

@@ -196,6 +196,7 @@ def test_muon_takes_the_matrices_adamw_the_rest_and_a_checkpoint_keeps_its_optim
     from conftest import TINY_LAYERS
 
     from eagle_batch.train.model import Eagle3Draft, draft_config_from_target
+    from eagle_batch.train.muon import Float32Muon
     from eagle_batch.train.optim import DraftOptimizer, muon_split
 
     m = Eagle3Draft(draft_config_from_target(fake_target, TINY_LAYERS[:3], TINY_LAYERS[3], 64))
@@ -208,6 +209,8 @@ def test_muon_takes_the_matrices_adamw_the_rest_and_a_checkpoint_keeps_its_optim
     tc = tiny_cfg(tmp_path, fake_target, "train.optimizer=muon").train
     opt = DraftOptimizer(m, tc, 10, torch.device("cpu"))
     assert isinstance(opt.optimizers[0], torch.optim.Muon) and isinstance(opt.optimizers[1], torch.optim.AdamW)
+    # on the CPU its orthogonalization runs in float32 (bfloat16 matmuls are emulated there)
+    assert isinstance(opt.optimizers[0], Float32Muon)
     opt.set_total(20)
     assert opt.schedule.total == 20 and all(s.lr_lambdas[0] is opt.schedule for s in opt.schedulers)
     saved = opt.state_dict()
