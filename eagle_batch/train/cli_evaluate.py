@@ -245,12 +245,13 @@ def _divergence_line(divergences: list[dict], tolerance: float) -> str:
     if len(ties) == len(divergences):
         return head + ": rounding of the verification forward against plain decoding, not an error"
     bad = next(d for d in divergences if not d["near_tie"])
-    gap = {
-        "none": "no logprobs of the target alone there: its untimed second pass had parted earlier",
-        "ended": "one output ended first",
-    }.get(bad.get("reference", ""), "outside its top 2")
     if bad["logprob_gap"] is not None:
         gap = f"gap {bad['logprob_gap']:.3g}"
+    else:
+        gap = {
+            "none": "no logprobs of the target alone there: its untimed second pass had parted earlier",
+            "ended": "one output ended first",
+        }.get(bad.get("reference", ""), "outside its top 2")
     return (
         head + f"; the others are errors: e.g. prompt {bad['prompt']} at token {bad['position']} "
         f"({bad['target_token']} alone, {bad['with_draft_token']} with the draft; {gap})"

@@ -16,7 +16,6 @@
 #   profile-train (lab/train_step_probe.py on the orig states at BATCH_TOKENS and twice that: where a training
 #   step's time goes, and the tokens/s of each), calibrate (sets BATCH_TOKENS from the two profiles and
 #   STEPS from a short training at it, so that every draft is done by DEADLINE),
-#   budget (calibrate's second half: the budget from its rate and the time left now),
 #   train-lr (the regen draft again at train.lr=LR_ALT: the learning rate on the same budget),
 #   variant=[STATES:]NAME=OVERRIDES (a draft on the orig (default) or regen states with comma-separated
 #   train.* overrides; parallel trains every VARIANTS entry beside the others and evaluate serves each),
@@ -267,7 +266,6 @@ EOF
         "${train_extra[@]}" "${extra[@]}" --local --no-progress || true
       budget
       ;;
-    budget) budget ;;
     profile-train)
       # Where a step's time goes (lab/train_step_probe.py: the device's busy fraction per step, the ops) and
       # the tokens/s alone, at BATCH_TOKENS and at twice that (a step bound by the host gets the larger batch
