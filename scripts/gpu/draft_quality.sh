@@ -45,7 +45,7 @@
 # (the regenerate engines' KV cache in GiB; the engines' own sizing), SPEED (1: the decode-speed runs after the acceptance ones; 0 skips them),
 # REGEN_SAMPLES (answers per conversation: the greedy one, then REGEN_SAMPLES-1 more sampled at
 # REGEN_TEMPERATURE, one regenerate pass each with its own seed, side by side; 1), REGEN_TEMPERATURE (0.8),
-# EXTRACT_REGEN_TASKS (capture tasks of the regen states; REGEN_TASKS), VERIFY_BESIDE (1: verify runs in the
+# EXTRACT_REGEN_TASKS (capture tasks of the regen states; REGEN_TASKS), EXTRACT_ORIG_TASKS (of the orig states; 1), VERIFY_BESIDE (1: verify runs in the
 # background, beside what follows; 0), TRAIN_TOGETHER (1: in `parallel` calibrate and the orig drafts wait for
 # the regen states, so that every draft's budget is measured and set then; 0), SEEN (1: evaluate also serves the regen
 # draft on PROMPTS first user turns of its own training records, seen-prompts.jsonl; 0).
@@ -69,7 +69,7 @@ LR_ALT=${LR_ALT:-3e-4}
 FP8_DTYPE=${FP8_DTYPE:-float8_e5m2}
 PROFILE_BATCHES=${PROFILE_BATCHES:-"$BATCH_TOKENS $(( 2 * BATCH_TOKENS ))"}
 mkdir -p "$out" "$work"
-NAME=draft-quality
+NAME="draft-quality"
 # shellcheck source=scripts/gpu/cli_run.sh
 source "$repo/scripts/gpu/cli_run.sh"
 export EAGLE_BATCH_CACHE=$work/cache
@@ -122,15 +122,26 @@ extract() {
 # (exported) where the evaluation's reserve begins, should it run slower than calibrated
 train() {
   local name=$1 run=$2; shift 2
-  local cap=()
-  [ "${DEADLINE:-0}" -gt 0 ] && cap=(train.max_time_s=$(( DEADLINE - $(date +%s) - ${EVAL_RESERVE:-420} - 30 )))
-  # Expandable segments: a step's tensors change size with every batch; fixed segments leave the caching
-  # allocator holding 40-55 GiB per trainer at 32k-token steps (second H200 run), which starved a neighbour.
-  PYTORCH_CUDA_ALLOC_CONF=${PYTORCH_CUDA_ALLOC_CONF:-expandable_segments:True} \
-    step "train-$name" eagle-batch train "$cfg" run_dir="$run" train.name="$name" "${budget[@]}" "${cap[@]}" \
-    "${train_extra[@]}" "$@" "${extra[@]}" --local --no-progress
+  local cap=() rc=0 attempt label
+  # A training that dies (a crash, not a refused config: exit 2) is started once more: it resumes from its
+  # last checkpoint (every train.checkpoint_every steps) with the same budget, capped by the time left. The
+  # sixth H200 run's orig training died once with CUDA "unspecified launch failure" (exit 134).
+  for attempt in 1 2; do
+    label=train-$name
+    [ "$attempt" = 1 ] || label="train-$name-again"
+    [ "${DEADLINE:-0}" -gt 0 ] && cap=(train.max_time_s=$(( DEADLINE - $(date +%s) - ${EVAL_RESERVE:-420} - 30 )))
+    if [ "$attempt" = 2 ] && [ ${#cap[@]} -gt 0 ] && [ "${cap[0]#*=}" -le 30 ]; then break; fi
+    # Expandable segments: a step's tensors change size with every batch; fixed segments leave the caching
+    # allocator holding 40-55 GiB per trainer at 32k-token steps (second H200 run), which starved a neighbour.
+    rc=0
+    PYTORCH_CUDA_ALLOC_CONF=${PYTORCH_CUDA_ALLOC_CONF:-expandable_segments:True} \
+      step "$label" eagle-batch train "$cfg" run_dir="$run" train.name="$name" "${budget[@]}" "${cap[@]}" \
+      "${train_extra[@]}" "$@" "${extra[@]}" --local --no-progress || rc=$?
+    [ "$rc" = 0 ] || [ "$rc" = 2 ] && break
+  done
   cp "$run/train/$name/metrics.jsonl" "$out/metrics-$name.jsonl" 2>/dev/null || true
   cp "$run/train/$name/vocab.json" "$out/vocab-$name.json" 2>/dev/null || true  # the draft vocabulary's coverage
+  return "$rc"
 }
 # budget: STEPS and BATCH_TOKENS for every draft from the calibration's rate and the time left now
 budget() {
@@ -234,7 +245,7 @@ EOF
       for pid in "${pids[@]}"; do wait "$pid" || rc=1; done
       [ "$rc" = 0 ]
       ;;
-    extract-orig) extract orig "$work/run-orig" ;;
+    extract-orig) extract orig "$work/run-orig" extract.num_tasks="${EXTRACT_ORIG_TASKS:-1}" ;;
     extract-regen)
       # As many capture tasks as regenerate had (side by side with slurm.tasks_per_gpu_group in `parallel`):
       # one capture task stored ~50k tokens/s alone in the third H200 run, far below the GPU's prefill.
@@ -393,18 +404,18 @@ EOF
       # vLLM's batch-invariant kernels are CUDA kernels
       [ "$eval_dtype" = bfloat16 ] && nvidia-smi -L > /dev/null 2>&1 && eval_opts+=(--batch-invariant)
       drafts[spec]=$(find "$work/spec-ckpt" -maxdepth 1 -name '[0-9]*' -type d 2>/dev/null | sort -V | tail -n1 || true)
-      for name in "${!drafts[@]}"; do
-        [ -n "${drafts[$name]}" ] && [ -f "${drafts[$name]}/config.json" ] || continue
-        step "evaluate-$name" eagle-batch evaluate "$work/run-regen" --draft "${drafts[$name]}" --k 3 5 \
-          --prompts "$work/prompts.jsonl" --max-tokens "$EVAL_TOKENS" --batch 16 "${eval_opts[@]}" \
+      # One run per (label, draft, prompts); SEEN=1: the regen draft also on prompts it trained on
+      # (setup's seen-prompts.jsonl).
+      runs=()
+      for name in "${!drafts[@]}"; do [ -n "${drafts[$name]}" ] && runs+=("$name ${drafts[$name]} prompts"); done
+      [ "${SEEN:-0}" = 1 ] && runs+=("regen-seen ${drafts[regen]} seen-prompts")
+      for run_ in "${runs[@]}"; do
+        read -r name draft prompts <<< "$run_"
+        [ -f "$draft/config.json" ] || continue
+        step "evaluate-$name" eagle-batch evaluate "$work/run-regen" --draft "$draft" --k 3 5 \
+          --prompts "$work/$prompts.jsonl" --max-tokens "$EVAL_TOKENS" --batch 16 "${eval_opts[@]}" \
           --gpu-memory-utilization 0.15 --kv-cache-gib 2 --out "$out/evaluate-$name.json" &
       done
-      # SEEN=1: the regen draft also on prompts it trained on (setup's seen-prompts.jsonl)
-      if [ "${SEEN:-0}" = 1 ] && [ -f "${drafts[regen]}/config.json" ]; then
-        step evaluate-regen-seen eagle-batch evaluate "$work/run-regen" --draft "${drafts[regen]}" --k 3 5 \
-          --prompts "$work/seen-prompts.jsonl" --max-tokens "$EVAL_TOKENS" --batch 16 "${eval_opts[@]}" \
-          --gpu-memory-utilization 0.15 --kv-cache-gib 2 --out "$out/evaluate-regen-seen.json" &
-      fi
       wait || true
       # Speed: decode tokens/s with and without the best draft (mean acceptance length at k=3 above), alone
       # on the GPU, with CUDA graphs (the speed a server gets; eager mode leaves a 135M target launch-bound).
