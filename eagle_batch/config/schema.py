@@ -89,6 +89,10 @@ class ExtractConfig:
     # Minimum seconds between commits (a commit is also forced on checkpoint / exit).
     commit_interval_s: float = 30.0
     check_finite: bool = True
+    # Before submitting, the tokens left to capture are checked against the free space under RUN/stores
+    # (launch/disk_room.py): an error when they cannot fit even at the best compression measured, a warning
+    # when they fit only compressed; false skips the check.
+    check_disk: bool = True
     # validate: thresholds against the transformers reference
     validate_min_cosine: float = 0.999
     validate_max_rel_err: float = 0.05

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import sys
 
 from eagle_batch.cli_common import add_config_arguments, config_from_args, config_sources
 
@@ -46,6 +47,7 @@ def check_before_submit(cfg) -> int:
 def run(args: argparse.Namespace) -> int:
     from eagle_batch.config import claim_run_dir, save_config
 
+    from .disk_room import capture_room
     from .local import local_summary
     from .state import DONE, read_state
     from .submit import SubmitError, live_tasks, resolve_executor, submit_tasks
@@ -60,12 +62,15 @@ def run(args: argparse.Namespace) -> int:
             f"{', '.join(sorted(set(live.values()))[:5])}). Nothing was submitted. Follow them "
             f"with `eagle-batch status {run_dir}`, or `eagle-batch cancel {run_dir}` first."
         )
+    todo = [t for t in range(n) if (st := read_state(run_dir, t)) is None or st.status != DONE]
+    room = capture_room(cfg, todo)
     claim_run_dir(cfg, force=args.force)
     save_config(cfg, run_dir)  # the tasks read slurm.max_attempts etc. from RUN/config.yaml
-    todo = [t for t in range(n) if (st := read_state(run_dir, t)) is None or st.status != DONE]
     if not todo:
         print(f"all {n} tasks of {run_dir} are done; nothing to submit.")
         return 0
+    if room:
+        print(room, file=sys.stderr)
     which = resolve_executor(cfg)
     sub = submit_tasks(cfg, run_dir, todo, kind="extract", executor=which)
     if which == "local":

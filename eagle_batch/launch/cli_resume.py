@@ -28,6 +28,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     from eagle_batch.config import ConfigError, load_run_config, save_config
 
+    from .disk_room import capture_room
     from .status import RESUMABLE, run_status
     from .submit import SubmitError, submit_tasks
 
@@ -52,6 +53,9 @@ def run(args: argparse.Namespace) -> int:
             f"resubmitting {len(todo)} task(s): {', '.join(map(str, todo))}"
             + (f" ({len(active)} still queued or running are left alone)" if active else "")
         )
+        room = capture_room(cfg, todo, strict=False)
+        if room:
+            print(room, file=sys.stderr)
         if args.dry_run:
             return 0
         if args.overrides:

@@ -1,0 +1,91 @@
+"""Room on the run's filesystem for the hidden states an extraction is about to capture, checked before
+anything is submitted: a store that cannot fit fails at the first full chunk hours into a run (its commits
+are kept, and it resumes once there is room, but the hours are lost).
+
+The tokens left are the plan's tokens of the tasks to run minus what each has committed; their bytes are
+counted raw and at the best compression measured (store/footprint.py). When even the best case needs more
+than the free space, that is an error; when only the raw size does, a warning (it fits if the states
+compress as chat states usually do). Other writers on the same filesystem (another run extracting beside
+this one) are not foreseen: the check sees the free space now.
+"""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+from eagle_batch.config import ConfigError
+from eagle_batch.store.footprint import least_bytes_per_token, raw_bytes_per_token
+
+from .state import read_state
+
+GB = 1e9
+
+
+def _existing(path: Path) -> Path:
+    """The nearest folder of `path` that exists (a new run's stores folder is made by its tasks)."""
+    path = path.absolute()
+    while not path.exists() and path != path.parent:
+        path = path.parent
+    return path
+
+
+def tokens_left(run_dir: str | Path, prepared, todo: list[int]) -> int:
+    """The plan's tokens of the tasks in `todo` that their stores have not committed yet."""
+    left = 0
+    for t in todo:
+        st = read_state(run_dir, t)
+        left += max(0, prepared.task_num_tokens(t) - (st.tokens_committed if st else 0))
+    return left
+
+
+def check_disk_room(cfg, num_layers: int, hidden_size: int, tokens: int, free: int | None = None) -> str | None:
+    """Raise ConfigError when `tokens` tokens of states cannot fit the free space under RUN/stores even at the
+    best compression measured; return a warning when they fit only compressed; None when they fit raw.
+    `free` (bytes) is the filesystem's free space unless given."""
+    stores = Path(cfg.run_dir) / "stores"
+    where = _existing(stores)
+    free = shutil.disk_usage(where).free if free is None else free
+    raw = tokens * raw_bytes_per_token(num_layers, hidden_size, cfg.store.dtype)
+    least = tokens * least_bytes_per_token(num_layers, hidden_size, cfg.store.dtype, cfg.store.codec)
+    what = (
+        f"{tokens:,} tokens of hidden states ({num_layers} layers x {hidden_size}, store.dtype={cfg.store.dtype}) "
+        f"take {raw / GB:,.1f} GB raw"
+    )
+    fixes = (
+        "free space there, put run_dir on a larger filesystem, extract fewer samples (data.limit, then prepare "
+        "again), or store float8 states (store.dtype=float8_e5m2: about half of bf16's bytes)"
+    )
+    if least > free:
+        raise ConfigError(
+            f"{stores}: {what} and at least {least / GB:,.1f} GB compressed, but its filesystem ({where}) has "
+            f"{free / GB:,.1f} GB free. Nothing was submitted. {fixes}; extract.check_disk=false submits anyway."
+        )
+    if raw > free:
+        return (
+            f"warning: {stores}: {what}, more than the {free / GB:,.1f} GB free on its filesystem; it fits only "
+            f"if they compress to {free / raw:.2f} of that or less (chat states compress to 0.62-0.71 with "
+            f"store.codec=blosc-zstd, less on a node whose CPUs are busy). A task that runs out of space stops "
+            f"with its commits kept: {fixes}, then `eagle-batch resume {cfg.run_dir}`."
+        )
+    return None
+
+
+def capture_room(cfg, todo: list[int], strict: bool = True) -> str | None:
+    """check_disk_room for the tasks in `todo` of a capture run (None for another work, nothing to do, or
+    extract.check_disk=false). strict=False turns the error into a warning (resume: the run's settings are
+    fixed, and the user may be making room while it queues)."""
+    if cfg.extract.work != "capture" or not cfg.extract.check_disk or not todo:
+        return None
+    from eagle_batch.config import model_info, resolve_layer_ids
+    from eagle_batch.data import PreparedDataset
+
+    info = model_info(cfg.model.path)
+    layers = len(resolve_layer_ids(cfg.model, info))
+    tokens = tokens_left(cfg.run_dir, PreparedDataset(cfg.run_dir), todo)
+    try:
+        return check_disk_room(cfg, layers, info.hidden_size, tokens)
+    except ConfigError as e:
+        if strict:
+            raise
+        return f"warning: {e}"
