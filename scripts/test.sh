@@ -29,6 +29,11 @@ ruff check --output-format concise . && ruff format --check --quiet . || rc=1
 python scripts/check_structure.py || rc=1
 # The fault-injection suite forks task processes from the test process; it runs in a pytest process of
 # its own so that no thread left behind by earlier in-process vLLM engines is inherited by a fork.
-run_pytest --ignore=tests/faults || rc=$?
+# Two workers (EB_TEST_WORKERS; 1 runs serially): the tests that start vLLM engines or use Slurm run one at a
+# time on one of them (tests/conftest.py), everything else beside them on the other.
+workers=${EB_TEST_WORKERS:-2}
+parallel=()
+[ "$workers" -gt 1 ] && parallel=(-n "$workers" --dist loadgroup)
+run_pytest "${parallel[@]}" --ignore=tests/faults || rc=$?
 run_pytest tests/faults || rc=$?
 exit "$rc"

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -32,11 +33,27 @@ def _has_cuda() -> bool:
         return False
 
 
+# Two pytest-xdist workers (scripts/test.sh): each worker gets a temporary folder of its own, so the local
+# executor's machine-wide device slot (launch/local.py, under the temporary folder) does not make one
+# worker's jobs wait for the other's; real runs on one machine still share it.
+if os.environ.get("PYTEST_XDIST_WORKER"):
+    _own_tmp = Path(tempfile.gettempdir()) / f"eagle-batch-tests-{os.getuid()}-{os.environ['PYTEST_XDIST_WORKER']}"
+    _own_tmp.mkdir(parents=True, exist_ok=True)
+    os.environ["TMPDIR"] = str(_own_tmp)
+    tempfile.tempdir = None
+
+
 def pytest_collection_modifyitems(config, items):
+    # --dist loadgroup: the tests that start vLLM engines or use the one Slurm node run one at a time, on one
+    # worker (two CPU engines on two cores slow each other several-fold, and the Slurm tests count on the
+    # node's slots); the rest run beside them on the other.
+    engines = pytest.mark.xdist_group("engines-and-slurm")
     skip_gpu = pytest.mark.skip(reason="no CUDA GPU here (GPU results are recorded in docs/gpu-validation.md)")
     skip_slurm = pytest.mark.skip(reason="no Slurm here: .ci/run installs and starts one (sbatch not on PATH)")
     skip_vllm = pytest.mark.skip(reason="vLLM is not installed (pip install -e .[cpu])")
     for item in items:
+        if "slurm" in item.keywords or "vllm" in item.keywords:
+            item.add_marker(engines)
         if "gpu" in item.keywords and not _has_cuda():
             item.add_marker(skip_gpu)
         if "slurm" in item.keywords and shutil.which("sbatch") is None:
