@@ -29,8 +29,8 @@ ruff check --output-format concise . && ruff format --check --quiet . || rc=1
 python scripts/check_structure.py || rc=1
 # The fault-injection suite forks task processes from the test process; it runs in a pytest process of
 # its own so that no thread left behind by earlier in-process vLLM engines is inherited by a fork.
-# Two workers (EB_TEST_WORKERS; 1 runs serially): the tests that start vLLM engines or use Slurm run one at a
-# time on one of them (tests/conftest.py), everything else beside them on the other.
+# Two workers (EB_TEST_WORKERS; 1 runs serially): the tests that start vLLM engines run one at a time, and so do
+# the other Slurm tests (tests/conftest.py); everything else runs beside them.
 workers=${EB_TEST_WORKERS:-2}
 parallel=()
 [ "$workers" -gt 1 ] && parallel=(-n "$workers" --dist loadgroup)
