@@ -29,11 +29,30 @@ ruff check --output-format concise . && ruff format --check --quiet . || rc=1
 python scripts/check_structure.py || rc=1
 # The fault-injection suite forks task processes from the test process; it runs in a pytest process of
 # its own so that no thread left behind by earlier in-process vLLM engines is inherited by a fork.
-# Two workers (EB_TEST_WORKERS; 1 runs serially): the tests that start vLLM engines run one at a time, and so do
-# the other Slurm tests (tests/conftest.py); everything else runs beside them.
-workers=${EB_TEST_WORKERS:-2}
-parallel=()
-[ "$workers" -gt 1 ] && parallel=(-n "$workers" --dist loadgroup)
-run_pytest "${parallel[@]}" --ignore=tests/faults || rc=$?
+# Two pytest processes side by side (EB_TEST_SPLIT=0 runs one): the tests that start vLLM engines in one, one at
+# a time (two CPU engines on two cores slow each other several-fold), everything else in the other (the Slurm
+# tests among them one at a time, as they share the one node). Each has a temporary folder of its own, so the
+# local executor's machine-wide device slot (launch/local.py) does not make one's jobs wait for the other's;
+# torch's compile cache stays the one shared folder. Their lines are prefixed [vllm] and [rest].
+if [ "${EB_TEST_SPLIT:-1}" = 1 ]; then
+  tmp=$(mktemp -d)
+  export TORCHINDUCTOR_CACHE_DIR=${TORCHINDUCTOR_CACHE_DIR:-${TMPDIR:-/tmp}/torchinductor_$(id -un)}
+  for half in vllm rest; do
+    mkdir -p "$tmp/$half"
+    marks=vllm
+    [ "$half" = rest ] && marks="not vllm"
+    (set -o pipefail; TMPDIR=$tmp/$half run_pytest -m "$marks" --ignore=tests/faults 2>&1 | sed -u "s/^/[$half] /"
+     echo $? > "$tmp/$half.rc") &
+  done
+  wait
+  for half in vllm rest; do
+    half_rc=$(cat "$tmp/$half.rc")
+    echo "[$half] exit $half_rc"
+    [ "$half_rc" = 0 ] || rc=$half_rc
+  done
+  rm -rf "$tmp"
+else
+  run_pytest --ignore=tests/faults || rc=$?
+fi
 run_pytest tests/faults || rc=$?
 exit "$rc"
