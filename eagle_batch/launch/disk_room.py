@@ -39,10 +39,12 @@ def tokens_left(run_dir: str | Path, prepared, todo: list[int]) -> int:
     return left
 
 
-def check_disk_room(cfg, num_layers: int, hidden_size: int, tokens: int, free: int | None = None) -> str | None:
+def check_disk_room(
+    cfg, num_layers: int, hidden_size: int, tokens: int, free: int | None = None, strict: bool = True
+) -> str | None:
     """Raise ConfigError when `tokens` tokens of states cannot fit the free space under RUN/stores even at the
-    best compression measured; return a warning when they fit only compressed; None when they fit raw.
-    `free` (bytes) is the filesystem's free space unless given."""
+    best compression measured (strict=False: return that as a warning instead); return a warning when they
+    fit only compressed; None when they fit raw. `free` (bytes) is the filesystem's free space unless given."""
     stores = Path(cfg.run_dir) / "stores"
     where = _existing(stores)
     free = shutil.disk_usage(where).free if free is None else free
@@ -56,25 +58,30 @@ def check_disk_room(cfg, num_layers: int, hidden_size: int, tokens: int, free: i
         "free space there, put run_dir on a larger filesystem, extract fewer samples (data.limit, then prepare "
         "again), or store float8 states (store.dtype=float8_e5m2: about half of bf16's bytes)"
     )
+    out_of_space = (
+        f"A task that runs out of space stops with its commits kept: {fixes}, then `eagle-batch resume {cfg.run_dir}`."
+    )
     if least > free:
-        raise ConfigError(
+        cannot = (
             f"{stores}: {what} and at least {least / GB:,.1f} GB compressed, but its filesystem ({where}) has "
-            f"{free / GB:,.1f} GB free. Nothing was submitted. {fixes}; extract.check_disk=false submits anyway."
+            f"{free / GB:,.1f} GB free."
         )
+        if strict:
+            raise ConfigError(f"{cannot} Nothing was submitted. {fixes}; extract.check_disk=false submits anyway.")
+        return f"warning: {cannot} {out_of_space}"
     if raw > free:
         return (
             f"warning: {stores}: {what}, more than the {free / GB:,.1f} GB free on its filesystem; it fits only "
             f"if they compress to {free / raw:.2f} of that or less (chat states compress to 0.62-0.71 with "
-            f"store.codec=blosc-zstd, less on a node whose CPUs are busy). A task that runs out of space stops "
-            f"with its commits kept: {fixes}, then `eagle-batch resume {cfg.run_dir}`."
+            f"store.codec=blosc-zstd, less on a node whose CPUs are busy). {out_of_space}"
         )
     return None
 
 
 def capture_room(cfg, todo: list[int], strict: bool = True) -> str | None:
     """check_disk_room for the tasks in `todo` of a capture run (None for another work, nothing to do, or
-    extract.check_disk=false). strict=False turns the error into a warning (resume: the run's settings are
-    fixed, and the user may be making room while it queues)."""
+    extract.check_disk=false). strict=False: a run that cannot fit is a warning too (resume: the run's settings
+    are fixed, and the user may be making room while it queues)."""
     if cfg.extract.work != "capture" or not cfg.extract.check_disk or not todo:
         return None
     from eagle_batch.config import model_info, resolve_layer_ids
@@ -83,9 +90,4 @@ def capture_room(cfg, todo: list[int], strict: bool = True) -> str | None:
     info = model_info(cfg.model.path)
     layers = len(resolve_layer_ids(cfg.model, info))
     tokens = tokens_left(cfg.run_dir, PreparedDataset(cfg.run_dir), todo)
-    try:
-        return check_disk_room(cfg, layers, info.hidden_size, tokens)
-    except ConfigError as e:
-        if strict:
-            raise
-        return f"warning: {e}"
+    return check_disk_room(cfg, layers, info.hidden_size, tokens, strict=strict)

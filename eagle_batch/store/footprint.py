@@ -13,14 +13,14 @@ only compressed may not.
 
 from __future__ import annotations
 
-from .format import ZARR_NP, array_dtypes
+from .format import SCALE_ARRAY, ZARR_NP, array_dtypes
 
 BEST_RATIO = {"bfloat16": 1.6, "float8_e4m3": 1.2, "float8_e5m2": 1.4}
 
 
 def raw_bytes_per_token(num_layers: int, hidden_size: int, dtype: str) -> int:
     """Uncompressed bytes of one token in a store of `dtype` (store.dtype) with `num_layers` captured layers."""
-    per_layer = {"hidden_states": hidden_size, "hidden_states_scale": 1}
+    per_layer = {"hidden_states": hidden_size, SCALE_ARRAY: 1}
     return sum(
         ZARR_NP[zarr_dtype].itemsize * (num_layers * per_layer[name] if name in per_layer else 1)
         for name, zarr_dtype in array_dtypes(dtype).items()

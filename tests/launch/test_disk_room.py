@@ -95,6 +95,8 @@ def test_committed_tokens_are_not_counted_and_resume_only_warns(tmp_path, model)
     assert tokens_left(cfg.run_dir, PreparedDataset(cfg.run_dir), [1]) == 1000
     assert capture_room(cfg, [1]) is None  # 1000 tokens fit
     write_state(cfg.run_dir, TaskState(task_id=1, tokens_total=free, tokens_committed=0))
-    assert capture_room(cfg, [1], strict=False).startswith("warning: ")  # resume: said, not refused
+    said = capture_room(cfg, [1], strict=False)  # resume: said, not refused
+    assert said.startswith("warning: ") and "at least" in said and "eagle-batch resume" in said
+    assert "Nothing was submitted" not in said and "extract.check_disk" not in said  # resume takes no extract.*
     cfg.extract.check_disk = False
     assert capture_room(cfg, [1]) is None
