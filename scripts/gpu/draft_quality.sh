@@ -38,7 +38,7 @@
 # trains, of orig regen floor; all three), VARIANTS (drafts with other train.*
 # settings, e.g. "norms=train.norm_before_fc=true,train.norm_output=true regen:regen-ttt3=train.ttt_steps=3"; none), LR_ALT (the lr branch's learning rate; 3e-4),
 # EVAL_DTYPE (the acceptance runs' compute dtype; float32; bfloat16 runs them with batch-invariant kernels),
-# FP8_DTYPE (the fp8 branch's store.dtype; float8_e5m2), PROFILE_BATCHES (the batch sizes profile-train
+# FP8_DTYPE (the fp8 branch's store.dtype; float8_e5m2), STORE_DTYPE (the orig and regen stores' store.dtype; bfloat16), PROFILE_BATCHES (the batch sizes profile-train
 # measures and calibrate chooses from; "BATCH_TOKENS 2xBATCH_TOKENS"), PROFILE_RECIPE (train.* overrides,
 # comma-separated, profile-train also measures alone; none), REGEN_BATCH (conversations per
 # regenerate engine call; 1024), REGEN_TASKS (regenerate's tasks, side by side on the GPU with slurm.tasks_per_gpu_group; 1), REGEN_KV_GIB
@@ -143,6 +143,24 @@ train() {
   cp "$run/train/$name/vocab.json" "$out/vocab-$name.json" 2>/dev/null || true  # the draft vocabulary's coverage
   return "$rc"
 }
+# sample_resources FILE: every 20 s until killed, a line of what can run out on a device machine (seconds
+# since the start, GB free on WORK's filesystem and in host memory, GB in /dev/shm, the GPU's memory in MiB and
+# its busy percent). The seventh H200 run's machine stopped answering during its trainings with no log of
+# why; each watch call now brings this file back with the rest of OUT.
+sample_resources() {
+  local file=$1 t0
+  t0=$(date +%s)
+  printf 's\tdisk_free_gb\tmem_avail_gb\tshm_used_gb\tgpu_mem_mib\tgpu_util_pct\n' > "$file"
+  while true; do
+    printf '%s\t%s\t%s\t%s\t%s\n' "$(( $(date +%s) - t0 ))" \
+      "$(df -B1 --output=avail "$work" | tail -n1 | awk '{printf "%.1f", $1 / 1e9}')" \
+      "$(awk '/MemAvailable/ {printf "%.1f", $2 * 1024 / 1e9}' /proc/meminfo)" \
+      "$(df -B1 --output=used /dev/shm 2>/dev/null | tail -n1 | awk '{printf "%.1f", $1 / 1e9}')" \
+      "$(nvidia-smi --query-gpu=memory.used,utilization.gpu --format=csv,noheader,nounits 2>/dev/null \
+         | head -n1 | tr -d ' ' | tr ',' '\t' || printf -- '-\t-')" >> "$file"
+    sleep 20
+  done
+}
 # budget: STEPS and BATCH_TOKENS for every draft from the calibration's rate and the time left now
 budget() {
   python3 "$repo/scripts/gpu/dq_budget.py" "$work" "$budget_env" "$BATCH_TOKENS" "${DEADLINE:-0}" \
@@ -200,6 +218,8 @@ data:
   max_length: 2048
 extract:
   num_tasks: 1
+store:
+  dtype: ${STORE_DTYPE:-bfloat16}
 regenerate:
   # An answer cut at max_tokens is still the target's own text, which is what the draft learns from; the
   # 135M target's greedy answers often run on to the limit (1,812 of 2,263 in the first H200 run, where
@@ -322,6 +342,8 @@ EOF
       # free memory measured across its start, which counts a neighbour's allocations as its own.
       # The REGEN_TASKS regenerate engines of each of the REGEN_SAMPLES passes split 0.45 of the memory (a
       # 135M target's engine is bound by the host, so several side by side generate faster than one).
+      sample_resources "$out/resources.tsv" &
+      sampler_pid=$!
       regen_mem=$(awk "BEGIN { m = 0.45 / ${REGEN_TASKS:-1} / $REGEN_SAMPLES; print (m > 0.25 ? 0.25 : m) }")
       share="slurm.share_devices=true slurm.tasks_per_gpu_group=${REGEN_TASKS:-1}"
       share+=" extract.gpu_memory_utilization=0.2 regenerate.gpu_memory_utilization=$regen_mem"
@@ -381,8 +403,10 @@ EOF
       else
         touch "$work/budget.done"  # no orig states: the other branches train on the STEPS given
       fi
-      wait || true
+      # every branch but the sampler
+      for pid in $(jobs -p); do [ "$pid" = "$sampler_pid" ] || wait "$pid" || true; done
       run_stage evaluate summary
+      kill "$sampler_pid" 2>/dev/null || true
       ;;
     evaluate)
       # Acceptance: one evaluate per draft, side by side (each engine a share of the GPU; the target alone
