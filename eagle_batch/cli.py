@@ -48,6 +48,30 @@ _ENVIRONMENT_ERRNOS = {
 }
 
 
+_ENVIRONMENT_HINTS = {
+    errno.EACCES: "check its permissions, or choose a path you can write",
+    errno.EPERM: "check its permissions, or choose a path you can write",
+    errno.ENOTDIR: "a part of this path is a file, not a folder; choose another path",
+    errno.EISDIR: "a file was expected there, not a folder",
+    errno.ENOSPC: "the filesystem is full: free space or choose another filesystem; committed work is kept",
+    errno.EDQUOT: "the disk quota is exhausted: free space or choose another filesystem; committed work is kept",
+    errno.EROFS: "the filesystem is read-only; choose a writable path",
+    errno.EEXIST: "it is in the way: choose another path or remove it",
+}
+
+
+def _parse(parser: argparse.ArgumentParser, command: argparse.ArgumentParser | None, argv: list[str]):
+    """The chosen command's arguments in any order: `prepare a.yaml --no-progress data.limit=3` as well as
+    `prepare a.yaml data.limit=3 --no-progress` (a plain parse reads positionals up to the first flag only).
+    A command whose own arguments argparse cannot intermix (a sub-command, as `bench NAME ...`) parses plainly."""
+    if command is None:
+        return parser.parse_args(argv)
+    try:
+        return command.parse_intermixed_args(argv[1:])
+    except TypeError:  # argparse refuses to intermix REMAINDER / sub-parser positionals
+        return parser.parse_args(argv)
+
+
 def main(argv: list[str] | None = None) -> int:
     from eagle_batch.config import ConfigError
     from eagle_batch.errors import UserError
@@ -59,12 +83,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--version", action="version", version=f"eagle-batch {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
     chosen = argv[0] if argv else None
+    chosen_parser = None
     for name, (module, help_) in COMMANDS.items():
         p = sub.add_parser(name, help=help_, description=help_)
-        p.set_defaults(_module=module)
+        p.set_defaults(_module=module, command=name)
         if name == chosen:
             importlib.import_module(module).add_arguments(p)
-    args = parser.parse_args(argv)
+            chosen_parser = p
+    args = _parse(parser, chosen_parser, argv)
     try:
         return int(importlib.import_module(args._module).run(args) or 0)
     except ConfigError as e:
@@ -79,8 +105,9 @@ def main(argv: list[str] | None = None) -> int:
     except OSError as e:
         if e.errno not in _ENVIRONMENT_ERRNOS or not e.filename:
             raise
-        # A folder or file the user named that cannot be read or written: the path and the reason.
-        print(f"eagle-batch {args.command}: {e.filename}: {e.strerror}", file=sys.stderr)
+        # A folder or file the user named that cannot be read or written: the path, the reason, what to do.
+        hint = _ENVIRONMENT_HINTS.get(e.errno, "")
+        print(f"eagle-batch {args.command}: {e.filename}: {e.strerror}{'; ' + hint if hint else ''}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:
         return 130

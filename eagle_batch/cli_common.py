@@ -1,4 +1,5 @@
-"""Argument helpers shared by commands that take `CONFIG [CONFIG ...] [key=value ...]`."""
+"""Argument helpers shared by the commands: `CONFIG [CONFIG ...] [key=value ...]`, and typed numbers whose
+bad values argparse reports as a usage error naming the flag (exit 2), before any work starts."""
 
 from __future__ import annotations
 
@@ -33,3 +34,51 @@ def config_from_args(args: argparse.Namespace, overrides: list[str] | None = Non
             "no config file given: name at least one YAML file (e.g. configs/demo.yaml) before the key=value overrides."
         )
     return load_config(files, overrides)
+
+
+def _number(kind: type, low: float, high: float | None = None, name: str = ""):
+    """An argparse `type=` that reads a `kind` number in [low, high] (high None: no upper bound)."""
+    bounds = f">= {low}" if high is None else f"in [{low}, {high}]"
+    what = name or f"{'an integer' if kind is int else 'a number'} {bounds}"
+
+    def parse(text: str):
+        try:
+            value = kind(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r}: expected {what}") from None
+        if value != value or value < low or (high is not None and value > high):  # value != value: NaN
+            raise argparse.ArgumentTypeError(f"{text}: expected {what}")
+        return value
+
+    parse.__name__ = what  # argparse names the type by it in its own messages
+    return parse
+
+
+def int_at_least(low: int):
+    return _number(int, low)
+
+
+def float_at_least(low: float):
+    return _number(float, low)
+
+
+def int_in(low: int, high: int):
+    return _number(int, low, high)
+
+
+def int_list_at_least(low: int):
+    """A comma-separated list of integers >= low (e.g. DataLoader worker counts "0,1,2")."""
+    one = int_at_least(low)
+
+    def parse(text: str) -> list[int]:
+        values = [one(part.strip()) for part in text.split(",") if part.strip()]
+        if not values:
+            raise argparse.ArgumentTypeError(f"{text!r}: expected a comma-separated list of integers >= {low}")
+        return values
+
+    parse.__name__ = f"comma-separated integers >= {low}"
+    return parse
+
+
+# A share of something, as vLLM's gpu_memory_utilization: in (0, 1] (0 itself means "the default" where used).
+share_or_default = _number(float, 0.0, 1.0, "a share in (0, 1], or 0 for the default")

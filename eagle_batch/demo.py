@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from eagle_batch import environment
+from eagle_batch.cli_common import int_at_least
 
 DATA_FILE = Path(__file__).parent / "demo_data" / "chat.jsonl"
 
@@ -42,8 +43,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         default="auto",
         help="auto: the local Slurm when sbatch is on PATH and slurmctld answers, else submitit's local executor",
     )
-    p.add_argument("--train-steps", type=int, default=None, help="training steps (default 100)")
-    p.add_argument("--limit", type=int, default=0, help="use only the first N conversations (0 = all)")
+    p.add_argument("--train-steps", type=int_at_least(1), default=None, help="training steps (default 100)")
+    p.add_argument("--limit", type=int_at_least(0), default=0, help="use only the first N conversations (0 = all)")
     p.add_argument("--baseline", action="store_true", help="also measure an untrained draft's acceptance")
     p.add_argument("overrides", nargs="*", metavar="key=value", help="more config overrides")
 

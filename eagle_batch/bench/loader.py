@@ -34,26 +34,37 @@ from pathlib import Path
 
 import numpy as np
 
+from eagle_batch.cli_common import int_at_least, int_list_at_least
+
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--hidden", type=int, default=576, help="target hidden size (576 SmolLM2; 4096 / 7168 for step-sim)")
-    p.add_argument("--num-layers", type=int, default=61, help="target layers N (ids [2, N//2, N-3, N])")
-    p.add_argument("--samples", type=int, default=256, help="samples in the synthetic store")
-    p.add_argument("--mean-tokens", type=int, default=512, help="mean tokens per sample (lengths vary 0.25x-1.75x)")
-    p.add_argument("--workers", default="0,1,2", help="comma-separated DataLoader worker counts to measure")
-    p.add_argument("--prefetch", type=int, default=4)
-    p.add_argument("--batch-tokens", type=int, default=16384)
-    p.add_argument("--batches", type=int, default=0, help="batches per measurement (0: one epoch)")
+    p.add_argument(
+        "--hidden", type=int_at_least(1), default=576, help="target hidden size (576 SmolLM2; 4096 / 7168 for step-sim)"
+    )
+    p.add_argument("--num-layers", type=int_at_least(4), default=61, help="target layers N (ids [2, N//2, N-3, N])")
+    p.add_argument("--samples", type=int_at_least(1), default=256, help="samples in the synthetic store")
+    p.add_argument(
+        "--mean-tokens", type=int_at_least(4), default=512, help="mean tokens per sample (lengths vary 0.25x-1.75x)"
+    )
+    p.add_argument(
+        "--workers",
+        type=int_list_at_least(0),
+        default=[0, 1, 2],
+        help="comma-separated DataLoader worker counts to measure",
+    )
+    p.add_argument("--prefetch", type=int_at_least(1), default=4)
+    p.add_argument("--batch-tokens", type=int_at_least(1), default=16384)
+    p.add_argument("--batches", type=int_at_least(0), default=0, help="batches per measurement (0: one epoch)")
     p.add_argument("--codec", default="blosc-zstd", choices=["blosc-zstd", "zstd", "none"])
     p.add_argument("--dir", default=None, help="where to put the store (default: temp; removed unless --keep)")
     p.add_argument("--keep", action="store_true")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--step-sim", action="store_true", help="also time draft training steps fed by the loader")
-    p.add_argument("--sim-workers", type=int, default=8, help="step-sim: DataLoader workers")
-    p.add_argument("--sim-steps", type=int, default=30, help="step-sim: measured steps (after 3 warm-up)")
-    p.add_argument("--ttt", type=int, default=7, help="step-sim: TTT steps")
-    p.add_argument("--draft-vocab", type=int, default=32000)
-    p.add_argument("--target-vocab", type=int, default=129280)
+    p.add_argument("--sim-workers", type=int_at_least(0), default=8, help="step-sim: DataLoader workers")
+    p.add_argument("--sim-steps", type=int_at_least(1), default=30, help="step-sim: measured steps (after 3 warm-up)")
+    p.add_argument("--ttt", type=int_at_least(1), default=7, help="step-sim: TTT steps")
+    p.add_argument("--draft-vocab", type=int_at_least(1), default=32000)
+    p.add_argument("--target-vocab", type=int_at_least(1), default=129280)
     p.add_argument("--device", default="auto", help="step-sim device: auto | cuda | cpu")
 
 
@@ -302,9 +313,8 @@ def run(args: argparse.Namespace) -> int:
         else:
             result["store"] = {"reused": str(store)}
         result["loader"] = [
-            measure_loader(store, args.num_layers, int(w), args.batch_tokens, args.prefetch, args.batches, args.seed)
-            for w in args.workers.split(",")
-            if w != ""
+            measure_loader(store, args.num_layers, w, args.batch_tokens, args.prefetch, args.batches, args.seed)
+            for w in args.workers
         ]
         if args.step_sim:
             result["step_sim"] = step_sim(store, args)

@@ -20,6 +20,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from eagle_batch.cli_common import int_at_least
+
 _WORDS = (
     "the a model data token layer state draft batch cluster node job queue memory cache file "
     "value result error test train learn speed fast slow large small first last next good "
@@ -62,9 +64,9 @@ def write_synthetic(path: Path, rows: int, seed: int = 0) -> None:
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--rows", type=int, default=100_000, help="synthetic conversations (default 100k)")
-    p.add_argument("--workers", type=int, default=0, help="tokenizer processes (default: CPU count)")
-    p.add_argument("--num-tasks", type=int, default=64, help="array tasks in the shard plan")
+    p.add_argument("--rows", type=int_at_least(1), default=100_000, help="synthetic conversations (default 100k)")
+    p.add_argument("--workers", type=int_at_least(0), default=0, help="tokenizer processes (default: CPU count)")
+    p.add_argument("--num-tasks", type=int_at_least(1), default=64, help="array tasks in the shard plan")
     p.add_argument("--model", default="", help="model/tokenizer folder (default: the real SmolLM2)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--keep", default="", help="keep the run directory here instead of a temp folder")

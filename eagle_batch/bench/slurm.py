@@ -23,14 +23,16 @@ import tempfile
 import time
 from datetime import datetime
 
+from eagle_batch.cli_common import float_at_least, int_at_least
+
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--tasks", type=int, default=16, help="array size (default 16)")
-    p.add_argument("--cpus", type=int, default=1, help="cpus per task")
-    p.add_argument("--gpus", type=int, default=0, help="GPUs per task (gpus_per_node)")
-    p.add_argument("--parallelism", type=int, default=16, help="slurm array parallelism")
+    p.add_argument("--tasks", type=int_at_least(1), default=16, help="array size (default 16)")
+    p.add_argument("--cpus", type=int_at_least(1), default=1, help="cpus per task")
+    p.add_argument("--gpus", type=int_at_least(0), default=0, help="GPUs per task (gpus_per_node)")
+    p.add_argument("--parallelism", type=int_at_least(1), default=16, help="slurm array parallelism")
     p.add_argument("--folder", default="", help="submitit folder (default: a temporary directory)")
-    p.add_argument("--timeout", type=float, default=600, help="give up after this many seconds")
+    p.add_argument("--timeout", type=float_at_least(1.0), default=600, help="give up after this many seconds")
 
 
 def _trivial(i: int) -> int:

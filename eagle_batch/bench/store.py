@@ -34,6 +34,8 @@ from pathlib import Path
 
 import numpy as np
 
+from eagle_batch.cli_common import float_at_least, int_at_least, int_in
+
 WIDE = 7168
 LAYER_IDS = [2, 15, 27, 30]  # EAGLE-3 default for a 30-layer model: [2, N//2, N-3, N]
 NATIVE = 576  # SmolLM2-135M's hidden size: a pool row is 13 such token rows, cut to WIDE
@@ -53,13 +55,17 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         choices=sorted(DTYPES),
         help="store.dtype to write; both: bfloat16 then float8_e4m3 in one run, compared; all: float8_e5m2 too",
     )
-    p.add_argument("--level", type=int, default=1)
-    p.add_argument("--raw-mb", type=float, default=1024, help="raw hidden-state MB to write (default 1024)")
-    p.add_argument("--sample-tokens", type=int, default=512, help="tokens per written sample")
-    p.add_argument("--commit-every", type=int, default=16, help="samples between commits")
-    p.add_argument("--pool-rows", type=int, default=256, help="distinct real 7168-wide rows to draw from")
-    p.add_argument("--reads", type=int, default=200, help="random samples to read")
-    p.add_argument("--threads", type=int, default=0, help="writer compression threads (0: the store's default)")
+    p.add_argument("--level", type=int_in(0, 9), default=1)
+    p.add_argument(
+        "--raw-mb", type=float_at_least(1.0), default=1024, help="raw hidden-state MB to write (default 1024)"
+    )
+    p.add_argument("--sample-tokens", type=int_at_least(1), default=512, help="tokens per written sample")
+    p.add_argument("--commit-every", type=int_at_least(1), default=16, help="samples between commits")
+    p.add_argument("--pool-rows", type=int_at_least(1), default=256, help="distinct real 7168-wide rows to draw from")
+    p.add_argument("--reads", type=int_at_least(0), default=200, help="random samples to read")
+    p.add_argument(
+        "--threads", type=int_at_least(0), default=0, help="writer compression threads (0: the store's default)"
+    )
     p.add_argument(
         "--adaptive",
         action="store_true",

@@ -13,13 +13,21 @@ import json
 import sys
 from pathlib import Path
 
+from eagle_batch.cli_common import int_at_least
+from eagle_batch.errors import UserError
+
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("run_dir", help="run directory (with config.yaml and stores/)")
-    p.add_argument("--samples", type=int, default=8, help="number of samples to compare (default 8)")
+    p.add_argument("--samples", type=int_at_least(1), default=8, help="number of samples to compare (default 8)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--device", default=None, help="torch device for the reference (default: cuda if available)")
-    p.add_argument("--dtype", default=None, help="reference dtype (default: model.dtype of the run)")
+    p.add_argument(
+        "--dtype",
+        default=None,
+        choices=["bfloat16", "float16", "float32"],
+        help="reference dtype (default: model.dtype of the run)",
+    )
     p.add_argument("--json", action="store_true", help="print the report as JSON")
     p.add_argument("--no-progress", action="store_true", help="no progress bar (there is none outside a terminal)")
 
@@ -73,7 +81,24 @@ def validate_run(
     return acc.report(cfg.extract.validate_min_cosine, cfg.extract.validate_max_rel_err)
 
 
+def check_device(device: str | None) -> None:
+    """The reference's torch device must exist here; checked before the model is loaded."""
+    if device is None:
+        return
+    import torch
+
+    try:
+        dev = torch.device(device)
+    except RuntimeError:
+        raise UserError(f"--device {device}: not a torch device; use cpu, cuda or cuda:N") from None
+    if dev.type == "cuda" and (not torch.cuda.is_available() or (dev.index or 0) >= torch.cuda.device_count()):
+        raise UserError(f"--device {device}: no such CUDA device here ({torch.cuda.device_count()} visible); use cpu")
+    if dev.type not in ("cpu", "cuda"):
+        raise UserError(f"--device {device}: the reference runs on cpu or cuda")
+
+
 def run(args: argparse.Namespace) -> int:
+    check_device(args.device)
     rep = validate_run(args.run_dir, args.samples, args.seed, args.device, args.dtype, not args.no_progress)
     print(json.dumps(rep.as_dict(), indent=2) if args.json else rep.table())
     return 0 if rep.passed else 1

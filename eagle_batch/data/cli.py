@@ -7,7 +7,7 @@ import json
 import os
 import sys
 
-from eagle_batch.cli_common import add_config_arguments, config_from_args
+from eagle_batch.cli_common import add_config_arguments, config_from_args, int_at_least
 
 EPILOG = """bad input rows: with data.on_bad_row=skip (the default) every row that cannot be used is counted by
 reason in the summary and listed with its file and line in RUN/prepared/bad_rows.jsonl; data.on_bad_row=error
@@ -20,7 +20,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.formatter_class = argparse.RawDescriptionHelpFormatter
     add_config_arguments(p)
     p.add_argument(
-        "--workers", type=int, default=0, help="tokenizer processes (default: min(CPU count, 8); 1 = in-process)"
+        "--workers",
+        type=int_at_least(0),
+        default=0,
+        help="tokenizer processes (default: min(CPU count, 8); 1 = in-process)",
     )
     p.add_argument("--no-progress", action="store_true", help="do not print the progress line")
     p.add_argument("--json", action="store_true", help="print the summary as JSON on stdout")

@@ -30,6 +30,15 @@ def run(args: argparse.Namespace) -> int:
             file=sys.stderr,
         )
         return 1
+    known = {t for s in subs for t in s.tasks}
+    unknown = sorted(set(args.task) - known)
+    if unknown:
+        print(
+            f"eagle-batch cancel: --task {', '.join(map(str, unknown))}: no such task in {args.run_dir}'s "
+            f"submissions (tasks {_ranges(sorted(known))}); see `eagle-batch status {args.run_dir}`.",
+            file=sys.stderr,
+        )
+        return 2
     states = job_states(s.job_id for s in subs if s.executor == "slurm")
     targets: list[str] = []
     for s in subs:
@@ -58,3 +67,14 @@ def run(args: argparse.Namespace) -> int:
         return 1
     print(f"cancelled {', '.join(targets)}; committed data stays; `eagle-batch resume {args.run_dir}` continues.")
     return 0
+
+
+def _ranges(ids: list[int]) -> str:
+    """[0, 1, 2, 5, 7, 8] -> "0-2, 5, 7-8"."""
+    out: list[str] = []
+    for i in ids:
+        if out and i == int(out[-1].split("-")[-1]) + 1:
+            out[-1] = f"{out[-1].split('-')[0]}-{i}"
+        else:
+            out.append(str(i))
+    return ", ".join(out) or "none"

@@ -19,6 +19,7 @@ import json
 import sys
 from pathlib import Path
 
+from eagle_batch.cli_common import float_at_least, int_at_least, share_or_default
 from eagle_batch.errors import UserError
 
 
@@ -32,15 +33,19 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "alone); default: RUN/train/<train.name>/export",
     )
     p.add_argument("--prompts", default="", help="JSON Lines file of prompts (see above); default: built-in")
-    p.add_argument("--skip", type=int, default=0, help="skip the first N prompts of --prompts")
-    p.add_argument("--num-prompts", type=int, default=0, help="use at most N prompts (0 = all)")
+    p.add_argument("--skip", type=int_at_least(0), default=0, help="skip the first N prompts of --prompts")
+    p.add_argument("--num-prompts", type=int_at_least(0), default=0, help="use at most N prompts (0 = all)")
     p.add_argument(
-        "--k", type=int, nargs="+", default=[3], help="draft tokens per step (num_speculative_tokens); several: each"
+        "--k",
+        type=int_at_least(1),
+        nargs="+",
+        default=[3],
+        help="draft tokens per step (num_speculative_tokens); several: each",
     )
-    p.add_argument("--max-tokens", type=int, default=128, help="tokens generated per prompt")
+    p.add_argument("--max-tokens", type=int_at_least(1), default=128, help="tokens generated per prompt")
     p.add_argument(
         "--batch",
-        type=int,
+        type=int_at_least(0),
         default=0,
         help="decode at most N sequences at once (the engines' max_num_seqs; 1 = one prompt after another, "
         "the latency case); default: every prompt at once",
@@ -53,14 +58,14 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument(
         "--gpu-memory-utilization",
-        type=float,
+        type=share_or_default,
         default=0.0,
         help="the share of the GPU's memory each engine takes (default: vLLM's); lower it to evaluate "
         "beside other work on the same GPU",
     )
     p.add_argument(
         "--kv-cache-gib",
-        type=float,
+        type=float_at_least(0.0),
         default=0.0,
         help="give each engine a KV cache of this many GiB instead of sizing it from the free memory it "
         "measures at start: evaluations started side by side on one GPU then do not count each other's "
@@ -76,7 +81,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument(
         "--tie-tolerance",
-        type=float,
+        type=float_at_least(0.0),
         default=None,
         help="where an output with the draft parts from the target alone's, the target's logprob gap between "
         "the two tokens up to which it counts as a near-tie of rounding, not an error (default by dtype: "
@@ -121,13 +126,43 @@ def _prompt_of(obj, where: str) -> str | list[dict]:
     return msgs
 
 
+def check_draft_folder(draft: Path, run_dir: str) -> None:
+    """`draft` must hold an EAGLE-3 draft vLLM serves: eagle-batch's export (architectures
+    LlamaForCausalLMEagle3) or a speculators checkpoint (speculators_model_type eagle3). A plain model
+    folder passed by mistake would otherwise start the target's engine before vLLM refuses it."""
+    cfg_file = draft / "config.json"
+    if not cfg_file.is_file():
+        raise UserError(
+            f"{draft}: no exported draft (config.json); train first (`eagle-batch train CONFIG "
+            f"run_dir={run_dir} --local`) or pass --draft"
+        )
+    try:
+        conf = json.loads(cfg_file.read_text())
+    except (UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise UserError(f"{cfg_file}: not a JSON config ({e}); export the draft again (`eagle-batch train`)") from None
+    archs = conf.get("architectures") or [] if isinstance(conf, dict) else []
+    speculator = conf.get("speculators_model_type") if isinstance(conf, dict) else None
+    if speculator != "eagle3" and not any("eagle3" in str(a).lower() for a in archs):
+        raise UserError(
+            f"--draft {draft}: its config.json describes {', '.join(map(str, archs)) or 'no architecture'}, "
+            "not an EAGLE-3 draft; pass the export folder of `eagle-batch train` (RUN/train/NAME/export) "
+            "or a speculators EAGLE-3 checkpoint"
+        )
+
+
 def load_prompts(path: str, skip: int = 0, limit: int = 0) -> list[str | list[dict]]:
     p = Path(path)
     if not p.is_file():
         raise UserError(f"--prompts {path}: no such file")
     out = []
-    with open(p, encoding="utf-8") as f:
-        for lineno, line in enumerate(f, start=1):
+    with open(p, "rb") as f:
+        for lineno, raw in enumerate(f, start=1):
+            try:  # a byte-order mark may open the file
+                line = raw.decode("utf-8-sig" if lineno == 1 else "utf-8")
+            except UnicodeDecodeError as e:
+                raise UserError(
+                    f"{path}:{lineno}: not UTF-8 text ({e.reason} at byte {e.start}); save it as UTF-8"
+                ) from None
             if not line.strip():
                 continue
             if skip > 0:
@@ -153,8 +188,6 @@ def run(args: argparse.Namespace) -> int:
     from .serve_check import BUILTIN_PROMPTS, measure_acceptance
     from .trainer import output_dir
 
-    if not 0.0 <= args.gpu_memory_utilization <= 1.0:
-        raise UserError(f"--gpu-memory-utilization {args.gpu_memory_utilization}: expected a share in (0, 1]")
     if args.batch_invariant:
         import torch
 
@@ -163,20 +196,12 @@ def run(args: argparse.Namespace) -> int:
     engine_args: dict = {"enforce_eager": False} if args.cuda_graphs else {}
     if args.gpu_memory_utilization:
         engine_args["gpu_memory_utilization"] = args.gpu_memory_utilization
-    if args.tie_tolerance is not None and args.tie_tolerance < 0:
-        raise UserError(f"--tie-tolerance {args.tie_tolerance}: expected a logprob gap in nats, >= 0")
-    if args.kv_cache_gib < 0:
-        raise UserError(f"--kv-cache-gib {args.kv_cache_gib}: expected a size in GiB (0 = measured at start)")
     if args.kv_cache_gib:
         engine_args["kv_cache_memory_bytes"] = int(args.kv_cache_gib * 2**30)
     cfg = load_run_config(args.run_dir)
     drafts = [Path(d) for d in args.draft] or [output_dir(cfg) / "export"]
     for draft in drafts:
-        if not (draft / "config.json").is_file():
-            raise UserError(
-                f"{draft}: no exported draft (config.json); train first (`eagle-batch train CONFIG "
-                f"run_dir={args.run_dir} --local`) or pass --draft"
-            )
+        check_draft_folder(draft, args.run_dir)
     prompts = (
         load_prompts(args.prompts, args.skip, args.num_prompts)
         if args.prompts

@@ -75,6 +75,15 @@ def bad(tmp_path_factory) -> dict[str, Path]:
     (run3 / "slurm" / "submissions.jsonl").write_text('{"job_id": "1", "executor"\n')
     (run3 / "config.yaml").write_text(f"run_dir: {run3}\nmodel:\n  path: {d}\n")
     paths["bad_submissions"] = run3
+    # A plain model folder, a folder that looks like an exported draft, a prompts file that is not UTF-8.
+    paths["plain_model"] = d / "plain-model"
+    paths["plain_model"].mkdir()
+    (paths["plain_model"] / "config.json").write_text(json.dumps({"architectures": ["LlamaForCausalLM"]}))
+    paths["draft"] = d / "draft"
+    paths["draft"].mkdir()
+    (paths["draft"] / "config.json").write_text(json.dumps({"architectures": ["LlamaForCausalLMEagle3"]}))
+    paths["latin1_prompts"] = d / "prompts.jsonl"
+    paths["latin1_prompts"].write_bytes(b'{"prompt": "fine"}\n{"prompt": "caf\xe9"}\n')
     return paths
 
 
@@ -111,8 +120,26 @@ CASES = [
     (["evaluate", "{missing}"], "{missing}"),
     (["evaluate", "{edited_state}"], "no exported draft"),
     (["evaluate", "{edited_state}", "--draft", "{a_file}"], "{a_file}"),
-    (["evaluate", "{edited_state}", "--gpu-memory-utilization", "1.5"], "--gpu-memory-utilization 1.5"),
-    (["evaluate", "{edited_state}", "--kv-cache-gib", "-1"], "--kv-cache-gib -1"),
+    (["evaluate", "{edited_state}", "--gpu-memory-utilization", "1.5"], "--gpu-memory-utilization: 1.5"),
+    (["evaluate", "{edited_state}", "--kv-cache-gib", "-1"], "--kv-cache-gib: -1"),
+    (["evaluate", "{edited_state}", "--k", "3", "0"], "--k: 0: expected an integer >= 1"),
+    (["evaluate", "{edited_state}", "--num-prompts", "-1"], "--num-prompts: -1"),
+    (["evaluate", "{edited_state}", "--max-tokens", "0"], "--max-tokens: 0"),
+    (["evaluate", "{edited_state}", "--draft", "{plain_model}"], "LlamaForCausalLM, not an EAGLE-3 draft"),
+    (
+        ["evaluate", "{edited_state}", "--draft", "{draft}", "--prompts", "{latin1_prompts}"],
+        "{latin1_prompts}:2: not UTF-8",
+    ),
+    (["validate", "{edited_state}", "--samples", "0"], "--samples: 0"),
+    (["validate", "{edited_state}", "--device", "tpu"], "--device tpu: not a torch device"),
+    (["validate", "{edited_state}", "--dtype", "float8"], "--dtype: invalid choice"),
+    (["bench", "store", "--level", "99"], "--level: 99: expected an integer in [0, 9]"),
+    (["bench", "store", "--sample-tokens", "0"], "--sample-tokens: 0"),
+    (["bench", "loader", "--workers", "1,a"], "--workers: 'a'"),
+    (["bench", "slurm", "--tasks", "0"], "--tasks: 0"),
+    (["prepare", "{no_model}", "--workers", "-3"], "--workers: -3"),
+    # key=value after a flag is read as an override, not refused as an unrecognized argument
+    (["prepare", "{no_model}", "--no-progress", "data.limit=3"], "nowhere"),
     (["export-data", "{missing}", "{missing}", "--format", "speculators"], "{missing}"),
     (["export-data", "{a_file}", "{missing}", "--format", "specforge"], "{a_file}"),
     (["export-data", "{edited_state}", "{missing}", "--format", "speculators"], "nor an aggregated run"),
