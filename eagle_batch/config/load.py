@@ -15,14 +15,17 @@ from collections.abc import Iterable, Sequence
 from dataclasses import asdict
 from pathlib import Path
 
-from omegaconf import OmegaConf
-from omegaconf.errors import OmegaConfBaseException
+import yaml
+from omegaconf import DictConfig, OmegaConf
+from omegaconf.errors import MissingMandatoryValue, OmegaConfBaseException
 
 from eagle_batch.errors import UserError
 
 from .schema import RunConfig
 
 RESOLVED_NAME = "config.yaml"
+# The sections that determine the extracted data: their fingerprint identifies a run (config_hash).
+DATA_SECTIONS = ("model", "data", "extract", "store")
 
 
 class ConfigError(UserError, ValueError):
@@ -32,9 +35,14 @@ class ConfigError(UserError, ValueError):
 
 
 def _format_omegaconf_error(err: OmegaConfBaseException, source: str) -> str:
-    key = getattr(err, "full_key", None) or getattr(err, "key", None) or "?"
+    key = getattr(err, "full_key", None) or getattr(err, "key", None)
+    if isinstance(err, MissingMandatoryValue):
+        return f"{source}: key '{key}' is not set; set it in a config file or as an override ({key}=...)."
     msg = str(err).splitlines()[0] if str(err) else type(err).__name__
-    return f"{source}: key '{key}': {msg}. Check the key's spelling and type against eagle_batch/config/schema.py."
+    # omegaconf's own sentence may end in '?' ("Did you mean: 'limit'?"): one mark ends it, not two.
+    end = "" if msg.endswith((".", "?", "!")) else "."
+    where = f"{source}: key '{key}'" if key else source
+    return f"{where}: {msg}{end} Check the key's spelling and type against eagle_batch/config/schema.py."
 
 
 def load_config(
@@ -52,26 +60,55 @@ def load_config(
     paths = [*paths, *more]
     overrides = [o for o in overrides if o not in more]
     for p in paths:
-        p = resolve_config_path(p)
-        try:
-            loaded = OmegaConf.load(p)
-        except Exception as e:  # yaml errors carry line numbers
-            raise ConfigError(f"{p}: not valid YAML: {e}") from e
-        try:
-            base = OmegaConf.merge(base, loaded)
-        except OmegaConfBaseException as e:
-            raise ConfigError(_format_omegaconf_error(e, str(p))) from e
+        base = _merge_file(base, resolve_config_path(p))
     for ov in overrides:
-        if "=" not in ov:
-            raise ConfigError(f"override '{ov}' is not of the form key=value (e.g. extract.num_tasks=8).")
+        base = _merge_override(base, ov)
     try:
-        if overrides:
-            base = OmegaConf.merge(base, OmegaConf.from_dotlist(overrides))
         cfg = OmegaConf.to_object(base)
     except OmegaConfBaseException as e:
-        raise ConfigError(_format_omegaconf_error(e, "overrides" if overrides else "config")) from e
+        raise ConfigError(_format_omegaconf_error(e, "config")) from e
     assert isinstance(cfg, RunConfig)
+    # Absolute from here on: RUN/config.yaml keeps it, and a later command started from another folder (or a
+    # task whose working directory is its log folder) must find the same run.
+    cfg.run_dir = str(Path(cfg.run_dir).expanduser().absolute())
     return cfg
+
+
+def _merge_file(base: DictConfig, path: Path) -> DictConfig:
+    """`base` with the YAML file at `path` merged on; the file must be a mapping of sections."""
+    try:
+        loaded = OmegaConf.load(path)
+    except Exception as e:  # yaml errors carry line numbers
+        raise ConfigError(f"{path}: not valid YAML: {e}") from e
+    if not isinstance(loaded, DictConfig):
+        raise ConfigError(
+            f"{path}: its top level must be a mapping of sections (model:, data:, ...), not a list; "
+            "see configs/demo.yaml for the layout."
+        )
+    try:
+        return OmegaConf.merge(base, loaded)
+    except OmegaConfBaseException as e:
+        raise ConfigError(_format_omegaconf_error(e, str(path))) from e
+
+
+def _merge_override(base: DictConfig, override: str) -> DictConfig:
+    """`base` with one `key=value` merged on; an error names that override."""
+    if "=" not in override:
+        raise ConfigError(f"override '{override}' is not of the form key=value (e.g. extract.num_tasks=8).")
+    try:
+        parsed = OmegaConf.from_dotlist([override])
+    except yaml.YAMLError as e:
+        problem = getattr(e, "problem", None) or str(e).splitlines()[0]
+        raise ConfigError(
+            f"override '{override}': its value is not valid YAML ({problem}); write the value as YAML, "
+            "e.g. data.inputs=[a.jsonl,b.jsonl]."
+        ) from e
+    except OmegaConfBaseException as e:
+        raise ConfigError(_format_omegaconf_error(e, f"override '{override}'")) from e
+    try:
+        return OmegaConf.merge(base, parsed)
+    except OmegaConfBaseException as e:
+        raise ConfigError(_format_omegaconf_error(e, f"override '{override}'")) from e
 
 
 SHIPPED = Path(__file__).resolve().parents[1] / "configs"  # eagle_batch/configs, in the wheel too
@@ -88,6 +125,8 @@ def resolve_config_path(path: str | os.PathLike) -> Path:
     p = Path(path)
     if p.is_file():
         return p
+    if p.is_dir():
+        raise ConfigError(_folder_as_config(p))
     rel = Path(*p.parts[1:]) if p.parts[:1] == ("configs",) else p
     if not p.is_absolute() and (SHIPPED / rel).is_file():
         return SHIPPED / rel
@@ -95,6 +134,16 @@ def resolve_config_path(path: str | os.PathLike) -> Path:
         f"config file {p} does not exist; pass the path of a YAML file, or one of the shipped "
         f"configs: {', '.join(shipped_configs())}."
     )
+
+
+def _folder_as_config(folder: Path) -> str:
+    """What to say when a folder is given where a config file belongs (often a run directory)."""
+    if (folder / RESOLVED_NAME).is_file():
+        return (
+            f"{folder} is a run directory, not a config file; pass {folder / RESOLVED_NAME} "
+            "(the config the run was created with)."
+        )
+    return f"{folder} is a folder, not a YAML config file; pass the path of a YAML file (e.g. configs/demo.yaml)."
 
 
 def to_yaml(cfg: RunConfig) -> str:
@@ -105,7 +154,7 @@ def config_dict(cfg: RunConfig) -> dict:
     return asdict(cfg)
 
 
-def config_hash(cfg: RunConfig, sections: Sequence[str] = ("model", "data", "extract", "store")) -> str:
+def config_hash(cfg: RunConfig, sections: Sequence[str] = DATA_SECTIONS) -> str:
     """Fingerprint of the sections that determine the extracted data (not Slurm or training knobs).
 
     Fields at their schema default are left out: a release that adds a field whose default keeps the
@@ -154,4 +203,8 @@ def load_run_config(run_dir: str | os.PathLike, overrides: Iterable[str] = ()) -
             f"{run_dir} is not an eagle-batch run directory (no {RESOLVED_NAME}); "
             "run `eagle-batch prepare CONFIG run_dir=...` first."
         )
-    return load_config(p, overrides)
+    cfg = load_config(p, overrides)
+    # The folder named is the run, wherever it was created: a run moved (or prepared with a relative run_dir
+    # by an earlier release) still finds its own files.
+    cfg.run_dir = str(Path(run_dir).expanduser().absolute())
+    return cfg

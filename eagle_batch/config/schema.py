@@ -108,6 +108,7 @@ class StoreConfig:
     dtype: str = "bfloat16"
     # blosc-zstd | zstd | none
     codec: str = "blosc-zstd"
+    # blosc-zstd: c-blosc's clevel, 0..9; zstd: -131072..22 (negative: zstd's fast levels; 0: its default).
     level: int = 1
     # blosc-zstd hidden states only: eagle-batch frames the chunks itself and asks zstd only for entropy
     # coding (fast strategy, small hash table, Huffman-coded literals), which is where bf16 states' gain
@@ -115,7 +116,8 @@ class StoreConfig:
     # docs/decisions/0012).
     # `level` then has no effect; false compresses with c-blosc at `level`.
     entropy_only: bool = True
-    # Blosc block size in bytes; 1 MiB keeps exponent and mantissa bytes apart after byte shuffle.
+    # Blosc block size in bytes (0: c-blosc chooses); 1 MiB keeps exponent and mantissa bytes apart after byte
+    # shuffle.
     blocksize: int = 1 << 20
     # Rows per inner chunk (the unit of compression and of random reads); 0 = about 4 MiB of hidden
     # states: 64 tokens at hidden 7168 x 4 layers, 256 at 2048. Per-chunk work on the capture's threads is
@@ -217,6 +219,7 @@ class TrainConfig:
     # Where checkpoints / metrics / export go (default RUN/train/<name>).
     output_dir: str = ""
     name: str = "draft"
+    # 0 (with epochs 0): no training step; the initial draft is exported, a baseline for trained drafts.
     steps: int = 1000
     epochs: int = 0  # >0 overrides steps
     # >0: fit the run into this many seconds from its first step (overrides steps / epochs once measured):

@@ -1,19 +1,25 @@
 """Checks run before anything is submitted: each failure names the key or file and the fix.
 
-omegaconf already rejects unknown keys and wrong types (load.py); these are the checks that need the
-file system or the model's own files.
+omegaconf already rejects unknown keys and wrong types (load.py); `check_values` rejects values of the right
+type that mean nothing (tables ENUMS and RANGES, then the checks across keys), the other checks need the file
+system or the model's own files. Every command checks every section: one file configures all stages, so a
+nonsense value fails at the first command, before anything runs.
 """
 
 from __future__ import annotations
 
+import math
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
 from pathlib import Path
 
-from .load import RESOLVED_NAME, ConfigError, config_hash, load_config
+from .load import DATA_SECTIONS, RESOLVED_NAME, ConfigError, config_dict, config_hash, load_config
 from .model_info import ModelInfo, model_info, resolve_layer_ids
 from .schema import RunConfig
 
 WEIGHT_PATTERNS = ("*.safetensors", "*.bin", "*.pt", "*.gguf")
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "tiktoken.model", "vocab.json", "tokenizer_config.json")
+SECTIONS = ("model", "data", "extract", "store", "slurm", "train", "regenerate")
 ENUMS = {
     "data.format": ("auto", "messages", "sharegpt", "prompt_response"),
     "data.on_bad_row": ("skip", "error"),
@@ -21,13 +27,123 @@ ENUMS = {
     "data.empty_assistant_turns": ("mask", "skip", "keep"),
     "regenerate.turns": ("all", "last"),
     "extract.backend": ("auto", "native", "hooks", "hf"),
+    "extract.engine_process": ("auto", "background", "in-process"),
     "store.codec": ("blosc-zstd", "zstd", "none"),
     "store.dtype": ("bfloat16", "float8_e4m3", "float8_e5m2"),
     "slurm.executor": ("auto", "slurm", "local"),
     "slurm.container.runtime": ("none", "apptainer", "pyxis"),
     "train.precision": ("bf16", "fp32"),
     "train.optimizer": ("adamw", "muon"),
+    "train.ttt_attention": ("merged", "masked"),
+    "train.lm_head_init": ("random", "target"),
+    "train.accuracy_vs": ("full", "draft"),
     "model.dtype": ("bfloat16", "float16", "float32", "auto"),
+}
+
+
+@dataclass(frozen=True)
+class Range:
+    """The values a numeric key may take: `low`..`high` (None: unbounded), each end included unless
+    `*_open`. Non-finite floats never fit. `meaning` says what edge values do (0 = auto / off ...)."""
+
+    low: float | None = None
+    high: float | None = None
+    low_open: bool = False
+    high_open: bool = False
+    meaning: str = ""
+
+    def holds(self, value: float) -> bool:
+        if not math.isfinite(value):
+            return False
+        above = self.low is None or (value > self.low if self.low_open else value >= self.low)
+        below = self.high is None or (value < self.high if self.high_open else value <= self.high)
+        return above and below
+
+    def describe(self) -> str:
+        if self.high is None:
+            return f"{'>' if self.low_open else '>='} {self.low}"
+        if self.low is None:
+            return f"{'<' if self.high_open else '<='} {self.high}"
+        return f"in {'(' if self.low_open else '['}{self.low}, {self.high}{')' if self.high_open else ']'}"
+
+
+def _at_least(low: int, meaning: str = "") -> Range:
+    return Range(low, meaning=meaning)
+
+
+POSITIVE = Range(0, low_open=True)
+FRACTION = Range(0, 1, low_open=True)  # a share of something: none of it is nothing
+SEED = Range(0, 2**32 - 1, meaning="numpy's seeds are unsigned 32-bit")
+
+# Every numeric key of the schema (tests/config/test_value_ranges.py checks none is left out): a Range, or a
+# function of the config giving the Range (one that depends on another key) or None (no range applies).
+RANGES: dict[str, Range | Callable[[RunConfig], Range | None]] = {
+    "model.tensor_parallel_size": _at_least(1),
+    "model.max_model_len": _at_least(1),
+    "data.max_length": _at_least(1),
+    "data.min_loss_tokens": _at_least(0, "samples with fewer loss tokens are dropped; one with none always is"),
+    "data.limit": _at_least(0, "0 reads every row"),
+    "extract.num_tasks": _at_least(1),
+    "extract.max_num_seqs": _at_least(1),
+    "extract.max_num_batched_tokens": _at_least(1),
+    "extract.gpu_memory_utilization": FRACTION,
+    "extract.shm_bytes": _at_least(0, "0 = min(8 GiB, half of the free /dev/shm)"),
+    "extract.batch_samples": _at_least(1),
+    "extract.commit_interval_s": _at_least(0, "0 commits after every batch"),
+    "extract.validate_min_cosine": Range(-1, 1, meaning="a cosine similarity"),
+    "extract.validate_max_rel_err": _at_least(0),
+    "store.level": lambda cfg: STORE_LEVELS.get(cfg.store.codec),
+    "store.blocksize": _at_least(0, "bytes; 0 lets c-blosc choose"),
+    "store.chunk_tokens": _at_least(0, "0 = about 4 MiB chunks"),
+    "store.shard_tokens": _at_least(1),
+    "store.encode_threads": _at_least(0, "0 = every CPU of the allocation but two"),
+    "store.io_threads": _at_least(0, "0 = as many as shard writes may be queued"),
+    "regenerate.num_tasks": _at_least(1),
+    "regenerate.temperature": Range(0, 2, meaning="vLLM's range; 0 = greedy"),
+    "regenerate.top_p": FRACTION,
+    "regenerate.top_k": _at_least(-1, "-1 or 0 = no top-k limit"),
+    "regenerate.max_tokens": _at_least(1),
+    "regenerate.seed": SEED,
+    "regenerate.batch_conversations": _at_least(1),
+    "regenerate.gpu_memory_utilization": FRACTION,
+    "slurm.nodes": _at_least(1),
+    "slurm.gpus_per_node": _at_least(0, "0 = no GPU"),
+    "slurm.cpus_per_task": _at_least(1),
+    "slurm.mem_gb": _at_least(0, "0 = do not ask"),
+    "slurm.time_min": _at_least(1, "minutes"),
+    "slurm.array_parallelism": _at_least(1),
+    "slurm.tasks_per_gpu_group": _at_least(1),
+    "slurm.signal_delay_s": _at_least(0),
+    "slurm.max_attempts": _at_least(1),
+    "slurm.max_num_timeout": _at_least(0, "0 = no requeue after a time limit"),
+    "train.steps": _at_least(0, "0 trains nothing and exports the initial draft, a baseline"),
+    "train.epochs": _at_least(0, "0 = train.steps decides"),
+    "train.time_budget_s": _at_least(0, "0 = off"),
+    "train.max_time_s": _at_least(0, "0 = off"),
+    "train.lr": POSITIVE,
+    "train.min_lr_ratio": Range(0, 1, meaning="the final learning rate as a share of train.lr"),
+    "train.warmup_steps": _at_least(0),
+    "train.weight_decay": _at_least(0),
+    "train.batch_tokens": _at_least(1),
+    "train.max_length": _at_least(1),
+    "train.ttt_steps": _at_least(1),
+    "train.ttt_decay": POSITIVE,
+    "train.grad_clip": _at_least(0, "0 = no clipping"),
+    "train.seed": SEED,
+    "train.draft_vocab_size": _at_least(1),
+    "train.num_workers": _at_least(0, "0 loads batches in the training process"),
+    "train.prefetch_factor": _at_least(1),
+    "train.checkpoint_every": _at_least(1),
+    "train.log_every": _at_least(1),
+    "train.draft_intermediate_size": _at_least(0, "0 = the target's"),
+    "train.draft_num_heads": _at_least(0, "0 = the target's"),
+    "train.draft_num_kv_heads": _at_least(0, "0 = the target's"),
+}
+# The compression levels each codec's library accepts (c-blosc's clevel; zstd's, negative = its fast levels,
+# 0 = its default); codec none compresses nothing, so its level is not checked.
+STORE_LEVELS = {
+    "blosc-zstd": Range(0, 9, meaning="c-blosc's clevel; 0 stores uncompressed"),
+    "zstd": Range(-131072, 22, meaning="zstd's levels; negative = fast, 0 = default"),
 }
 
 
@@ -38,34 +154,48 @@ def _get(cfg: RunConfig, dotted: str):
     return obj
 
 
-def check_values(cfg: RunConfig) -> None:
+def _in_sections(key: str, sections: Iterable[str]) -> bool:
+    return key.split(".", 1)[0] in sections
+
+
+def check_values(cfg: RunConfig, sections: Iterable[str] = SECTIONS) -> None:
+    """Every value of `sections` against ENUMS and RANGES, then the checks across keys; the first failure
+    raises ConfigError naming the key, the value and what it must be."""
+    sections = tuple(sections)
+    _check_enums(cfg, sections)
+    _check_ranges(cfg, sections)
+    for section, check in CROSS_CHECKS:
+        if section in sections:
+            check(cfg)
+
+
+def _check_enums(cfg: RunConfig, sections: tuple[str, ...]) -> None:
     for key, allowed in ENUMS.items():
         value = _get(cfg, key)
-        if value not in allowed:
+        if _in_sections(key, sections) and value not in allowed:
             raise ConfigError(f"{key}={value!r} is not one of {', '.join(allowed)}.")
-    positive = (
-        "model.tensor_parallel_size",
-        "model.max_model_len",
-        "extract.num_tasks",
-        "extract.max_num_seqs",
-        "extract.max_num_batched_tokens",
-        "store.shard_tokens",
-        "slurm.max_attempts",
-        "data.max_length",
-        "regenerate.num_tasks",
-        "regenerate.max_tokens",
-        "regenerate.batch_conversations",
-    )
-    for key in positive:
-        if _get(cfg, key) <= 0:
-            raise ConfigError(f"{key}={_get(cfg, key)} must be > 0.")
-    if cfg.store.chunk_tokens < 0:
-        raise ConfigError(f"store.chunk_tokens={cfg.store.chunk_tokens} must be > 0, or 0 for about 4 MiB chunks.")
+
+
+def _check_ranges(cfg: RunConfig, sections: tuple[str, ...]) -> None:
+    for key, rule in RANGES.items():
+        if not _in_sections(key, sections):
+            continue
+        allowed = rule if isinstance(rule, Range) else rule(cfg)
+        value = _get(cfg, key)
+        if allowed is not None and not allowed.holds(value):
+            meaning = f" ({allowed.meaning})" if allowed.meaning else ""
+            raise ConfigError(f"{key}={value} must be {allowed.describe()}{meaning}.")
+
+
+def _check_shard_chunks(cfg: RunConfig) -> None:
     if cfg.store.chunk_tokens and cfg.store.shard_tokens % cfg.store.chunk_tokens:
         raise ConfigError(
             f"store.shard_tokens={cfg.store.shard_tokens} must be a multiple of "
             f"store.chunk_tokens={cfg.store.chunk_tokens}."
         )
+
+
+def _check_sample_fits_engine(cfg: RunConfig) -> None:
     if cfg.data.max_length >= cfg.model.max_model_len:
         raise ConfigError(
             f"data.max_length={cfg.data.max_length} must be below model.max_model_len="
@@ -73,6 +203,9 @@ def check_values(cfg: RunConfig) -> None:
             f"generates, so samples can be at most max_model_len - 1 tokens. Set data.max_length="
             f"{cfg.model.max_model_len - 1} or model.max_model_len={cfg.data.max_length + 1}."
         )
+
+
+def _check_gpus_for_tp(cfg: RunConfig) -> None:
     tp, gpus = cfg.model.tensor_parallel_size, cfg.slurm.gpus_per_node * cfg.slurm.nodes
     if cfg.slurm.gpus_per_node > 0 and tp > gpus:
         raise ConfigError(
@@ -80,16 +213,58 @@ def check_values(cfg: RunConfig) -> None:
             f"{cfg.slurm.gpus_per_node} x slurm.nodes={cfg.slurm.nodes} gives {gpus}; raise "
             "slurm.gpus_per_node or lower model.tensor_parallel_size."
         )
-    if not 0.0 < cfg.extract.gpu_memory_utilization <= 1.0:
-        raise ConfigError(f"extract.gpu_memory_utilization={cfg.extract.gpu_memory_utilization} must be in (0, 1].")
-    if cfg.slurm.tasks_per_gpu_group < 1:
-        raise ConfigError(f"slurm.tasks_per_gpu_group={cfg.slurm.tasks_per_gpu_group} must be >= 1.")
+
+
+def _check_gpu_group_sharing(cfg: RunConfig) -> None:
     if cfg.slurm.tasks_per_gpu_group > 1 and not cfg.slurm.share_devices:
         raise ConfigError(
             f"slurm.tasks_per_gpu_group={cfg.slurm.tasks_per_gpu_group} runs tasks side by side on one GPU group, "
             "which only slurm.share_devices=true allows (each engine then keeps to its gpu_memory_utilization "
             "share); set slurm.share_devices=true, or slurm.tasks_per_gpu_group=1."
         )
+
+
+def _check_signal_before_limit(cfg: RunConfig) -> None:
+    """A checkpoint signal due at or before the start would stop every attempt at once, requeue after requeue."""
+    sc = cfg.slurm
+    if sc.signal_delay_s >= 60 * sc.time_min:
+        raise ConfigError(
+            f"slurm.signal_delay_s={sc.signal_delay_s} must be below the time limit, slurm.time_min={sc.time_min} "
+            f"({60 * sc.time_min} s): tasks get the checkpoint signal that long before the limit; lower "
+            "slurm.signal_delay_s or raise slurm.time_min."
+        )
+
+
+def _check_budget_has_steps(cfg: RunConfig) -> None:
+    """train.steps=0 (no epochs) ends the run before its first step, where a time budget would take over."""
+    tc = cfg.train
+    if tc.steps == 0 and tc.epochs == 0 and tc.time_budget_s > 0:
+        raise ConfigError(
+            f"train.time_budget_s={tc.time_budget_s:g} never applies with train.steps=0, which trains nothing "
+            "and exports the initial draft; set train.steps to a positive number (the budget then refits the "
+            "schedule), or train.time_budget_s=0 for the untrained baseline."
+        )
+
+
+def _check_draft_heads(cfg: RunConfig) -> None:
+    heads, kv = cfg.train.draft_num_heads, cfg.train.draft_num_kv_heads
+    if heads and kv and heads % kv:
+        raise ConfigError(
+            f"train.draft_num_kv_heads={kv} must divide train.draft_num_heads={heads} (each KV head serves a "
+            "group of query heads); change either, or set both to 0 for the target's."
+        )
+
+
+# The checks across keys, each with the section whose values it judges.
+CROSS_CHECKS: tuple[tuple[str, Callable[[RunConfig], None]], ...] = (
+    ("store", _check_shard_chunks),
+    ("data", _check_sample_fits_engine),
+    ("slurm", _check_gpus_for_tp),
+    ("slurm", _check_gpu_group_sharing),
+    ("slurm", _check_signal_before_limit),
+    ("train", _check_budget_has_steps),
+    ("train", _check_draft_heads),
+)
 
 
 def check_model_files(cfg: RunConfig) -> ModelInfo:
@@ -158,20 +333,61 @@ def check_tokenizer(cfg: RunConfig, tokenizer, info: ModelInfo) -> None:
 
 
 def claim_run_dir(cfg: RunConfig, force: bool = False) -> None:
-    """Refuse a run directory that already belongs to a run with a different data config."""
+    """Refuse a run directory that already belongs to a run with a different data config (DATA_SECTIONS).
+
+    The values are checked first: a nonsense value is reported as such, not as a difference from the run."""
+    check_values(cfg)
     existing = Path(cfg.run_dir) / RESOLVED_NAME
     if not existing.is_file() or force:
         return
+    fix = "choose a new run_dir, or pass --force to reuse it"
     try:
-        theirs = config_hash(load_config(existing))
-    except ConfigError:
-        theirs = "unreadable"
-    ours = config_hash(cfg)
-    if theirs != ours:
+        theirs = load_config(existing)
+    except ConfigError as e:
         raise ConfigError(
-            f"run_dir={cfg.run_dir} already holds another run (its {RESOLVED_NAME} has data-config "
-            f"hash {theirs}, this config {ours}); choose a new run_dir, or pass --force to reuse it."
-        )
+            f"run_dir={cfg.run_dir} already holds another run whose {RESOLVED_NAME} cannot be read ({e}); {fix}."
+        ) from None
+    if config_hash(theirs) == config_hash(cfg):
+        return
+    raise ConfigError(
+        f"run_dir={cfg.run_dir} already holds another run with other data settings "
+        f"({_describe_differences(theirs, cfg)}); {fix}."
+    )
+
+
+SHOWN_DIFFERENCES = 3
+
+
+def _describe_differences(theirs: RunConfig, ours: RunConfig) -> str:
+    """'data.limit: 40 in the run, 30 now; ...' for the first few keys of DATA_SECTIONS that differ."""
+    differences = config_differences(theirs, ours)
+    shown = [f"{key}: {old!r} in the run, {new!r} now" for key, old, new in differences[:SHOWN_DIFFERENCES]]
+    more = len(differences) - SHOWN_DIFFERENCES
+    return "; ".join(shown) + (f"; and {more} more" if more > 0 else "")
+
+
+def config_differences(
+    theirs: RunConfig, ours: RunConfig, sections: Iterable[str] = DATA_SECTIONS
+) -> list[tuple[str, object, object]]:
+    """(dotted key, their value, our value) for each leaf of `sections` that differs, in schema order."""
+    a = _leaves({s: config_dict(theirs)[s] for s in sections})
+    b = _leaves({s: config_dict(ours)[s] for s in sections})
+    keys = list(a) + [k for k in b if k not in a]
+    return [(k, a.get(k), b.get(k)) for k in keys if a.get(k, _ABSENT) != b.get(k, _ABSENT)]
+
+
+_ABSENT = object()
+
+
+def _leaves(d: dict, prefix: str = "") -> dict[str, object]:
+    """{dotted key: value} of a nested dict (a dict-valued setting, e.g. chat_template_kwargs, by its keys)."""
+    out: dict[str, object] = {}
+    for key, value in d.items():
+        if isinstance(value, dict) and value:
+            out.update(_leaves(value, f"{prefix}{key}."))
+        else:
+            out[f"{prefix}{key}"] = value
+    return out
 
 
 def check_prepared_fits(cfg: RunConfig, prepared_max_tokens: int, where: str) -> None:

@@ -55,6 +55,7 @@ def run(args: argparse.Namespace) -> int:
     cfg = config_from_args(args)
     run_dir = cfg.run_dir
     n = check_before_submit(cfg)
+    train_cfgs = _training_configs(args, cfg) if args.then_train else []
     live = live_tasks(run_dir)
     if live:
         raise SubmitError(
@@ -81,7 +82,7 @@ def run(args: argparse.Namespace) -> int:
             f"at most {cfg.slurm.array_parallelism} at once; logs under {run_dir}/slurm/{sub.job_id}_*/"
         )
     if args.then_train:
-        _then_train(args, cfg, sub.job_id)
+        _then_train(args, cfg, train_cfgs, sub.job_id)
     print(f"follow with: eagle-batch status {run_dir}")
     if args.wait:
         from .follow import follow
@@ -91,16 +92,24 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def _then_train(args: argparse.Namespace, cfg, array_job: str) -> None:
-    """The training array of `eagle-batch train CONFIG --after RUN`, depending (afterok) on this array."""
+def _training_configs(args: argparse.Namespace, cfg) -> list:
+    """The task configs of `--then-train`, checked now: a bad train value must stop the command before the
+    extraction is queued, not leave it queued with no training after it."""
     from .cli_train import sweep_configs
+
+    files, overrides = config_sources(args)
+    return sweep_configs(cfg, files, overrides)
+
+
+def _then_train(args: argparse.Namespace, cfg, train_cfgs: list, array_job: str) -> None:
+    """The training array of `eagle-batch train CONFIG --after RUN`, depending (afterok) on this array."""
     from .submit import SubmitError
     from .train_job import submit_training
 
-    files, overrides = config_sources(args)
     try:
-        sub, ids = submit_training(sweep_configs(cfg, files, overrides), after=cfg.run_dir)
+        sub, ids = submit_training(train_cfgs, after=cfg.run_dir)
     except SubmitError as e:
+        files, _ = config_sources(args)
         raise SubmitError(
             f"the extraction array {array_job} is queued but submitting training failed ({e}); submit it later "
             f"with `eagle-batch train {' '.join(files)} --after {cfg.run_dir}`."

@@ -26,7 +26,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from eagle_batch.config import ConfigError, load_run_config, save_config
+    from eagle_batch.config import ConfigError, check_values, load_run_config, save_config
 
     from .disk_room import capture_room
     from .status import RESUMABLE, run_status
@@ -39,6 +39,9 @@ def run(args: argparse.Namespace) -> int:
             "settings are fixed by the run's config.yaml."
         )
     cfg = load_run_config(args.run_dir, args.overrides)
+    # resume changes slurm.* only (the rest was checked when the run was prepared): those values, before anything
+    # is repaired or resubmitted
+    check_values(cfg, sections=("slurm",))
     try:
         if args.repair:
             _request_repairs(args.run_dir, dry_run=args.dry_run)

@@ -45,19 +45,38 @@ def _flatten(d: dict, prefix: str = "") -> list[str]:
 
 
 def sweep_configs(base: RunConfig, files: list[str], overrides: list[str]) -> list[RunConfig]:
-    """One resolved RunConfig per entry of base.train.sweep (the sweep itself cleared in each)."""
-    from eagle_batch.config import load_config
+    """One resolved RunConfig per entry of base.train.sweep (the sweep itself cleared in each), each through
+    the config's value checks: a sweep entry may set a nonsense value, and it must fail before any data is
+    loaded or anything is submitted."""
+    from eagle_batch.config import check_values, load_config
 
     sweep = list(base.train.sweep or [])
     if not sweep:
-        return [copy.deepcopy(base)]
-    out = []
-    for i, entry in enumerate(sweep):
-        ov = _flatten(dict(entry))
-        if not any(o.startswith("train.name=") for o in ov):
-            ov.append(f"train.name={base.train.name}-{i}")
-        out.append(load_config(files, list(overrides) + ov + ["train.sweep=[]"]))
-    return out
+        cfgs = [copy.deepcopy(base)]
+    else:
+        cfgs = [load_config(files, list(overrides) + _entry_overrides(base, i, e)) for i, e in enumerate(sweep)]
+    for c in cfgs:
+        check_values(c)
+    return cfgs
+
+
+def _entry_overrides(base: RunConfig, i: int, entry: dict) -> list[str]:
+    """The overrides of sweep entry `i`: its own, a task name of its own unless it sets one, no sweep."""
+    ov = _flatten(dict(entry))
+    if not any(o.startswith("train.name=") for o in ov):
+        ov.append(f"train.name={base.train.name}-{i}")
+    return ov + ["train.sweep=[]"]
+
+
+def untrained_note(cfg: RunConfig) -> str:
+    """The line that says a task trains nothing (train.steps=0, no epochs): it exports the initial draft."""
+    tc = cfg.train
+    if tc.steps or tc.epochs:
+        return ""
+    return (
+        f"eagle-batch train: {tc.name}: train.steps=0 trains nothing; the initial (untrained) draft is "
+        "exported, a baseline to compare trained drafts with."
+    )
 
 
 def task_configs(args: argparse.Namespace) -> list[RunConfig]:
@@ -70,6 +89,8 @@ def run(args: argparse.Namespace) -> int:
     from .submit import resolve_executor
 
     cfgs = task_configs(args)
+    for note in filter(None, map(untrained_note, cfgs)):
+        print(note, file=sys.stderr)
     if args.dry_run:
         for c in cfgs:
             row = {"name": c.train.name, "run_dir": c.run_dir, "lr": c.train.lr, "ttt_steps": c.train.ttt_steps}

@@ -44,7 +44,7 @@ from .data import BatchPlan, EpochLoader, TrainSamples, build_vocab_map, token_f
 from .distributed import StopFlag, all_reduce_sum, init_distributed, shutdown_distributed
 from .loss import CrossEntropyKernels, plan_to, ttt_loss, ttt_plan
 from .model import Eagle3Draft, draft_config_from_target, export_draft
-from .optim import OPTIMIZERS, DraftOptimizer
+from .optim import DraftOptimizer
 from .progress import Metrics, TrainProgress
 from .schedule import TimeBudget, TimeLimit
 from .target import TargetHead, target_head
@@ -127,16 +127,12 @@ def _load_dataset(cfg, dataset: Any) -> Any:
     return dataset
 
 
-def _check_choices(tc) -> None:
-    for key, value, allowed in (
-        ("ttt_attention", tc.ttt_attention, ("merged", "masked")),
-        ("lm_head_init", tc.lm_head_init, ("random", "target")),
-        ("optimizer", tc.optimizer, OPTIMIZERS),
-        ("precision", tc.precision, ("bf16", "fp32")),
-        ("accuracy_vs", tc.accuracy_vs, ("full", "draft")),
-    ):
-        if value not in allowed:
-            raise ValueError(f"train.{key}={value!r}: expected one of {', '.join(allowed)}")
+def _check_choices(cfg) -> None:
+    """The train section's values (choices and ranges), as every command checks them: a caller of train()
+    that skipped the command's checks gets the same ConfigError before anything is built."""
+    from eagle_batch.config import check_values
+
+    check_values(cfg, sections=("train",))
 
 
 def _build_model(cfg, dataset, aux_ids, last_id, rank, out, device, progress):
@@ -203,7 +199,7 @@ def _build_model(cfg, dataset, aux_ids, last_id, rank, out, device, progress):
 
 def _setup(cfg, dataset, progress_enabled: bool) -> tuple[_Run, TrainProgress, dict | None]:
     tc = cfg.train
-    _check_choices(tc)
+    _check_choices(cfg)
     rank, world, device = init_distributed()
     out = output_dir(cfg)
     if rank == 0:

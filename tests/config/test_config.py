@@ -19,6 +19,7 @@ from eagle_batch.config import (
     resolve_layer_ids,
     save_config,
 )
+from eagle_batch.config.load import RESOLVED_NAME
 
 
 def write(tmp_path: Path, text: str, name: str = "c.yaml") -> Path:
@@ -181,3 +182,21 @@ def test_run_dir_of_another_run_is_refused(tmp_path):
     with pytest.raises(ConfigError, match="already holds another run.*--force"):
         claim_run_dir(b)
     claim_run_dir(b, force=True)
+
+
+def test_a_relative_run_dir_is_made_absolute_once_and_kept(tmp_path, monkeypatch):
+    """A run prepared from one folder is found from any other: RUN/config.yaml keeps the absolute path."""
+    monkeypatch.chdir(tmp_path)
+    cfg = load_config(None, ["run_dir=runs/a", "model.path=/m"])
+    assert cfg.run_dir == str(tmp_path / "runs" / "a")
+    save_config(cfg, cfg.run_dir)
+    monkeypatch.chdir("/")
+    assert load_config(tmp_path / "runs" / "a" / RESOLVED_NAME).run_dir == str(tmp_path / "runs" / "a")
+
+
+def test_a_run_s_folder_is_its_run_dir_wherever_it_was_created(tmp_path):
+    """A moved run (its config.yaml naming where it was) reads and writes where it is now."""
+    moved = tmp_path / "moved"
+    moved.mkdir()
+    (moved / RESOLVED_NAME).write_text(f"run_dir: {tmp_path / 'where-it-was'}\nmodel:\n  path: /m\n")
+    assert load_run_config(moved).run_dir == str(moved)
