@@ -22,6 +22,7 @@ BAD_ROW_REASONS = {
     "not_an_object": "the row is not a JSON object / struct",
     "unknown_format": "no messages / conversations / prompt+response column in the row",
     "not_a_list": "the messages / conversations value is not a list of turns",
+    "empty_messages": "the messages / conversations list is empty (no turns)",
     "missing_role": "a turn has no role (`role` or `from`)",
     "unknown_role": "a turn's role is not system, user, assistant or tool (or a known alias)",
     "non_string_content": "a turn's content is not a string (or a list of text parts)",
@@ -148,12 +149,12 @@ def _turns(value: Any, field: str) -> list:
             value = json.loads(value)
         except json.JSONDecodeError:
             raise BadRow("not_a_list", f"'{field}' is a string that is not JSON") from None
-    if not isinstance(value, list) or not value:
-        raise BadRow(
-            "not_a_list",
-            f"'{field}' is {type(value).__name__ if not isinstance(value, list) else 'empty'}"
-            ", expected a non-empty list of turns",
-        )
+    if value is None:
+        raise BadRow("not_a_list", f"the row has no '{field}' (or it is null), expected a non-empty list of turns")
+    if not isinstance(value, list):
+        raise BadRow("not_a_list", f"'{field}' is {type(value).__name__}, expected a non-empty list of turns")
+    if not value:  # the right shape with nothing in it: not a format problem, so not not_a_list
+        raise BadRow("empty_messages", f"'{field}' is an empty list; a conversation needs turns")
     return value
 
 

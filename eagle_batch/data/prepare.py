@@ -139,9 +139,11 @@ def prepare(cfg: RunConfig, workers: int = 1, progress: bool = True, force: bool
     check_values(cfg)
     if (Path(cfg.model.path) / "config.json").is_file():
         check_fits_model(cfg, model_info(cfg.model.path))
-    run_dir = _check_run_dir(cfg, force)
+    # Inputs (every file there and, for Parquet/Arrow, readable) and the tokenizer before the run directory:
+    # a bad input fails before anything in RUN is touched (_check_run_dir removes never-committed stores).
     files = resolve_inputs(list(d.inputs))
     tok = tokenizer if tokenizer is not None else load_tokenizer(cfg)
+    run_dir = _check_run_dir(cfg, force)
     cfg_dict = asdict(cfg)
 
     counts = [count_rows(f) for f in files]

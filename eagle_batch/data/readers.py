@@ -6,11 +6,18 @@ written by `datasets.save_to_disk` (Dataset or DatasetDict, read from their Arro
 so the `datasets` package is not needed). Inputs may be files, folders or glob patterns.
 
 JSON Lines records stay raw bytes here: decoding and parsing happen in the worker processes, which
-also turns undecodable bytes and invalid JSON into counted bad rows.
+also turns undecodable bytes and invalid JSON into counted bad rows. A UTF-8 byte order mark at the start
+of a text file is skipped (Windows tools write one), as Python's utf-8-sig codec does.
+
+A columnar file (Parquet, Arrow) that cannot be opened at all is not a bad row but a bad input: there are
+no rows to count. `resolve_inputs` opens each one's footer or schema (cheap) and raises
+`UnreadableInputError` naming the file, before any work, as it does for a missing file; a file that opens
+but is damaged further in raises the same error when its rows are read.
 """
 
 from __future__ import annotations
 
+import codecs
 import glob
 import json
 import os
@@ -26,6 +33,19 @@ JSON_SUFFIXES = (".json",)
 PARQUET_SUFFIXES = (".parquet", ".pq")
 ARROW_SUFFIXES = (".arrow", ".feather", ".ipc")
 SUPPORTED = JSONL_SUFFIXES + JSON_SUFFIXES + PARQUET_SUFFIXES + ARROW_SUFFIXES
+
+
+class UnreadableInputError(ConfigError):
+    """An input file that cannot be read at all (not Parquet/Arrow inside, a damaged datasets folder)."""
+
+
+def _unreadable(path: Path, kind: str, e: BaseException, rows_read: int | None = None) -> UnreadableInputError:
+    detail = str(e).splitlines()[0] if str(e) else type(e).__name__
+    after = f", after {rows_read} row(s)" if rows_read is not None else ""
+    return UnreadableInputError(
+        f"data.inputs: {path} is not a readable {kind} file ({detail}{after}); re-download or re-convert "
+        "it, or remove it from data.inputs."
+    )
 
 
 @dataclass
@@ -46,11 +66,29 @@ def _is_datasets_folder(p: Path) -> bool:
 
 
 def _datasets_folder_files(p: Path) -> list[Path]:
-    if (p / "dataset_dict.json").is_file():  # DatasetDict: every split, in the order it lists them
-        splits = json.loads((p / "dataset_dict.json").read_text()).get("splits", [])
-        return [f for s in splits for f in _datasets_folder_files(p / s)]
-    state = json.loads((p / "state.json").read_text())
-    return [p / d["filename"] for d in state.get("_data_files", [])]
+    meta = p / ("dataset_dict.json" if (p / "dataset_dict.json").is_file() else "state.json")
+    try:
+        if meta.name == "dataset_dict.json":  # DatasetDict: every split, in the order it lists them
+            splits = json.loads(meta.read_text()).get("splits", [])
+            return [f for s in splits for f in _datasets_folder_files(p / s)]
+        files = [p / d["filename"] for d in json.loads(meta.read_text()).get("_data_files", [])]
+    except FileNotFoundError as e:  # a split folder the dict lists is gone
+        raise UnreadableInputError(
+            f"data.inputs: {meta} lists {e.filename}, which does not exist; the datasets folder is "
+            "incomplete: save it again (save_to_disk) or remove it from data.inputs."
+        ) from None
+    except (ValueError, AttributeError, KeyError, TypeError) as e:
+        raise UnreadableInputError(
+            f"data.inputs: {meta} is damaged ({type(e).__name__}: {e}); save the dataset again "
+            "(save_to_disk) or remove the folder from data.inputs."
+        ) from None
+    missing = [f for f in files if not f.is_file()]
+    if missing:
+        raise UnreadableInputError(
+            f"data.inputs: {meta} lists {missing[0]}, which does not exist; the datasets folder is "
+            "incomplete: save it again (save_to_disk) or remove it from data.inputs."
+        )
+    return files
 
 
 def resolve_inputs(inputs: list[str]) -> list[Path]:
@@ -87,7 +125,28 @@ def resolve_inputs(inputs: list[str]) -> list[Path]:
                 files.append(p)
             else:
                 raise ConfigError(f"{p}: unsupported file type; use one of {', '.join(SUPPORTED)}.")
+    for f in files:  # before any row is read: one unreadable file fails the run, as a missing one does
+        check_readable(f)
     return files
+
+
+def check_readable(path: Path) -> None:
+    """UnreadableInputError unless a columnar file's footer (Parquet) or schema (Arrow) can be read;
+    text files have nothing to check here (their bad lines are counted as bad rows)."""
+    import pyarrow as pa
+
+    if path.name.endswith(PARQUET_SUFFIXES):
+        import pyarrow.parquet as pq
+
+        try:
+            pq.ParquetFile(path).close()
+        except (pa.ArrowException, OSError) as e:
+            raise _unreadable(path, "Parquet", e) from None
+    elif path.name.endswith(ARROW_SUFFIXES):
+        try:
+            _arrow_reader(path, schema_only=True)
+        except (pa.ArrowException, OSError) as e:
+            raise _unreadable(path, "Arrow IPC", e) from None
 
 
 def count_rows(path: Path) -> int | None:
@@ -102,41 +161,52 @@ def count_rows(path: Path) -> int | None:
     return None
 
 
-def _read_arrow_table(path: Path):
+def _arrow_reader(path: Path, schema_only: bool = False):
+    """The file's table (or, with `schema_only`, just its schema: a cheap check that it opens)."""
     import pyarrow as pa
 
     # datasets writes the IPC *stream* format; Feather v2 / .arrow files are the IPC *file* format.
     with pa.memory_map(str(path)) as source:
         try:
-            return pa.ipc.open_file(source).read_all()
+            r = pa.ipc.open_file(source)
+            return r.schema if schema_only else r.read_all()
         except pa.ArrowInvalid:
             pass
     with pa.memory_map(str(path)) as source:
-        return pa.ipc.open_stream(source).read_all()
+        r = pa.ipc.open_stream(source)
+        return r.schema if schema_only else r.read_all()
 
 
 def iter_records(path: Path) -> Iterator[RawRecord]:
-    name = str(path)
     if path.name.endswith(JSONL_SUFFIXES):
         yield from _iter_jsonl(path)
     elif path.name.endswith(JSON_SUFFIXES):
         yield from _iter_json(path)
-    elif path.name.endswith(PARQUET_SUFFIXES):
-        import pyarrow.parquet as pq
-
-        pf = pq.ParquetFile(path)
-        i = 0
-        for batch in pf.iter_batches(batch_size=1024):
-            for row in batch.to_pylist():
-                yield RawRecord(name, i, "row", row=row)
-                i += 1
     else:
-        table = _read_arrow_table(path)
-        i = 0
-        for batch in table.to_batches(max_chunksize=1024):
+        yield from _iter_columnar(path)
+
+
+def _iter_columnar(path: Path) -> Iterator[RawRecord]:
+    """Rows of a Parquet or Arrow file. Damage past the footer/schema (a bad page or record batch) stops the
+    run with UnreadableInputError: the rows after it cannot be found, so they cannot be counted either."""
+    import pyarrow as pa
+
+    name = str(path)
+    parquet = path.name.endswith(PARQUET_SUFFIXES)
+    i = 0
+    try:
+        if parquet:
+            import pyarrow.parquet as pq
+
+            batches = pq.ParquetFile(path).iter_batches(batch_size=1024)
+        else:
+            batches = _arrow_reader(path).to_batches(max_chunksize=1024)
+        for batch in batches:
             for row in batch.to_pylist():
                 yield RawRecord(name, i, "row", row=row)
                 i += 1
+    except (pa.ArrowException, OSError) as e:
+        raise _unreadable(path, "Parquet" if parquet else "Arrow IPC", e, rows_read=i) from None
 
 
 def decode_record(rec: RawRecord) -> Any:
@@ -161,6 +231,10 @@ def _iter_jsonl(path: Path) -> Iterator[RawRecord]:
     name = str(path)
     with open(path, "rb") as f:
         for lineno, line in enumerate(f, start=1):
+            if lineno == 1 and line.startswith(codecs.BOM_UTF8):
+                # utf-8-sig: a byte order mark belongs to the file, not to the first row (else that row is
+                # invalid JSON). Only the first line: a BOM elsewhere is damage and stays a bad row.
+                line = line[len(codecs.BOM_UTF8) :]
             if not line.strip():
                 continue  # blank lines (often a trailing one) are not rows
             yield RawRecord(name, lineno, "line", raw=line)
@@ -169,11 +243,14 @@ def _iter_jsonl(path: Path) -> Iterator[RawRecord]:
 def _iter_json(path: Path) -> Iterator[RawRecord]:
     name = str(path)
     data = path.read_bytes()
+    bom = len(codecs.BOM_UTF8) if data.startswith(codecs.BOM_UTF8) else 0  # utf-8-sig, as for JSON Lines
     try:
-        text = data.decode("utf-8")
+        text = data[bom:].decode("utf-8")
     except UnicodeDecodeError as e:
-        line = data[: e.start].count(b"\n") + 1
-        yield RawRecord(name, line, "line", row=ReadProblem("undecodable_bytes", f"invalid UTF-8 at byte {e.start}"))
+        line = data[: bom + e.start].count(b"\n") + 1
+        yield RawRecord(
+            name, line, "line", row=ReadProblem("undecodable_bytes", f"invalid UTF-8 at byte {bom + e.start}")
+        )
         return
     start = len(text) - len(text.lstrip())
     if text[start : start + 1] == "[":

@@ -17,6 +17,7 @@ import numpy as np
 
 from eagle_batch import environment
 from eagle_batch.config import ConfigError, RunConfig
+from eagle_batch.config.validate import TOKENIZER_FILES
 
 from .formats import BadRow, row_to_conversation
 from .readers import RawRecord, decode_record
@@ -33,20 +34,42 @@ from .template import (
 def load_tokenizer(cfg: RunConfig):
     """The run's tokenizer (model.tokenizer or model.path) with model.chat_template applied if set."""
     return load_tokenizer_from(
-        cfg.model.tokenizer or cfg.model.path, cfg.model.chat_template, cfg.model.trust_remote_code
+        cfg.model.tokenizer or cfg.model.path,
+        cfg.model.chat_template,
+        cfg.model.trust_remote_code,
+        key="model.tokenizer" if cfg.model.tokenizer else "model.path",
     )
 
 
-def load_tokenizer_from(src: str, chat_template: str = "", trust_remote_code: bool = False):
+def load_tokenizer_from(
+    src: str, chat_template: str = "", trust_remote_code: bool = False, key: str = "model.path / model.tokenizer"
+):
+    """`key` is the config key that named `src`, for the errors: every failure here is the input's (a wrong
+    folder, a partial download, a damaged file), so each is a ConfigError naming the key and the folder."""
     environment.set_offline_defaults()
     from transformers import AutoTokenizer
 
     if not src or not Path(src).is_dir():
         raise ConfigError(
-            f"model.path / model.tokenizer = {src!r} is not a local folder; point it at a "
+            f"{key} = {src!r} is not a local folder; point it at a "
             "Hugging Face model or tokenizer folder (nothing is downloaded)."
         )
-    tok = AutoTokenizer.from_pretrained(src, trust_remote_code=trust_remote_code)
+    # The same files check_model_files (extract) requires: without any of them transformers fails with a
+    # message about slow-tokenizer conversion that names neither the folder nor the key.
+    if not any((Path(src) / f).is_file() for f in TOKENIZER_FILES):
+        raise ConfigError(
+            f"{key}={src}: no tokenizer files ({', '.join(TOKENIZER_FILES)}); point {key} at the model "
+            "folder that has them, or set model.tokenizer to a folder that does."
+        )
+    try:
+        tok = AutoTokenizer.from_pretrained(src, trust_remote_code=trust_remote_code)
+    except Exception as e:  # a damaged tokenizer.json, a config naming a class that is not there, ...
+        detail = (str(e).strip().splitlines() or [type(e).__name__])[0]
+        raise ConfigError(
+            f"{key}={src}: the tokenizer does not load ({type(e).__name__}: {detail}); its tokenizer files "
+            "may be damaged or incomplete: download them again, or set model.tokenizer to a folder with a "
+            "working tokenizer."
+        ) from None
     if chat_template:
         p = Path(chat_template)
         if not p.is_file():

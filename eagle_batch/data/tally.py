@@ -174,20 +174,43 @@ def file_warnings(files: dict[str, FileTally], data_cfg) -> list[str]:
 
 
 def _field_hint(ft: FileTally, d) -> str:
+    """What the rows hold instead and the one setting to change. With data.format fixed, only that format's
+    field was looked for: rows holding another format's field need data.format changed, not a field name
+    (suggesting data.messages_field=messages when it already is would send the user in a circle)."""
     if not ft.fields:
         return ""
     names = [k for k, _ in ft.fields.most_common(12)]
+    fmt = getattr(d, "format", "auto")
+    wanted = {
+        "messages": f"'{d.messages_field}' (data.messages_field)",
+        "sharegpt": f"'{d.conversations_field}' (data.conversations_field)",
+        "prompt_response": f"'{d.prompt_field}' + '{d.response_field}' (data.prompt_field, data.response_field)",
+    }
+    looked = (
+        f"{wanted['messages']}, {wanted['sharegpt']} or {wanted['prompt_response']}"
+        if fmt not in wanted
+        else f"{wanted[fmt]} only, as data.format={fmt}"
+    )
+    hint = f". Its rows have the fields {', '.join(names)}; eagle-batch looked for {looked}"
+    present = {  # the other formats whose fields the rows have
+        "messages": d.messages_field in ft.fields,
+        "sharegpt": d.conversations_field in ft.fields,
+        "prompt_response": d.prompt_field in ft.fields and d.response_field in ft.fields,
+    }
+    other = [f for f, has in present.items() if has and f != fmt]
+    if fmt in wanted and other:
+        return hint + f": the rows are in the {other[0]} format: set data.format={other[0]} (or data.format=auto)"
     chat = next((k for k in names if _CHAT_LIKE.search(k)), None)
-    return (
-        f". Its rows have the fields {', '.join(names)}; eagle-batch looked for "
-        f"'{d.messages_field}' (data.messages_field), '{d.conversations_field}' (data.conversations_field) "
-        f"or '{d.prompt_field}' + '{d.response_field}' (data.prompt_field, data.response_field)"
-        + (
-            f": if '{chat}' holds the turns, set data.messages_field={chat} ({{role, content}} turns) or "
-            f"data.conversations_field={chat} ({{from, value}} turns)"
-            if chat
-            else ""
-        )
+    if not chat:
+        return hint
+    if fmt == "messages":
+        return hint + f": if '{chat}' holds the turns, set data.messages_field={chat}"
+    if fmt == "sharegpt":
+        return hint + f": if '{chat}' holds the turns, set data.conversations_field={chat}"
+    return hint + (
+        f": if '{chat}' holds the turns, set data.messages_field={chat} ({{role, content}} turns) or "
+        f"data.conversations_field={chat} ({{from, value}} turns)"
+        + (" and data.format=auto" if fmt == "prompt_response" else "")
     )
 
 

@@ -94,9 +94,10 @@ def run(args: argparse.Namespace) -> int:
     from eagle_batch.progress import progress
     from eagle_batch.store import open_dataset
 
-    from .export import export
+    from .export import check_out_folder, export
     from .layers import peer_layers
 
+    check_out_folder(Path(args.out), "OUT", "an export")  # before the source is read: nothing is half done
     ds = open_dataset(args.source)
     if len(ds) == 0:
         raise UserError(f"{args.source}: no committed sample to export (see `eagle-batch status RUN`)")

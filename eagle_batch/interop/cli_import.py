@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 import functools
 import json
+import sys
 from pathlib import Path
 
 
@@ -49,6 +50,12 @@ def run(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(out))
     else:
+        if out.get("replaced_empty_store"):
+            print(
+                f"note: {out['store']} was left by an earlier attempt with other options and no committed "
+                "sample; it was replaced",
+                file=sys.stderr,
+            )
         print(
             f"{out['store']}: {out['added']} samples added, {out['skipped']} already there; layers {out['layer_ids']}"
         )

@@ -16,6 +16,7 @@ from typing import Protocol
 
 import numpy as np
 
+from eagle_batch.errors import UserError
 from eagle_batch.store import StoreDataset
 from eagle_batch.store.durable import makedirs_durable, partial_name, publish
 from eagle_batch.store.format import PARTIAL_SUFFIX
@@ -60,6 +61,22 @@ class ExportResult:
     written: int
     skipped: int
     summary: dict
+
+
+def check_out_folder(path: Path, arg: str, what: str) -> None:
+    """UserError, before anything is read or written, unless `path` can be a folder: it is one, or it and
+    its missing parents can be created (no part of it is a file). `arg` names the argument, `what` the
+    folder's use, for the message."""
+    if path.exists() and not path.is_dir():
+        raise UserError(
+            f"{arg} {path} is a file, but {what} is a folder; give a new folder path (or the folder of an earlier "
+            "run of this command, to resume), or move the file away."
+        )
+    for parent in path.parents:
+        if parent.exists():
+            if not parent.is_dir():
+                raise UserError(f"{arg} {path}: {parent} is a file, not a folder; choose a path under a folder.")
+            break
 
 
 def _ids_sha256(view: StoreDataset) -> str:

@@ -7,6 +7,10 @@ opens each store's files only when it first reads from it. Array metadata is sto
 shapes, which readers never use) unless a store differs. Incomplete stores are listed separately
 with their committed sample counts. Stores must agree on layer ids, hidden size, dtype, model and
 config hash; a mismatch names both stores.
+
+Every check comes before the one write: a damaged store file, no complete store, or complete stores that
+hold no sample raise a StoreError and leave an existing dataset.json as it was (an index over nothing
+would let `train` start on nothing, and replacing a good index with it would lose the only view of the run).
 """
 
 from __future__ import annotations
@@ -15,14 +19,58 @@ import json
 import time
 from collections.abc import Callable, Iterable
 from pathlib import Path
+from typing import Any
 
 from .durable import write_json_atomic
-from .errors import StoreError, StoreMismatchError
+from .errors import StoreCorruptError, StoreError, StoreMismatchError
 from .format import COMPLETE_NAME, DATASET_NAME, read_attrs, token_arrays
 from .record import committed_samples
 from .spec import StoreSpec
 
 INDEX_FORMAT = "eagle-batch-dataset"
+
+
+def _store_json(path: Path, run: Path, what: str) -> Any:
+    """A JSON file of a complete store; missing or damaged, a StoreCorruptError naming it and what to do."""
+    try:
+        obj = json.loads(path.read_bytes())
+        if isinstance(obj, dict):
+            return obj
+        problem = f"is damaged (a JSON {type(obj).__name__}, not an object)"
+    except FileNotFoundError:
+        problem = "is missing"
+    except ValueError as e:
+        problem = f"is damaged (not valid JSON: {e})"
+    raise StoreCorruptError(
+        f"{path} {problem} ({what}); run `eagle-batch verify {run}` to see everything that is wrong, then "
+        f"`eagle-batch resume {run}` (with --repair for damaged shards) or delete that store and extract its "
+        f"task again. Nothing was written: {run / DATASET_NAME} is as it was."
+    )
+
+
+def previous_index(run_dir) -> dict | None:
+    """RUN/dataset.json as it is now (None if absent or unreadable): to say what a new index leaves out."""
+    try:
+        index = json.loads((Path(run_dir) / DATASET_NAME).read_bytes())
+    except (OSError, ValueError):
+        return None
+    return index if isinstance(index, dict) and isinstance(index.get("stores"), list) else None
+
+
+def left_out(previous: dict | None, index: dict) -> list[str]:
+    """Stores the previous index listed that `index` does not, each with why (for a warning)."""
+    if not previous:
+        return []
+    now = {e["path"] for e in index["stores"]}
+    incomplete = {e["path"]: e["committed_samples"] for e in index["incomplete"]}
+    out = []
+    for e in previous["stores"]:
+        path = e.get("path") if isinstance(e, dict) else None
+        if not path or path in now:
+            continue
+        why = f"no longer complete ({incomplete[path]} samples committed)" if path in incomplete else "no longer exists"
+        out.append(f"{path} ({e.get('num_samples')} samples) {why}")
+    return out
 
 
 def aggregate(run_dir, *, fsync: bool = True, each: Callable[[list[Path]], Iterable[Path]] = iter) -> dict:
@@ -32,22 +80,22 @@ def aggregate(run_dir, *, fsync: bool = True, each: Callable[[list[Path]], Itera
     root = run / "stores"
     if not root.is_dir():
         raise StoreError(
-            f"{root} does not exist: {run} is not a run directory with extracted stores "
-            "(run `eagle-batch extract` first)."
+            f"{root} does not exist: {run} is not a run directory with extracted stores; run "
+            f"`eagle-batch extract CONFIG` first (`eagle-batch status {run}` shows where a run stands)."
         )
     entries, incomplete = [], []
     common: dict | None = None
     common_layout: dict | None = None
     first: Path | None = None
     samples = tokens = 0
-    for store in each(sorted(p for p in root.iterdir() if p.name.endswith(".zarr") and p.is_dir())):
+    stores = sorted(p for p in root.iterdir() if p.name.endswith(".zarr") and p.is_dir())
+    for store in each(stores):
         rel = str(store.relative_to(run))
-        try:
-            done = json.loads((store / COMPLETE_NAME).read_bytes())
-        except FileNotFoundError:
+        if not (store / COMPLETE_NAME).exists():
             incomplete.append({"path": rel, "committed_samples": committed_samples(store)})
             continue
-        root_meta = json.loads((store / "zarr.json").read_bytes())
+        done = _store_json(store / COMPLETE_NAME, run, "the marker finalize() writes")
+        root_meta = _store_json(store / "zarr.json", run, "the store's root group metadata")
         attrs = root_meta.get("attributes", {}).get("eagle_batch") or read_attrs(store)  # read_attrs names the problem
         if common is None:
             common, first = attrs, store
@@ -62,22 +110,32 @@ def aggregate(run_dir, *, fsync: bool = True, each: Callable[[list[Path]], Itera
         # finalize() consolidated the array metadata into the root zarr.json: 2 small reads per store.
         consolidated = (root_meta.get("consolidated_metadata") or {}).get("metadata") or {}
         names = token_arrays(StoreSpec.from_attributes(attrs).dtype)
-        arrays = {n: consolidated.get(n) or json.loads((store / n / "zarr.json").read_bytes()) for n in names}
+        arrays = {
+            n: consolidated.get(n) or _store_json(store / n / "zarr.json", run, f"metadata of array {n}") for n in names
+        }
         layout = {n: {k: v for k, v in m.items() if k != "shape"} for n, m in arrays.items()}
         if common_layout is None:
             common_layout = layout
+        try:
+            n_samples, n_tokens = int(done["num_samples"]), int(done["num_tokens"])
+        except (KeyError, TypeError, ValueError):
+            raise StoreCorruptError(
+                f"{store / COMPLETE_NAME} has no valid num_samples / num_tokens; run `eagle-batch verify {run}`, "
+                f"then `eagle-batch resume {run}` to finalize the store again. Nothing was written."
+            ) from None
         entry = {
             "path": rel,
-            "num_samples": int(done["num_samples"]),
-            "num_tokens": int(done["num_tokens"]),
+            "num_samples": n_samples,
+            "num_tokens": n_tokens,
             "sample_start": samples,
             "token_start": tokens,
         }
         if layout != common_layout:  # e.g. a store written with another codec: keep its own metadata
             entry["arrays"] = layout
         entries.append(entry)
-        samples += int(done["num_samples"])
-        tokens += int(done["num_tokens"])
+        samples += n_samples
+        tokens += n_tokens
+    _check_not_empty(run, root, stores, entries, incomplete)
     index = {
         "format": INDEX_FORMAT,
         "format_version": 1,
@@ -91,3 +149,25 @@ def aggregate(run_dir, *, fsync: bool = True, each: Callable[[list[Path]], Itera
     }
     write_json_atomic(run / DATASET_NAME, index, fsync)
     return index
+
+
+def _check_not_empty(run: Path, root: Path, stores: list[Path], entries: list[dict], incomplete: list[dict]) -> None:
+    """StoreError unless the index would list at least one sample (checked before anything is written)."""
+    kept = f" {run / DATASET_NAME} was left as it was." if (run / DATASET_NAME).exists() else ""
+    if not stores:
+        raise StoreError(
+            f"{root} holds no task store: nothing has been extracted yet. Run `eagle-batch extract CONFIG` "
+            f"(see `eagle-batch status {run}`), then `eagle-batch aggregate {run}`.{kept}"
+        )
+    if not entries:
+        committed = sum(e["committed_samples"] for e in incomplete)
+        raise StoreError(
+            f"no complete task store under {root}: its {len(incomplete)} store(s) are unfinished ({committed} "
+            f"samples committed so far). Finish them with `eagle-batch resume {run}` (see `eagle-batch status "
+            f"{run}`), then aggregate again.{kept}"
+        )
+    if not any(e["num_samples"] for e in entries):
+        raise StoreError(
+            f"the {len(entries)} complete task store(s) under {root} hold no samples: nothing was extracted "
+            f"(was the prepared data empty? see {run}/prepared/summary.json).{kept}"
+        )

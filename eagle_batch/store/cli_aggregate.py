@@ -21,18 +21,30 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     from eagle_batch.progress import progress
 
-    from .aggregate import aggregate
+    from .aggregate import aggregate, left_out, previous_index
     from .errors import StoreError
 
     t0 = time.perf_counter()
+    before = previous_index(args.run_dir)
     try:
         bar = functools.partial(progress, desc="aggregate", unit="store", enabled=not args.no_progress)
+        # Refuses (and writes nothing) when no store is complete or none holds a sample.
         index = aggregate(args.run_dir, each=bar)
     except StoreError as e:
         print(f"eagle-batch aggregate: {e}", file=sys.stderr)
         return 1
     seconds = time.perf_counter() - t0
     n_ok, inc = len(index["stores"]), index["incomplete"]
+    # A new index with fewer stores than the one it replaced is the run as it is now (the old one pointed at
+    # stores that are gone or being rewritten), but never silently: say which stores left it and why.
+    gone = left_out(before, index)
+    if gone:
+        print(
+            f"warning: {args.run_dir}/dataset.json listed {before.get('num_samples')} samples before, now "
+            f"{index['num_samples']}; left out: " + "; ".join(gone) + ". Finish unfinished stores with "
+            "`eagle-batch resume RUN`, then aggregate again.",
+            file=sys.stderr,
+        )
     if args.json:
         print(
             json.dumps(
@@ -57,14 +69,4 @@ def run(args: argparse.Namespace) -> int:
                 "run `eagle-batch resume RUN` to finish it, then aggregate again",
                 file=sys.stderr,
             )
-    if n_ok == 0:
-        print(f"eagle-batch aggregate: no complete task store under {args.run_dir}/stores", file=sys.stderr)
-        return 1
-    if index["num_samples"] == 0:
-        print(
-            f"eagle-batch aggregate: the {n_ok} complete task store(s) under {args.run_dir}/stores hold no "
-            "samples: nothing was extracted (was the prepared data empty? see RUN/prepared/summary.json)",
-            file=sys.stderr,
-        )
-        return 1
     return 1 if (inc and args.require_all) else 0

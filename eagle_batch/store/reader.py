@@ -37,7 +37,7 @@ from .format import (
     read_layouts,
 )
 from .fp8 import dequantize, float8
-from .record import read_record, sample_bounds
+from .record import committed_samples, read_record, sample_bounds
 from .shard_codec import ShardDecoder
 from .spec import StoreSpec
 
@@ -389,6 +389,30 @@ def open_dataset(path: str | os.PathLike, layer_ids: Sequence[int] | None = None
         return StoreDataset(stores, counts, layer_ids)
     if (p / PROGRESS_NAME).is_file():
         return StoreDataset([TaskStore(p)], None, layer_ids)
+    extract = (
+        "run `eagle-batch extract CONFIG` (the config it was prepared with; `eagle-batch status "
+        f"{p}` shows where the run stands), then `eagle-batch aggregate {p}`"
+    )
     if (p / "stores").is_dir():
+        stores = [c for c in (p / "stores").iterdir() if c.name.endswith(".zarr")]
+        if not stores:
+            raise StoreError(f"{p} is a run directory whose stores/ holds no task store yet: {extract}.")
+        # Not "run aggregate" when there is nothing to aggregate: aggregate refuses an index over nothing.
+        if not any(committed_samples(s) for s in stores):
+            raise StoreError(
+                f"{p} holds no committed samples (its {len(stores)} task store(s) are empty; no {DATASET_NAME}): "
+                f"nothing was extracted. Check `eagle-batch status {p}` (did extraction run and finish? was the "
+                f"prepared data empty? see {p}/prepared/summary.json)."
+            )
         raise StoreError(f"{p} is a run directory without {DATASET_NAME}; run `eagle-batch aggregate {p}` first.")
-    raise StoreError(f"{p} is neither a task store (no {PROGRESS_NAME}) nor an aggregated run (no {DATASET_NAME}).")
+    if (p / "prepared").is_dir() or (p / "config.yaml").is_file():
+        raise StoreError(
+            f"{p} is a run directory with nothing extracted yet, so not a task store nor an aggregated run "
+            f"(no stores/, no {DATASET_NAME}): {extract}."
+        )
+    if not p.exists():
+        raise StoreError(f"{p} does not exist; give an aggregated run directory or a task store.")
+    raise StoreError(
+        f"{p} is neither a task store (no {PROGRESS_NAME}) nor an aggregated run (no {DATASET_NAME}); give a run "
+        "directory (after `eagle-batch aggregate RUN`) or a task store (RUN/stores/task-00000.zarr)."
+    )

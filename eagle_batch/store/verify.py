@@ -74,11 +74,44 @@ class Problem:
 
 
 def store_paths(path: Path) -> list[Path]:
+    """The task stores at `path` (one store, or a run's RUN/stores/*.zarr); a StoreError saying what to run
+    when there is none yet, so that verify never reports "OK" or index problems over nothing."""
     if (path / PROGRESS_NAME).is_file() or (path / "zarr.json").is_file() and not (path / "stores").is_dir():
         return [path]
+    listed = _listed_stores(path)
+    if listed:  # an index over stores that are gone: its problems are not the point, the stores are
+        next_step = (
+            f"{DATASET_NAME} lists {listed} store(s) that are not there (deleted or moved?): put them back, or "
+            f"extract again (`eagle-batch resume {path}`; `eagle-batch status {path}` shows where the run stands), "
+            f"then `eagle-batch aggregate {path}` and verify again"
+        )
+    else:
+        next_step = (
+            "nothing has been extracted yet: run `eagle-batch extract CONFIG` (the config it was prepared with; "
+            f"`eagle-batch status {path}` shows where the run stands), then `eagle-batch aggregate {path}` and "
+            "verify again"
+        )
     if (path / "stores").is_dir():
-        return sorted(p for p in (path / "stores").iterdir() if p.is_dir() and p.name.endswith(".zarr"))
-    raise StoreError(f"{path} is neither a task store nor a run directory (no {PROGRESS_NAME}, no stores/)")
+        stores = sorted(p for p in (path / "stores").iterdir() if p.is_dir() and p.name.endswith(".zarr"))
+        if not stores:
+            raise StoreError(f"{path}/stores holds no task store: {next_step}.")
+        return stores
+    if (path / "prepared").is_dir() or (path / "config.yaml").is_file():  # a run directory, not yet extracted
+        raise StoreError(f"{path} is a run directory with no task store yet (no stores/): {next_step}.")
+    if not path.exists():
+        raise StoreError(f"{path} does not exist; give a task store (RUN/stores/task-00000.zarr) or a run directory.")
+    raise StoreError(
+        f"{path} is neither a task store nor a run directory (no {PROGRESS_NAME}, no stores/, no prepared/); "
+        "give a task store (RUN/stores/task-00000.zarr) or a run directory."
+    )
+
+
+def _listed_stores(run: Path) -> int:
+    """How many stores RUN/dataset.json lists (0 if it is absent or unreadable)."""
+    try:
+        return len(json.loads((run / DATASET_NAME).read_bytes()).get("stores", []))
+    except (OSError, ValueError, AttributeError, TypeError):
+        return 0
 
 
 def verify(path, check_values: bool = True, each: Callable[[list[Path]], Iterable[Path]] = iter) -> list[Problem]:
@@ -101,12 +134,21 @@ def _verify_dataset_index(run: Path) -> list[Problem]:
         return [Problem(str(run / DATASET_NAME), "index", f"not valid JSON ({e}); rerun `eagle-batch aggregate {run}`")]
     for entry in index.get("stores", []):
         p = run / entry["path"]
+        if not p.is_dir():
+            msg = (
+                f"listed in {DATASET_NAME} but the store does not exist (deleted or moved?); `eagle-batch resume "
+                f"{run}` extracts its task again, then rerun `eagle-batch aggregate {run}`"
+            )
+            out.append(Problem(str(p), "index", msg))
+            continue
         try:
             done = json.loads((p / COMPLETE_NAME).read_text())
         except (OSError, ValueError):
-            out.append(
-                Problem(str(p), "index", f"listed in {DATASET_NAME} but not complete; rerun `eagle-batch aggregate`")
+            msg = (
+                f"listed in {DATASET_NAME} but not complete; finish it with `eagle-batch resume {run}`, then rerun "
+                f"`eagle-batch aggregate {run}`"
             )
+            out.append(Problem(str(p), "index", msg))
             continue
         if done.get("num_samples") != entry.get("num_samples") or done.get("num_tokens") != entry.get("num_tokens"):
             out.append(

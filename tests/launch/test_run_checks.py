@@ -133,7 +133,7 @@ def test_commands_on_a_run_without_samples_fail_and_say_why(tmp_path, model):
     expected = {
         ("verify", run): "the 2 store(s) hold no committed samples",
         ("aggregate", run): "hold no samples: nothing was extracted",
-        ("train", cfg, "--local"): "holds no committed samples: there is nothing to train on",
+        ("train", cfg, "--local"): "holds no committed samples (its 2 task store(s) are empty",
         ("validate", run, "--samples", "2"): "hold no committed samples: nothing to validate",
     }
     for argv, message in expected.items():
