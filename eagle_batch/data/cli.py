@@ -33,17 +33,15 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def _print_summary(s: dict, out_dir: str) -> None:
+    from .tally import reasons_text
+
     pct = s.get("length_percentiles") or {}
     lines = [
         f"prepared {out_dir}",
         f"  rows: {s['rows_read']} read, {s['rows_kept']} kept, {s['rows_skipped']} skipped"
-        + (f" ({', '.join(f'{k}: {v}' for k, v in s['skipped_by_reason'].items())})" if s["skipped_by_reason"] else ""),
+        + (f" ({reasons_text(s['skipped_by_reason'])})" if s["skipped_by_reason"] else ""),
         f"  samples: {s['samples']}"
-        + (
-            f", dropped {', '.join(f'{k}: {v}' for k, v in s['samples_dropped_by_reason'].items())}"
-            if s["samples_dropped_by_reason"]
-            else ""
-        )
+        + (f", dropped {reasons_text(s['samples_dropped_by_reason'])}" if s["samples_dropped_by_reason"] else "")
         + (f", {s['samples_truncated']} truncated to data.max_length" if s["samples_truncated"] else "")
         + (f", {s['rows_split_per_turn']} rows split per turn" if s["rows_split_per_turn"] else ""),
         *(

@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import re
 from collections import Counter
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import IO
 
@@ -140,8 +141,8 @@ class Tally:
     def nothing_kept(self, n_files: int) -> NothingToPrepare:
         lines = [
             f"nothing to prepare: no sample from {n_files} input file(s) ({self.rows_read} rows read"
-            + (f"; skipped: {_reasons(self.skipped)}" if self.skipped else "")
-            + (f"; samples dropped: {_reasons(self.dropped)}" if self.dropped else "")
+            + (f"; skipped: {reasons_text(self.skipped)}" if self.skipped else "")
+            + (f"; samples dropped: {reasons_text(self.dropped)}" if self.dropped else "")
             + ")."
         ]
         lines += [f"  {w}" for w in self.file_warnings()]
@@ -168,7 +169,8 @@ def file_warnings(files: dict[str, FileTally], data_cfg) -> list[str]:
             )
         elif ft.kept == 0:
             out.append(
-                f"{name}: none of its {ft.rows} rows could be used ({_reasons(ft.skipped)})" + _field_hint(ft, data_cfg)
+                f"{name}: none of its {ft.rows} rows could be used ({reasons_text(ft.skipped)})"
+                + _field_hint(ft, data_cfg)
             )
     return out
 
@@ -214,5 +216,6 @@ def _field_hint(ft: FileTally, d) -> str:
     )
 
 
-def _reasons(c: Counter) -> str:
+def reasons_text(c: Mapping[str, int]) -> str:
+    """{"too_long": 2, "invalid_json": 1} -> "invalid_json: 1, too_long: 2" (for summaries and messages)."""
     return ", ".join(f"{k}: {v}" for k, v in sorted(c.items()))

@@ -87,8 +87,10 @@ def _claim(rcfg: RunConfig, force: bool) -> None:
                 f"{run_dir} holds a regeneration planned with other model, data or regenerate settings; use a "
                 "new regenerate.run_dir, or pass --force to plan again (refused once output exists)."
             )
+    from eagle_batch.data.tally import reasons_text
+
     s = plan_regeneration(rcfg)
-    skipped = f" ({s['skipped_by_reason']})" if s["skipped_by_reason"] else ""
+    skipped = f" ({reasons_text(s['skipped_by_reason'])})" if s["skipped_by_reason"] else ""
     for w in s["file_warnings"]:
         print(f"eagle-batch regenerate: warning: {w}", file=sys.stderr)
     print(
