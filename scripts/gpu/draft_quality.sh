@@ -45,7 +45,7 @@
 # (the regenerate engines' KV cache in GiB; the engines' own sizing), SPEED (1: the decode-speed runs after the acceptance ones; 0 skips them),
 # REGEN_SAMPLES (answers per conversation: the greedy one, then REGEN_SAMPLES-1 more sampled at
 # REGEN_TEMPERATURE, one regenerate pass each with its own seed, side by side; 1), REGEN_TEMPERATURE (0.8),
-# EXTRACT_REGEN_TASKS (capture tasks of the regen states; REGEN_TASKS), EXTRACT_ORIG_TASKS (of the orig states; 1), VERIFY_BESIDE (1: verify runs in the
+# EXTRACT_KV_GIB (each capture engine's KV cache in `parallel`; 8), EXTRACT_REGEN_TASKS (capture tasks of the regen states; REGEN_TASKS), EXTRACT_ORIG_TASKS (of the orig states; 1), VERIFY_BESIDE (1: verify runs in the
 # background, beside what follows; 0), TRAIN_TOGETHER (1: in `parallel` calibrate and the orig drafts wait for
 # the regen states, so that every draft's budget is measured and set then; 0), SEEN (1: evaluate also serves the regen
 # draft on PROMPTS first user turns of its own training records, seen-prompts.jsonl; 0).
@@ -122,14 +122,19 @@ extract() {
 # (exported) where the evaluation's reserve begins, should it run slower than calibrated
 train() {
   local name=$1 run=$2; shift 2
-  local cap=() rc=0 attempt label
+  local cap=() rc=0 attempt label left
   # A training that dies (a crash, not a refused config: exit 2) is started once more: it resumes from its
   # last checkpoint (every train.checkpoint_every steps) with the same budget, capped by the time left. The
   # sixth H200 run's orig training died once with CUDA "unspecified launch failure" (exit 134).
   for attempt in 1 2; do
     label=train-$name
     [ "$attempt" = 1 ] || label="train-$name-again"
-    [ "${DEADLINE:-0}" -gt 0 ] && cap=(train.max_time_s=$(( DEADLINE - $(date +%s) - ${EVAL_RESERVE:-420} - 30 )))
+    # At least 1 s (train.max_time_s must be >= 0, and 0 is "no limit"): a training started past the evaluation's
+    # reserve still ends after its first step, exported, instead of eating the reserve.
+    if [ "${DEADLINE:-0}" -gt 0 ]; then
+      left=$(( DEADLINE - $(date +%s) - ${EVAL_RESERVE:-420} - 30 ))
+      cap=(train.max_time_s=$(( left > 1 ? left : 1 )))
+    fi
     if [ "$attempt" = 2 ] && [ ${#cap[@]} -gt 0 ] && [ "${cap[0]#*=}" -le 30 ]; then break; fi
     # Expandable segments: a step's tensors change size with every batch; fixed segments leave the caching
     # allocator holding 40-55 GiB per trainer at 32k-token steps (second H200 run), which starved a neighbour.
@@ -347,7 +352,7 @@ EOF
       regen_mem=$(awk "BEGIN { m = 0.45 / ${REGEN_TASKS:-1} / $REGEN_SAMPLES; print (m > 0.25 ? 0.25 : m) }")
       share="slurm.share_devices=true slurm.tasks_per_gpu_group=${REGEN_TASKS:-1}"
       share+=" extract.gpu_memory_utilization=0.2 regenerate.gpu_memory_utilization=$regen_mem"
-      share+=" extract.extra_engine_args.kv_cache_memory_bytes=$(( 8 << 30 ))"
+      share+=" extract.extra_engine_args.kv_cache_memory_bytes=$(( ${EXTRACT_KV_GIB:-8} << 30 ))"
       run_stage() { EXTRA="${EXTRA:-} $share" bash "$repo/scripts/gpu/draft_quality.sh" "$out" "$@"; }
       # train_when_budgeted STAGE...: once calibrate has written the budget (or given up), each training
       # stage in the background; the budget is the same for every draft wherever its states came from.
