@@ -128,6 +128,26 @@ def _clear_if_empty_and_other(store: Path, spec) -> bool:
         lock.release()
 
 
+def _checked_first_row(src: Path, rows: Iterator[dict], num_aux: int) -> tuple[dict, int]:
+    """(the first row, the hidden size) once that row and its states match the options: checked before the
+    store exists (module docstring), so a wrong option leaves nothing behind. The states are read again
+    with the rest: nothing is held across the import."""
+    first_row = next(rows, None)
+    if first_row is None:
+        raise UserError(f"SRC {src}: its dataset has no rows: nothing to import.")
+    f0 = src / HS_DIR / "hs_0.safetensors"
+    hs0 = _load_states(f0)
+    first = hs0.get("hidden_states")
+    if first is None or first.dim() != 3:
+        found = "no 'hidden_states'" if first is None else f"hidden_states of shape {tuple(first.shape)}"
+        raise UserError(
+            f"{f0}: {found}, not [T, layers, hidden size]; not a speculators hidden-states file (regenerate it)"
+        )
+    hidden_size = int(first.shape[-1])
+    _check_sample(f0, hs0, first_row, 0, num_aux, hidden_size)
+    return first_row, hidden_size
+
+
 def import_speculators(
     src: Path,
     store: Path,
@@ -154,22 +174,8 @@ def import_speculators(
         )
     _check_source(src)
     check_out_folder(store, "STORE", "a task store")
-    # The first row and its states against the options, before the store exists (module docstring).
     rows = _rows(src)
-    first_row = next(rows, None)
-    if first_row is None:
-        raise UserError(f"SRC {src}: its dataset has no rows: nothing to import.")
-    f0 = src / HS_DIR / "hs_0.safetensors"
-    hs0 = _load_states(f0)
-    first = hs0.get("hidden_states")
-    if first is None or first.dim() != 3:
-        found = "no 'hidden_states'" if first is None else f"hidden_states of shape {tuple(first.shape)}"
-        raise UserError(
-            f"{f0}: {found}, not [T, layers, hidden size]; not a speculators hidden-states file (regenerate it)"
-        )
-    hidden_size = int(first.shape[-1])
-    _check_sample(f0, hs0, first_row, 0, len(aux), hidden_size)
-    del hs0, first  # read again in the loop: nothing held across the import
+    first_row, hidden_size = _checked_first_row(src, rows, len(aux))
     spec = StoreSpec(
         layer_ids=[*aux, n],
         hidden_size=hidden_size,
