@@ -138,7 +138,7 @@ def test_evaluate_options_become_engine_args(tmp_path, monkeypatch):
 
     draft = tmp_path / "draft"
     draft.mkdir()
-    (draft / "config.json").write_text("{}")
+    (draft / "config.json").write_text('{"architectures": ["LlamaForCausalLMEagle3"]}')
     model = SimpleNamespace(path="/target", max_model_len=64, dtype="bfloat16")
     monkeypatch.setattr(config, "load_run_config", lambda run: SimpleNamespace(model=model))
     seen: dict = {}
