@@ -1,6 +1,15 @@
 """Configuration: dataclass schema + omegaconf loading. See schema.py for every key."""
 
-from .load import ConfigError, config_dict, config_hash, load_config, load_run_config, save_config, to_yaml
+from .load import (
+    ConfigError,
+    config_dict,
+    config_hash,
+    dotted_leaves,
+    load_config,
+    load_run_config,
+    save_config,
+    to_yaml,
+)
 from .model_info import ModelInfo, default_layer_ids, model_info, resolve_layer_ids, tokenizer_sha256
 from .schema import (
     ContainerConfig,
@@ -43,6 +52,7 @@ __all__ = [
     "config_dict",
     "config_hash",
     "default_layer_ids",
+    "dotted_leaves",
     "load_config",
     "load_run_config",
     "model_info",

@@ -154,6 +154,17 @@ def config_dict(cfg: RunConfig) -> dict:
     return asdict(cfg)
 
 
+def dotted_leaves(d: dict, prefix: str = "") -> dict[str, object]:
+    """{dotted key: value} of a nested dict; an empty dict is a leaf (a dict-valued setting with nothing set)."""
+    out: dict[str, object] = {}
+    for key, value in d.items():
+        if isinstance(value, dict) and value:
+            out.update(dotted_leaves(value, f"{prefix}{key}."))
+        else:
+            out[f"{prefix}{key}"] = value
+    return out
+
+
 def config_hash(cfg: RunConfig, sections: Sequence[str] = DATA_SECTIONS) -> str:
     """Fingerprint of the sections that determine the extracted data (not Slurm or training knobs).
 

@@ -13,7 +13,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
-from .load import DATA_SECTIONS, RESOLVED_NAME, ConfigError, config_dict, config_hash, load_config
+from .load import DATA_SECTIONS, RESOLVED_NAME, ConfigError, config_dict, config_hash, dotted_leaves, load_config
 from .model_info import ModelInfo, model_info, resolve_layer_ids
 from .schema import RunConfig
 
@@ -279,13 +279,7 @@ def check_model_files(cfg: RunConfig) -> ModelInfo:
         raise ConfigError(
             f"model.path={path}: no weight files ({', '.join(WEIGHT_PATTERNS)}); the download may be incomplete."
         )
-    tok = Path(cfg.model.tokenizer or cfg.model.path)
-    if not any((tok / f).is_file() for f in TOKENIZER_FILES):
-        key = "model.tokenizer" if cfg.model.tokenizer else "model.path"
-        raise ConfigError(
-            f"{key}={tok}: no tokenizer files ({', '.join(TOKENIZER_FILES)}); set "
-            "model.tokenizer to the folder that has them."
-        )
+    check_tokenizer_files(cfg.model.tokenizer or cfg.model.path, tokenizer_key(cfg))
     tp = cfg.model.tensor_parallel_size
     heads, kv = info.num_attention_heads, info.num_key_value_heads
     if heads and heads % tp:
@@ -300,6 +294,21 @@ def check_model_files(cfg: RunConfig) -> ModelInfo:
         )
     check_fits_model(cfg, info)
     return info
+
+
+def tokenizer_key(cfg: RunConfig) -> str:
+    """The config key that names the tokenizer's folder (model.tokenizer when set, else model.path)."""
+    return "model.tokenizer" if cfg.model.tokenizer else "model.path"
+
+
+def check_tokenizer_files(folder: str | Path, key: str) -> None:
+    """ConfigError unless `folder` (named by config key `key`) holds one of TOKENIZER_FILES: without any of
+    them transformers fails with a message about slow-tokenizer conversion that names neither."""
+    if not any((Path(folder) / f).is_file() for f in TOKENIZER_FILES):
+        raise ConfigError(
+            f"{key}={folder}: no tokenizer files ({', '.join(TOKENIZER_FILES)}); point {key} at the model "
+            "folder that has them, or set model.tokenizer to a folder that does."
+        )
 
 
 def check_fits_model(cfg: RunConfig, info: ModelInfo) -> None:
@@ -370,24 +379,13 @@ def config_differences(
     theirs: RunConfig, ours: RunConfig, sections: Iterable[str] = DATA_SECTIONS
 ) -> list[tuple[str, object, object]]:
     """(dotted key, their value, our value) for each leaf of `sections` that differs, in schema order."""
-    a = _leaves({s: config_dict(theirs)[s] for s in sections})
-    b = _leaves({s: config_dict(ours)[s] for s in sections})
+    a = dotted_leaves({s: config_dict(theirs)[s] for s in sections})
+    b = dotted_leaves({s: config_dict(ours)[s] for s in sections})
     keys = list(a) + [k for k in b if k not in a]
     return [(k, a.get(k), b.get(k)) for k in keys if a.get(k, _ABSENT) != b.get(k, _ABSENT)]
 
 
 _ABSENT = object()
-
-
-def _leaves(d: dict, prefix: str = "") -> dict[str, object]:
-    """{dotted key: value} of a nested dict (a dict-valued setting, e.g. chat_template_kwargs, by its keys)."""
-    out: dict[str, object] = {}
-    for key, value in d.items():
-        if isinstance(value, dict) and value:
-            out.update(_leaves(value, f"{prefix}{key}."))
-        else:
-            out[f"{prefix}{key}"] = value
-    return out
 
 
 def check_prepared_fits(cfg: RunConfig, prepared_max_tokens: int, where: str) -> None:

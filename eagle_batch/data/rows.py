@@ -17,7 +17,7 @@ import numpy as np
 
 from eagle_batch import environment
 from eagle_batch.config import ConfigError, RunConfig
-from eagle_batch.config.validate import TOKENIZER_FILES
+from eagle_batch.config.validate import check_tokenizer_files, tokenizer_key
 
 from .formats import BadRow, row_to_conversation
 from .readers import RawRecord, decode_record
@@ -37,7 +37,7 @@ def load_tokenizer(cfg: RunConfig):
         cfg.model.tokenizer or cfg.model.path,
         cfg.model.chat_template,
         cfg.model.trust_remote_code,
-        key="model.tokenizer" if cfg.model.tokenizer else "model.path",
+        key=tokenizer_key(cfg),
     )
 
 
@@ -54,13 +54,7 @@ def load_tokenizer_from(
             f"{key} = {src!r} is not a local folder; point it at a "
             "Hugging Face model or tokenizer folder (nothing is downloaded)."
         )
-    # The same files check_model_files (extract) requires: without any of them transformers fails with a
-    # message about slow-tokenizer conversion that names neither the folder nor the key.
-    if not any((Path(src) / f).is_file() for f in TOKENIZER_FILES):
-        raise ConfigError(
-            f"{key}={src}: no tokenizer files ({', '.join(TOKENIZER_FILES)}); point {key} at the model "
-            "folder that has them, or set model.tokenizer to a folder that does."
-        )
+    check_tokenizer_files(src, key)  # the check extract makes too (check_model_files)
     try:
         tok = AutoTokenizer.from_pretrained(src, trust_remote_code=trust_remote_code)
     except Exception as e:  # a damaged tokenizer.json, a config naming a class that is not there, ...

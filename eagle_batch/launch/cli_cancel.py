@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import subprocess
 import sys
+from itertools import groupby
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -70,11 +71,6 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _ranges(ids: list[int]) -> str:
-    """[0, 1, 2, 5, 7, 8] -> "0-2, 5, 7-8"."""
-    out: list[str] = []
-    for i in ids:
-        if out and i == int(out[-1].split("-")[-1]) + 1:
-            out[-1] = f"{out[-1].split('-')[0]}-{i}"
-        else:
-            out.append(str(i))
-    return ", ".join(out) or "none"
+    """[0, 1, 2, 5, 7, 8] (sorted) -> "0-2, 5, 7-8": ids of one run share id minus position."""
+    runs = [[i for _, i in group] for _, group in groupby(enumerate(ids), key=lambda p: p[1] - p[0])]
+    return ", ".join(str(r[0]) if len(r) == 1 else f"{r[0]}-{r[-1]}" for r in runs) or "none"

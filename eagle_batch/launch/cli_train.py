@@ -33,15 +33,15 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--no-progress", action="store_true", help="no progress bar or lines (= train.progress=false)")
 
 
-def _flatten(d: dict, prefix: str = "") -> list[str]:
-    out = []
-    for k, v in d.items():
-        key = f"{prefix}{k}"
-        if isinstance(v, dict):
-            out += _flatten(v, key + ".")
-        else:
-            out.append(f"{key}={json.dumps(v) if isinstance(v, (list, bool)) or v is None else v}")
-    return out
+def _flatten(d: dict) -> list[str]:
+    """A sweep entry as key=value overrides (an empty dict sets nothing, so it gives none)."""
+    from eagle_batch.config import dotted_leaves
+
+    return [
+        f"{key}={json.dumps(v) if isinstance(v, (list, bool)) or v is None else v}"
+        for key, v in dotted_leaves(d).items()
+        if v != {}
+    ]
 
 
 def sweep_configs(base: RunConfig, files: list[str], overrides: list[str]) -> list[RunConfig]:
