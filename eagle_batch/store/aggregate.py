@@ -22,8 +22,8 @@ from pathlib import Path
 from typing import Any
 
 from .durable import write_json_atomic
-from .errors import StoreCorruptError, StoreError, StoreMismatchError
-from .format import COMPLETE_NAME, DATASET_NAME, read_attrs, token_arrays
+from .errors import StoreCorruptError, StoreError, StoreMismatchError, extract_then_aggregate
+from .format import COMPLETE_NAME, DATASET_NAME, read_attrs, task_stores, token_arrays
 from .record import committed_samples
 from .spec import StoreSpec
 
@@ -88,7 +88,7 @@ def aggregate(run_dir, *, fsync: bool = True, each: Callable[[list[Path]], Itera
     common_layout: dict | None = None
     first: Path | None = None
     samples = tokens = 0
-    stores = sorted(p for p in root.iterdir() if p.name.endswith(".zarr") and p.is_dir())
+    stores = task_stores(run)
     for store in each(stores):
         rel = str(store.relative_to(run))
         if not (store / COMPLETE_NAME).exists():
@@ -156,8 +156,7 @@ def _check_not_empty(run: Path, root: Path, stores: list[Path], entries: list[di
     kept = f" {run / DATASET_NAME} was left as it was." if (run / DATASET_NAME).exists() else ""
     if not stores:
         raise StoreError(
-            f"{root} holds no task store: nothing has been extracted yet. Run `eagle-batch extract CONFIG` "
-            f"(see `eagle-batch status {run}`), then `eagle-batch aggregate {run}`.{kept}"
+            f"{root} holds no task store: nothing has been extracted yet: {extract_then_aggregate(run)}.{kept}"
         )
     if not entries:
         committed = sum(e["committed_samples"] for e in incomplete)

@@ -13,6 +13,14 @@ from pathlib import Path
 from eagle_batch.errors import UserError
 
 
+def extract_then_aggregate(run: Path) -> str:
+    """What to run on a run directory that has nothing extracted yet (the advice of every reader of RUN)."""
+    return (
+        "run `eagle-batch extract CONFIG` (the config it was prepared with; `eagle-batch status "
+        f"{run}` shows where the run stands), then `eagle-batch aggregate {run}`"
+    )
+
+
 class StoreError(UserError, RuntimeError):
     """Base class of store errors; messages name the store (and shard/field) and what to do."""
 

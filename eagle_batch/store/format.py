@@ -302,6 +302,12 @@ def make_layouts(spec, chunk_tokens: int, shard_tokens: int, codec: Codec) -> di
 # --- reading a store's metadata -------------------------------------------------------------------
 
 
+def task_stores(run: Path) -> list[Path]:
+    """The task store folders of a run directory (RUN/stores/*.zarr), sorted; none when RUN/stores is absent."""
+    root = Path(run) / "stores"
+    return sorted(p for p in root.iterdir() if p.is_dir() and p.name.endswith(".zarr")) if root.is_dir() else []
+
+
 def load_json(p: Path, what: str) -> Any:
     """A JSON file of a store; missing or invalid, a StoreError that names it and `what` it is."""
     try:

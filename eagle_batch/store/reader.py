@@ -26,7 +26,7 @@ from typing import Any
 
 import numpy as np
 
-from .errors import ShardError, StoreCorruptError, StoreError
+from .errors import ShardError, StoreCorruptError, StoreError, extract_then_aggregate
 from .format import (
     COMPLETE_NAME,
     DATASET_NAME,
@@ -35,6 +35,7 @@ from .format import (
     load_json,
     read_attrs,
     read_layouts,
+    task_stores,
 )
 from .fp8 import dequantize, float8
 from .record import committed_samples, read_record, sample_bounds
@@ -389,12 +390,9 @@ def open_dataset(path: str | os.PathLike, layer_ids: Sequence[int] | None = None
         return StoreDataset(stores, counts, layer_ids)
     if (p / PROGRESS_NAME).is_file():
         return StoreDataset([TaskStore(p)], None, layer_ids)
-    extract = (
-        "run `eagle-batch extract CONFIG` (the config it was prepared with; `eagle-batch status "
-        f"{p}` shows where the run stands), then `eagle-batch aggregate {p}`"
-    )
+    extract = extract_then_aggregate(p)
     if (p / "stores").is_dir():
-        stores = [c for c in (p / "stores").iterdir() if c.name.endswith(".zarr")]
+        stores = task_stores(p)
         if not stores:
             raise StoreError(f"{p} is a run directory whose stores/ holds no task store yet: {extract}.")
         # Not "run aggregate" when there is nothing to aggregate: aggregate refuses an index over nothing.

@@ -19,7 +19,8 @@ from pathlib import Path
 import crc32c
 import numpy as np
 
-from .errors import ShardError, StoreError
+from .aggregate import previous_index
+from .errors import ShardError, StoreError, extract_then_aggregate
 from .format import (
     COMPLETE_NAME,
     DATASET_NAME,
@@ -29,6 +30,7 @@ from .format import (
     ArrayLayout,
     array_dtypes,
     read_attrs,
+    task_stores,
 )
 from .fp8 import float8_for_encoding, special_codes
 from .record import (
@@ -78,7 +80,7 @@ def store_paths(path: Path) -> list[Path]:
     when there is none yet, so that verify never reports "OK" or index problems over nothing."""
     if (path / PROGRESS_NAME).is_file() or (path / "zarr.json").is_file() and not (path / "stores").is_dir():
         return [path]
-    listed = _listed_stores(path)
+    listed = len((previous_index(path) or {}).get("stores", []))
     if listed:  # an index over stores that are gone: its problems are not the point, the stores are
         next_step = (
             f"{DATASET_NAME} lists {listed} store(s) that are not there (deleted or moved?): put them back, or "
@@ -86,13 +88,9 @@ def store_paths(path: Path) -> list[Path]:
             f"then `eagle-batch aggregate {path}` and verify again"
         )
     else:
-        next_step = (
-            "nothing has been extracted yet: run `eagle-batch extract CONFIG` (the config it was prepared with; "
-            f"`eagle-batch status {path}` shows where the run stands), then `eagle-batch aggregate {path}` and "
-            "verify again"
-        )
+        next_step = f"nothing has been extracted yet: {extract_then_aggregate(path)} and verify again"
     if (path / "stores").is_dir():
-        stores = sorted(p for p in (path / "stores").iterdir() if p.is_dir() and p.name.endswith(".zarr"))
+        stores = task_stores(path)
         if not stores:
             raise StoreError(f"{path}/stores holds no task store: {next_step}.")
         return stores
@@ -104,14 +102,6 @@ def store_paths(path: Path) -> list[Path]:
         f"{path} is neither a task store nor a run directory (no {PROGRESS_NAME}, no stores/, no prepared/); "
         "give a task store (RUN/stores/task-00000.zarr) or a run directory."
     )
-
-
-def _listed_stores(run: Path) -> int:
-    """How many stores RUN/dataset.json lists (0 if it is absent or unreadable)."""
-    try:
-        return len(json.loads((run / DATASET_NAME).read_bytes()).get("stores", []))
-    except (OSError, ValueError, AttributeError, TypeError):
-        return 0
 
 
 def verify(path, check_values: bool = True, each: Callable[[list[Path]], Iterable[Path]] = iter) -> list[Problem]:
