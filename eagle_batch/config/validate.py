@@ -360,16 +360,16 @@ def claim_run_dir(cfg: RunConfig, force: bool = False) -> None:
         return
     raise ConfigError(
         f"run_dir={cfg.run_dir} already holds another run with other data settings "
-        f"({_describe_differences(theirs, cfg)}); {fix}."
+        f"({describe_differences(theirs, cfg)}); {fix}."
     )
 
 
 SHOWN_DIFFERENCES = 3
 
 
-def _describe_differences(theirs: RunConfig, ours: RunConfig) -> str:
-    """'data.limit: 40 in the run, 30 now; ...' for the first few keys of DATA_SECTIONS that differ."""
-    differences = config_differences(theirs, ours)
+def describe_differences(theirs: RunConfig, ours: RunConfig, sections: Iterable[str] = DATA_SECTIONS) -> str:
+    """'data.limit: 40 in the run, 30 now; ...' for the first few keys of `sections` that differ."""
+    differences = config_differences(theirs, ours, sections)
     shown = [f"{key}: {old!r} in the run, {new!r} now" for key, old, new in differences[:SHOWN_DIFFERENCES]]
     more = len(differences) - SHOWN_DIFFERENCES
     return "; ".join(shown) + (f"; and {more} more" if more > 0 else "")

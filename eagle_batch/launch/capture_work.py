@@ -9,18 +9,12 @@ calls `ctx.report` once the lock is held and after every commit, whichever way c
 from __future__ import annotations
 
 from eagle_batch.capture import run_capture
-from eagle_batch.config import RunConfig, model_info, resolve_layer_ids
 from eagle_batch.data import PreparedDataset
-from eagle_batch.store import StoreSpec, TaskStoreWriter
+from eagle_batch.store import TaskStoreWriter
 
 from .state import store_path
+from .store_match import store_spec
 from .work import TaskContext
-
-
-def store_spec(cfg: RunConfig) -> StoreSpec:
-    """The StoreSpec for this run: the same layer ids and hidden size capture resolves from the config."""
-    info = model_info(cfg.model.path)
-    return StoreSpec.from_config(cfg, resolve_layer_ids(cfg.model, info), info.hidden_size, info.num_hidden_layers)
 
 
 def capture_work(ctx: TaskContext) -> bool:

@@ -30,6 +30,7 @@ def run(args: argparse.Namespace) -> int:
 
     from .disk_room import capture_room
     from .status import RESUMABLE, run_status
+    from .store_match import check_stores_match
     from .submit import SubmitError, submit_tasks
 
     bad = [o for o in args.overrides if not o.startswith("slurm.")]
@@ -52,6 +53,7 @@ def run(args: argparse.Namespace) -> int:
         if not todo:
             print(f"nothing to resume in {args.run_dir}: {st['totals']['done']} done, {len(active)} queued or running.")
             return 0
+        check_stores_match(cfg, todo)  # a config.yaml edited since would fail every attempt of the task
         print(
             f"resubmitting {len(todo)} task(s): {', '.join(map(str, todo))}"
             + (f" ({len(active)} still queued or running are left alone)" if active else "")

@@ -14,6 +14,7 @@ hit its time limit or was killed (a killed process writes nothing). Task states:
     gave_up        failed on slurm.max_attempts attempts; resumable once fixed
     unknown        Slurm has no record of its job (e.g. a pending array task cancelled alone); resumable
     damaged        `resume --repair` found problems in its store and the repair has not run yet; resumable
+    lost           done, but its store was deleted or moved by hand since; resumable (extracted again)
 """
 
 from __future__ import annotations
@@ -30,7 +31,7 @@ from .local import cancelled, claimed, exit_message, submission_alive, task_exit
 from .slurm_query import is_live, job_states
 
 FINISHED_OK = {"done"}
-RESUMABLE = {"not_submitted", "failed", "cancelled", "timeout", "gave_up", "unknown", "damaged"}
+RESUMABLE = {"not_submitted", "failed", "cancelled", "timeout", "gave_up", "unknown", "damaged", "lost"}
 ACTIVE = {"pending", "requeued", "running"}
 
 
@@ -93,15 +94,20 @@ def task_rows(run_dir: str | os.PathLike, num_tasks: int) -> list[TaskRow]:
     subs = S.read_submissions(run_dir)
     slurm_subs = [s for s in subs if s.executor == "slurm" and s.kind in ("extract", "resume")]
     states = job_states(s.job_id for s in slurm_subs)
+    stores = _writes_stores(run_dir)
     rows = []
     for t in range(num_tasks):
         st = S.read_state(run_dir, t)
         sub = S.latest_submission_of(subs, t)
         job_id = sub.task_job_id(t) if sub else ""
         sstate = states.get(job_id, "") if sub and sub.executor == "slurm" else ""
-        repair = S.repair_path(run_dir, t).exists()
+        # A finished task whose store is gone (deleted or moved by hand) is redone like a damaged one.
+        lost = stores and st is not None and st.status == S.DONE and not S.store_path(run_dir, t).is_dir()
+        repair = S.repair_path(run_dir, t).exists() or lost
         local = LocalView(sub, st, t) if sub is not None and sub.executor == "local" else None
         state = local.state(repair) if local else _derive(st, sub, sstate, repair=repair)
+        if lost and state == "damaged":
+            state = "lost"
         att = st.attempt if st else None
         if local:
             log = str(task_log(Path(sub.folder), t))
@@ -110,7 +116,9 @@ def task_rows(run_dir: str | os.PathLike, num_tasks: int) -> list[TaskRow]:
         else:
             log = _default_log(run_dir, job_id) if sub and sub.executor == "slurm" else ""
         last_error = st.last_error if st else ""
-        if local and state == "failed" and local.error:
+        if state == "lost":
+            last_error = f"{S.store_path(run_dir, t)} no longer exists (deleted or moved?); `resume` extracts it again"
+        elif local and state == "failed" and local.error:
             last_error = local.error  # what the slot saw: a kill, or a job that ended before the task ran
         elif state in ("failed", "gave_up") and st and st.last_error and st.last_error_log:
             log = st.last_error_log  # the log of the attempt that raised
@@ -177,6 +185,8 @@ class LocalView:
             else:
                 self.error = f"local job {self.sub.job_id} ended before this task started (slot logs in {self.dir})"
             return "failed"
+        if st.status == S.DONE and repair:  # `resume --repair` found its finished store damaged since
+            return "damaged"
         if st.status == S.RUNNING:
             if proc.alive(att.pid, att.ticks):
                 return "running"
@@ -195,6 +205,19 @@ class LocalView:
         if st.status == S.FAILED:
             return "requeued" if alive and st.failures < _max_attempts(self.dir) else "failed"
         return {S.RETRYING: "failed"}.get(st.status, st.status)
+
+
+def _writes_stores(run_dir: Path) -> bool:
+    """Whether the run's tasks write RUN/stores/task-XXXXX.zarr: extraction runs (extract.work=capture; a work of
+    one's own that writes stores makes RUN/stores too), not regeneration runs."""
+    from eagle_batch.config import ConfigError, load_run_config
+
+    if (run_dir / "stores").is_dir():
+        return True
+    try:
+        return load_run_config(run_dir).extract.work == "capture"
+    except (ConfigError, OSError):
+        return False
 
 
 def _max_attempts(sub_dir: Path) -> int:

@@ -72,20 +72,24 @@ def prepare_and_extract(cfg: RunConfig) -> dict:
     return {"prepared_samples": summary["samples"], "extraction": sub.job_id}
 
 
-def _claim(rcfg: RunConfig, force: bool) -> None:
+def _claim(cfg: RunConfig, rcfg: RunConfig, force: bool) -> None:
     """Plan the run unless RUN/regenerate already holds this run's plan (then it is resumed)."""
     from eagle_batch.config import config_hash, load_run_config
+    from eagle_batch.config.validate import describe_differences
 
     from .plan import plan_regeneration
 
     run_dir = Path(rcfg.run_dir)
+    _check_not_another_run(cfg, rcfg)
     if (run_dir / PREPARED / PLAN).is_file():
-        if config_hash(load_run_config(run_dir), IDENTITY) == config_hash(rcfg, IDENTITY):
+        theirs = load_run_config(run_dir)
+        if config_hash(theirs, IDENTITY) == config_hash(rcfg, IDENTITY):
             return
         if not force:
+            differ = describe_differences(theirs, rcfg, IDENTITY)
             raise ConfigError(
-                f"{run_dir} holds a regeneration planned with other model, data or regenerate settings; use a "
-                "new regenerate.run_dir, or pass --force to plan again (refused once output exists)."
+                f"{run_dir} holds a regeneration planned with other settings ({differ}); use a new "
+                "regenerate.run_dir, or pass --force to plan again (refused once output exists)."
             )
     from eagle_batch.data.tally import reasons_text
 
@@ -99,6 +103,30 @@ def _claim(rcfg: RunConfig, force: bool) -> None:
     )
 
 
+def _check_not_another_run(cfg: RunConfig, rcfg: RunConfig) -> None:
+    """regenerate.run_dir must not be an extraction run (planning would replace its prepared/ and config.yaml)."""
+    from eagle_batch.config import load_run_config
+
+    run_dir = Path(rcfg.run_dir)
+    if run_dir == Path(cfg.run_dir).resolve():
+        raise ConfigError(
+            f"regenerate.run_dir={cfg.regenerate.run_dir} is run_dir itself, where prepare and extract write; "
+            "leave regenerate.run_dir empty (RUN/regenerate) or choose a folder of its own."
+        )
+    if not (run_dir / "config.yaml").is_file():
+        return
+    try:
+        work = load_run_config(run_dir).extract.work
+    except ConfigError:
+        return  # unreadable: the plan check below names it
+    if work != "regenerate":
+        raise ConfigError(
+            f"regenerate.run_dir={run_dir} is another kind of run (its config.yaml has extract.work={work}: an "
+            "extraction run), not a regeneration; regenerating there would replace its prepared data. Leave "
+            "regenerate.run_dir empty (RUN/regenerate) or choose a folder of its own."
+        )
+
+
 def run(args: argparse.Namespace) -> int:
     from eagle_batch.config import check_config, save_config
     from eagle_batch.launch.local import local_summary
@@ -109,7 +137,7 @@ def run(args: argparse.Namespace) -> int:
     check_config(cfg)
     rcfg = regeneration_config(cfg)
     run_dir = Path(rcfg.run_dir)
-    _claim(rcfg, args.force)
+    _claim(cfg, rcfg, args.force)
     save_config(rcfg, run_dir)
     n = rcfg.extract.num_tasks
     live = live_tasks(run_dir)
@@ -138,13 +166,17 @@ def run(args: argparse.Namespace) -> int:
 def _follow_and_finish(args: argparse.Namespace, cfg: RunConfig, run_dir: Path, chain: bool) -> int:
     from eagle_batch.launch.follow import follow
 
-    from .summary import regeneration_summary, summary_lines
+    from .summary import nothing_written, regeneration_summary, summary_lines
 
     final = follow(run_dir, args.interval)
     summary = regeneration_summary(run_dir)
     (run_dir / "summary.json").write_text(json.dumps(summary, indent=1) + "\n")
     print("\n".join(summary_lines(summary)))
     if not final["totals"]["all_done"]:
+        return 1
+    empty = nothing_written(summary)
+    if empty:
+        print(f"eagle-batch regenerate: {empty}", file=sys.stderr)
         return 1
     if chain:
         r = prepare_and_extract(cfg)

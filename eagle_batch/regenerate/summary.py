@@ -76,3 +76,23 @@ def summary_lines(s: dict) -> list[str]:
     rate = f", {s['tokens_generated'] / s['generate_s']:.0f} tokens/s while generating" if s["generate_s"] else ""
     lines.append(f"  {s['turns_written']} assistant turns written, {s['tokens_generated']} tokens generated{rate}")
     return lines
+
+
+# What to change when every conversation failed for one reason.
+FIXES = {
+    "cut_off": "raise regenerate.max_tokens, or set regenerate.keep_cut_off=true to keep answers cut at it",
+    "too_long": "raise model.max_model_len, or give shorter conversations",
+    "empty_output": "check model.path and the chat template (model.chat_template): the model answered nothing",
+}
+
+
+def nothing_written(s: dict) -> str:
+    """The error of a finished run that wrote no conversation ('' when it wrote one, or some are pending)."""
+    if s["written"] or s["pending"]:
+        return ""
+    fixes = "; ".join(f"{r}: {FIXES[r]}" for r in sorted(s["failed"]) if r in FIXES)
+    return (
+        f"nothing was regenerated: all {sum(s['failed'].values())} conversation(s) failed "
+        f"({_by_reason(s['failed'])}; listed in {s['failures_file']}), so {s['output']} holds no row. "
+        + (f"{fixes}; then plan again with a new regenerate.run_dir." if fixes else "")
+    ).strip()

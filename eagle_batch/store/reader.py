@@ -379,6 +379,11 @@ def open_dataset(path: str | os.PathLike, layer_ids: Sequence[int] | None = None
         index = load_json(p / DATASET_NAME, "the aggregate index; rerun `eagle-batch aggregate`")
         stores, counts = [], []
         for entry in index["stores"]:
+            if not (p / entry["path"]).is_dir():
+                raise StoreError(
+                    f"{p / DATASET_NAME} lists {entry['path']}, which no longer exists (deleted or moved?): "
+                    f"`eagle-batch resume {p}` extracts its task again; then rerun `eagle-batch aggregate {p}`."
+                )
             stores.append(
                 TaskStore(
                     p / entry["path"],

@@ -86,10 +86,12 @@ class TrainSamples(Dataset):
         want = list(aux_layer_ids) + [int(last_layer_id)]
         missing = [x for x in want if x not in stored]
         if missing:
-            raise ValueError(
+            from eagle_batch.config.load import ConfigError
+
+            raise ConfigError(
                 f"the training data holds layers {stored}; the draft needs {want} "
                 f"(aux {list(aux_layer_ids)} + last {last_layer_id}); missing {missing}. "
-                "Re-extract with model.layer_ids including them."
+                "Set train.aux_layer_ids to layers the data holds, or re-extract with model.layer_ids including them."
             )
         self.positions = [stored.index(x) for x in want]
         self.identity = self.positions == list(range(len(stored)))

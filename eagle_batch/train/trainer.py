@@ -42,6 +42,7 @@ from .checkpoint import (
 )
 from .data import BatchPlan, EpochLoader, TrainSamples, build_vocab_map, token_frequencies
 from .distributed import StopFlag, all_reduce_sum, init_distributed, shutdown_distributed
+from .fit import check_checkpoint_fits, check_data_fits_target, note_full_vocab
 from .loss import CrossEntropyKernels, plan_to, ttt_loss, ttt_plan
 from .model import Eagle3Draft, draft_config_from_target, export_draft
 from .optim import DraftOptimizer
@@ -69,17 +70,17 @@ def resolve_layers(cfg, stored_layer_ids: list[int]) -> tuple[list[int], int]:
     Ascending because that is the order in which vLLM hands the aux states to the draft's fc, whatever the
     order of `eagle_aux_hidden_state_layer_ids` (0.32 sorts the set; 0.26 appends each as its layer loop
     passes it): fc trained on another order would see its input blocks swapped at serving time."""
-    from eagle_batch.config import model_info
+    from eagle_batch.config import ConfigError, model_info
 
     n = model_info(cfg.model.path).num_hidden_layers
     aux = list(cfg.train.aux_layer_ids) if cfg.train.aux_layer_ids else [i for i in stored_layer_ids if i != n]
     if n not in stored_layer_ids:
-        raise ValueError(
+        raise ConfigError(
             f"the training data has layers {stored_layer_ids} but not the last layer {n} "
             "(its states give the training targets); re-extract with it in model.layer_ids."
         )
     if len(set(aux)) != len(aux) or n in aux:
-        raise ValueError(
+        raise ConfigError(
             f"train.aux_layer_ids={aux}: list each layer once and leave out the last layer {n} (its state "
             "gives the targets; vLLM never feeds it to the draft)"
         )
@@ -154,6 +155,8 @@ def _build_model(cfg, dataset, aux_ids, last_id, rank, out, device, progress):
         norm_before_residual=bool(tc.norm_before_residual),
         norm_output=bool(tc.norm_output),
     )
+    if rank == 0:
+        note_full_vocab(cfg, dcfg.vocab_size)
     th = target_head(cfg.model.path)
     model = Eagle3Draft(dcfg, th["embed"]).to(device)
     model.midlayer.self_attn.impl = tc.ttt_attention
@@ -161,6 +164,7 @@ def _build_model(cfg, dataset, aux_ids, last_id, rank, out, device, progress):
     ckpt = torch.load(ckpt_path, map_location="cpu", weights_only=False) if ckpt_path else None
     if ckpt is not None:
         check_resume_settings(ckpt, out, tc)
+        check_checkpoint_fits(ckpt, ckpt_path, dcfg)
         model.load_state_dict(ckpt["model"])
         progress.note(f"resuming from {ckpt_path} (step {ckpt['step']})")
     else:
@@ -215,6 +219,7 @@ def _setup(cfg, dataset, progress_enabled: bool) -> tuple[_Run, TrainProgress, d
         # H200 run").
         torch.set_num_threads(min(torch.get_num_threads(), TRAINER_CPU_THREADS))
     dataset = _load_dataset(cfg, dataset)
+    check_data_fits_target(cfg, dataset, str(tc.data or cfg.run_dir))
     aux_ids, last_id = resolve_layers(cfg, list(dataset.layer_ids))
     samples = TrainSamples(dataset, aux_ids, last_id, tc.max_length)
     plan = BatchPlan(samples.lengths(), tc.batch_tokens, tc.seed, world)

@@ -1,0 +1,105 @@
+"""`eagle-batch regenerate` on inputs that must stop it, without an engine:
+
+- a regenerate.run_dir holding an extraction run (planning there with --force replaced its prepared data and
+  config.yaml), or run_dir itself: refused, whatever the flags;
+- a regenerate.run_dir planned under other settings: the keys that differ are named, with both values;
+- a finished regeneration that wrote no conversation (every answer cut at max_tokens): `--wait` exits 1 with
+  the reason and the key to change, not 0 over an empty output folder.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from eagle_batch.launch.state import DONE, TaskState, write_state
+from eagle_batch.regenerate.cli import regeneration_config
+from eagle_batch.regenerate.plan import plan_regeneration
+from eagle_batch.regenerate.shards import ShardWriter
+
+REPO = Path(__file__).resolve().parents[2]
+U = {"role": "user", "content": "Hi"}
+
+
+def cli(*argv) -> subprocess.CompletedProcess:
+    env = dict(os.environ, PYTHONPATH=str(REPO))
+    return subprocess.run(
+        [sys.executable, "-m", "eagle_batch.cli", *map(str, argv)],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=300,
+        cwd=str(REPO),
+    )
+
+
+@pytest.fixture
+def config(tmp_path, tiny_model) -> Path:
+    src = tmp_path / "chats.jsonl"
+    src.write_text("".join(json.dumps({"messages": [{"role": "user", "content": f"Q{i}?"}]}) + "\n" for i in range(3)))
+    conf = tmp_path / "rg.yaml"
+    conf.write_text(
+        json.dumps(
+            {
+                "run_dir": str(tmp_path / "run"),
+                "model": {"path": str(tiny_model("llama")), "max_model_len": 512},
+                "data": {"inputs": [str(src)], "max_length": 256},
+                "regenerate": {"max_tokens": 8},
+                "slurm": {"executor": "local", "gpus_per_node": 0},
+            }
+        )
+    )
+    return conf
+
+
+def _planned(conf: Path) -> Path:
+    """Plan RUN/regenerate as the command does, without submitting anything."""
+    from eagle_batch.config import load_config
+
+    rcfg = regeneration_config(load_config(conf))
+    plan_regeneration(rcfg)
+    return Path(rcfg.run_dir)
+
+
+def test_a_run_dir_of_another_kind_is_refused_even_with_force(config, tmp_path):
+    extraction = tmp_path / "extraction"
+    extraction.mkdir()
+    (extraction / "config.yaml").write_text(json.dumps({"run_dir": str(extraction), "model": {"path": "/m"}}))
+    (extraction / "prepared").mkdir()
+    (extraction / "prepared" / "plan.json").write_text('{"num_tasks": 1, "tasks": []}')
+    r = cli("regenerate", config, f"regenerate.run_dir={extraction}", "--force")
+    assert r.returncode == 2, r.stdout + r.stderr
+    assert (
+        f"regenerate.run_dir={extraction} is another kind of run (its config.yaml has extract.work=capture" in r.stderr
+    )
+    assert json.loads((extraction / "prepared" / "plan.json").read_text())["tasks"] == []  # left as it was
+    r = cli("regenerate", config, f"regenerate.run_dir={tmp_path / 'run'}")
+    assert r.returncode == 2 and "is run_dir itself" in r.stderr, r.stderr
+
+
+def test_a_plan_made_under_other_settings_names_the_keys_that_differ(config):
+    _planned(config)
+    r = cli("regenerate", config, "regenerate.max_tokens=16", "regenerate.top_p=0.5")
+    assert r.returncode == 2, r.stdout + r.stderr
+    assert "regenerate.top_p: 1.0 in the run, 0.5 now" in r.stderr
+    assert "regenerate.max_tokens: 8 in the run, 16 now" in r.stderr
+    assert "Traceback" not in r.stderr
+
+
+def test_a_finished_regeneration_that_wrote_nothing_fails_and_says_why(config):
+    run = _planned(config)
+    ids = [json.loads(x)["id"] for x in (run / "prepared" / "task-00000.jsonl").read_text().splitlines()]
+    failures = [{"id": i, "reason": "cut_off"} for i in ids]
+    with ShardWriter(run, 0) as w:  # what the task commits when every first answer hits max_tokens
+        w.commit(ids, [], failures, {"failed_cut_off": len(ids), "answers_cut_off": len(ids)})
+    write_state(run, TaskState(task_id=0, status=DONE, samples_total=len(ids), samples_committed=len(ids)))
+    r = cli("regenerate", config, "--wait", "--interval", "0.2")
+    assert "nothing to submit" in r.stdout, r.stdout + r.stderr
+    assert r.returncode == 1, r.stdout + r.stderr
+    assert f"nothing was regenerated: all {len(ids)} conversation(s) failed (cut_off {len(ids)}" in r.stderr
+    assert "raise regenerate.max_tokens, or set regenerate.keep_cut_off=true" in r.stderr

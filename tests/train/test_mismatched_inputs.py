@@ -1,0 +1,81 @@
+"""`train` on data, a checkpoint or settings that do not fit together: a ConfigError naming the folder, the
+values and what to do, before the first step (each was a traceback: a tensor shape inside the loss, a
+state_dict that does not load, a ValueError), and a draft_vocab_size above the vocabulary said out loud."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+from conftest import TINY, TINY_LAYERS, tiny_cfg, write_fake_target
+
+from eagle_batch.config import ConfigError
+from eagle_batch.train.trainer import train
+
+
+def _store(run_dir: Path, num_hidden_layers: int = TINY["layers"]) -> Path:
+    from helpers import random_samples
+
+    from eagle_batch.config.schema import StoreConfig
+    from eagle_batch.store import StoreSpec, TaskStoreWriter
+
+    path = run_dir / "stores" / "task-00000.zarr"
+    spec = StoreSpec(
+        layer_ids=TINY_LAYERS, hidden_size=TINY["hidden"], model_name="tiny", num_hidden_layers=num_hidden_layers
+    )
+    w = TaskStoreWriter.open(path, spec, StoreConfig(fsync=False))
+    for s in random_samples(12, TINY_LAYERS, TINY["hidden"], TINY["vocab"], seed=1):
+        w.append(s["sample_id"], s["input_ids"].numpy().astype(np.int32), s["loss_mask"].numpy(), s["hidden_states"])
+    w.commit()
+    w.finalize()
+    w.close()
+    return path
+
+
+def _target_with(tmp_path: Path, **config) -> Path:
+    """The fake target with config.json keys changed (another model's shape)."""
+    target = write_fake_target(tmp_path / "other-target")
+    raw = json.loads((target / "config.json").read_text())
+    (target / "config.json").write_text(json.dumps({**raw, **config}))
+    return target
+
+
+@pytest.mark.parametrize(
+    "change, message",
+    [
+        ({"hidden_size": 128}, "hidden_size 64 in the data, 128 in model.path"),
+        ({"num_hidden_layers": 8}, "num_hidden_layers 6 in the data, 8 in model.path"),
+    ],
+)
+def test_data_of_another_model_is_refused_before_training(tmp_path, change, message):
+    store = _store(tmp_path / "run")
+    cfg = tiny_cfg(tmp_path / "run", _target_with(tmp_path, **change), f"train.data={store}")
+    with pytest.raises(ConfigError, match=f"{store} holds hidden states of another model .*{message}"):
+        train(cfg)
+
+
+def test_data_without_the_last_layer_or_an_aux_layer_is_a_config_error(tmp_path, fake_target):
+    store = _store(tmp_path / "run", num_hidden_layers=0)  # written without N: only the layer check applies
+    cfg = tiny_cfg(tmp_path / "run", _target_with(tmp_path, num_hidden_layers=8), f"train.data={store}")
+    with pytest.raises(ConfigError, match="not the last layer 8"):
+        train(cfg)
+    cfg = tiny_cfg(tmp_path / "run", fake_target, f"train.data={store}", "train.aux_layer_ids=[1,2,3]")
+    with pytest.raises(ConfigError, match=r"missing \[1\]. Set train.aux_layer_ids to layers the data holds"):
+        train(cfg)
+
+
+def test_resuming_a_draft_of_another_shape_is_refused(tmp_path, fake_target, tiny_dataset):
+    cfg = tiny_cfg(tmp_path / "run", fake_target, "train.steps=2")
+    assert train(cfg, dataset=tiny_dataset)["status"] == "done"
+    cfg = tiny_cfg(tmp_path / "run", fake_target, "train.steps=4", "train.draft_vocab_size=64")
+    with pytest.raises(ConfigError, match=r"draft_vocab_size=128 in the checkpoint, 64 now \(train.draft_vocab_size\)"):
+        train(cfg, dataset=tiny_dataset)
+
+
+def test_a_draft_vocab_above_the_vocabulary_is_said(tmp_path, fake_target, tiny_dataset, capsys):
+    cfg = tiny_cfg(tmp_path / "run", fake_target, "train.steps=1", "train.draft_vocab_size=100000")
+    assert train(cfg, dataset=tiny_dataset)["status"] == "done"
+    err = capsys.readouterr().err
+    assert f"train.draft_vocab_size=100000 is more than the target's vocabulary ({TINY['vocab']} tokens" in err
