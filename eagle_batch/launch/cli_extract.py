@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+from pathlib import Path
 
 from eagle_batch.cli_common import add_config_arguments, config_from_args, config_sources
 
@@ -50,6 +51,7 @@ def run(args: argparse.Namespace) -> int:
     from .disk_room import capture_room
     from .local import local_summary
     from .state import DONE, read_state
+    from .status import store_lost, writes_stores
     from .submit import SubmitError, live_tasks, resolve_executor, submit_tasks
 
     cfg = config_from_args(args)
@@ -63,7 +65,9 @@ def run(args: argparse.Namespace) -> int:
             f"{', '.join(sorted(set(live.values()))[:5])}). Nothing was submitted. Follow them "
             f"with `eagle-batch status {run_dir}`, or `eagle-batch cancel {run_dir}` first."
         )
-    todo = [t for t in range(n) if (st := read_state(run_dir, t)) is None or st.status != DONE]
+    states = {t: read_state(run_dir, t) for t in range(n)}
+    lost = [t for t in range(n) if writes_stores(Path(run_dir)) and store_lost(Path(run_dir), t, states[t])]
+    todo = [t for t in range(n) if states[t] is None or states[t].status != DONE or t in lost]
     room = capture_room(cfg, todo)
     claim_run_dir(cfg, force=args.force)
     save_config(cfg, run_dir)  # the tasks read slurm.max_attempts etc. from RUN/config.yaml
@@ -72,6 +76,10 @@ def run(args: argparse.Namespace) -> int:
         return 0
     if room:
         print(room, file=sys.stderr)
+    if lost:
+        print(
+            f"task(s) {', '.join(map(str, lost))} finished, but their stores are gone (deleted or moved?): extracting again"
+        )
     which = resolve_executor(cfg)
     sub = submit_tasks(cfg, run_dir, todo, kind="extract", executor=which)
     if which == "local":

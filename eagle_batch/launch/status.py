@@ -94,7 +94,7 @@ def task_rows(run_dir: str | os.PathLike, num_tasks: int) -> list[TaskRow]:
     subs = S.read_submissions(run_dir)
     slurm_subs = [s for s in subs if s.executor == "slurm" and s.kind in ("extract", "resume")]
     states = job_states(s.job_id for s in slurm_subs)
-    stores = _writes_stores(run_dir)
+    stores = writes_stores(run_dir)
     rows = []
     for t in range(num_tasks):
         st = S.read_state(run_dir, t)
@@ -102,7 +102,7 @@ def task_rows(run_dir: str | os.PathLike, num_tasks: int) -> list[TaskRow]:
         job_id = sub.task_job_id(t) if sub else ""
         sstate = states.get(job_id, "") if sub and sub.executor == "slurm" else ""
         # A finished task whose store is gone (deleted or moved by hand) is redone like a damaged one.
-        lost = stores and st is not None and st.status == S.DONE and not S.store_path(run_dir, t).is_dir()
+        lost = stores and store_lost(run_dir, t, st)
         repair = S.repair_path(run_dir, t).exists() or lost
         local = LocalView(sub, st, t) if sub is not None and sub.executor == "local" else None
         state = local.state(repair) if local else _derive(st, sub, sstate, repair=repair)
@@ -207,7 +207,12 @@ class LocalView:
         return {S.RETRYING: "failed"}.get(st.status, st.status)
 
 
-def _writes_stores(run_dir: Path) -> bool:
+def store_lost(run_dir: Path, task_id: int, st: S.TaskState | None) -> bool:
+    """A task done whose store is gone (deleted or moved by hand since): its work must be done again."""
+    return st is not None and st.status == S.DONE and not S.store_path(run_dir, task_id).is_dir()
+
+
+def writes_stores(run_dir: Path) -> bool:
     """Whether the run's tasks write RUN/stores/task-XXXXX.zarr: extraction runs (extract.work=capture; a work of
     one's own that writes stores makes RUN/stores too), not regeneration runs."""
     from eagle_batch.config import ConfigError, load_run_config

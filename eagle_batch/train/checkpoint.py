@@ -31,11 +31,24 @@ def set_rng_state(st: dict) -> None:
 
 
 def latest_checkpoint(out_dir: Path) -> Path | None:
-    p = out_dir / "checkpoints" / "latest"
-    if not p.is_file():
-        return None
-    ck = out_dir / "checkpoints" / p.read_text().strip()
-    return ck if ck.is_file() else None
+    """The checkpoint a training resumes from: the one checkpoints/latest names, else the newest step-*.pt (a
+    crash between the two renames of save_checkpoint); None when there is none. A `latest` naming a file that
+    no longer exists, with no other checkpoint, is a ConfigError: starting from step 0 would overwrite the
+    draft that was trained."""
+    d = out_dir / "checkpoints"
+    p = d / "latest"
+    steps = sorted(d.glob("step-*.pt"))
+    named = d / p.read_text().strip() if p.is_file() else None
+    if named is not None and named.is_file():
+        return named
+    if steps:
+        return steps[-1]
+    if named is not None:
+        raise ConfigError(
+            f"{p} names {named.name}, which no longer exists, and {d} holds no other checkpoint: restore it "
+            f"to resume, or delete {d} to train this draft again from the start."
+        )
+    return None
 
 
 def save_checkpoint(out_dir: Path, state: dict, keep: int = 2) -> Path:

@@ -105,3 +105,19 @@ def test_resume_refuses_a_config_edited_since_the_task_started(tmp_path, tiny_mo
     assert "Nothing was submitted" in r.stderr
     no_traceback(r)
     assert not (run / "slurm").exists()
+
+
+def test_extract_again_redoes_a_task_whose_store_was_deleted(finished):
+    import shutil
+
+    from eagle_batch.store import open_dataset
+
+    run, cfg = finished
+    shutil.rmtree(run / "stores" / "task-00000.zarr")
+    r = cli("extract", cfg, "--wait", "--interval", "0.5", env={})
+    assert r.returncode == 0, r.stderr + r.stdout
+    assert "task(s) 0 finished, but their stores are gone" in r.stdout, r.stdout
+    assert "nothing to submit" not in r.stdout
+    assert _states(run)[0]["state"] == "done"
+    assert cli("aggregate", run, "--no-progress", env={}).returncode == 0
+    assert len(open_dataset(run)) == 2 * work.N_SAMPLES

@@ -79,3 +79,23 @@ def test_a_draft_vocab_above_the_vocabulary_is_said(tmp_path, fake_target, tiny_
     assert train(cfg, dataset=tiny_dataset)["status"] == "done"
     err = capsys.readouterr().err
     assert f"train.draft_vocab_size=100000 is more than the target's vocabulary ({TINY['vocab']} tokens" in err
+
+
+def test_the_resume_checkpoint_survives_a_missing_latest_target(tmp_path):
+    """checkpoints/latest naming a deleted file: the newest other checkpoint is used; with none left, a
+    ConfigError (starting again at step 0 would overwrite the trained draft)."""
+    from eagle_batch.train.checkpoint import latest_checkpoint
+
+    d = tmp_path / "checkpoints"
+    assert latest_checkpoint(tmp_path) is None
+    d.mkdir()
+    (d / "step-00000010.pt").write_bytes(b"x")
+    (d / "step-00000020.pt").write_bytes(b"x")
+    (d / "latest").write_text("step-00000020.pt\n")
+    assert latest_checkpoint(tmp_path).name == "step-00000020.pt"
+    (d / "latest").write_text("step-00000030.pt\n")  # a crash after latest's rename cannot happen; a hand can
+    assert latest_checkpoint(tmp_path).name == "step-00000020.pt"
+    for p in d.glob("step-*.pt"):
+        p.unlink()
+    with pytest.raises(ConfigError, match=r"names step-00000030.pt, which no longer exists.*delete"):
+        latest_checkpoint(tmp_path)
