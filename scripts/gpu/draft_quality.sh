@@ -37,6 +37,7 @@
 # optional branches of `parallel`, of fp8 spec lr; "fp8 spec"), DRAFTS (the default-setting drafts `parallel`
 # trains, of orig regen floor; all three), VARIANTS (drafts with other train.*
 # settings, e.g. "norms=train.norm_before_fc=true,train.norm_output=true regen:regen-ttt3=train.ttt_steps=3"; none), LR_ALT (the lr branch's learning rate; 3e-4),
+# EVAL_KS (the draft lengths k each draft is served at; "3 5": each k is one more engine, ~50-70 s on the H200),
 # EVAL_DTYPE (the acceptance runs' compute dtype; float32; bfloat16 runs them with batch-invariant kernels),
 # FP8_DTYPE (the fp8 branch's store.dtype; float8_e5m2), STORE_DTYPE (the orig and regen stores' store.dtype; bfloat16), PROFILE_BATCHES (the batch sizes profile-train
 # measures and calibrate chooses from; "BATCH_TOKENS 2xBATCH_TOKENS"), PROFILE_RECIPE (train.* overrides,
@@ -428,6 +429,8 @@ EOF
         read -r vstates vname _ <<< "$(variant_parts "$v")"
         drafts[$vname]="$work/run-$vstates/train/$vname/export"
       done
+      # shellcheck disable=SC2206
+      eval_ks=(${EVAL_KS:-3 5})
       eval_dtype=${EVAL_DTYPE:-float32}
       eval_opts=(--dtype "$eval_dtype")
       # vLLM's batch-invariant kernels are CUDA kernels
@@ -441,7 +444,7 @@ EOF
       for run_ in "${runs[@]}"; do
         read -r name draft prompts <<< "$run_"
         [ -f "$draft/config.json" ] || continue
-        step "evaluate-$name" eagle-batch evaluate "$work/run-regen" --draft "$draft" --k 3 5 \
+        step "evaluate-$name" eagle-batch evaluate "$work/run-regen" --draft "$draft" --k "${eval_ks[@]}" \
           --prompts "$work/$prompts.jsonl" --max-tokens "$EVAL_TOKENS" --batch 16 "${eval_opts[@]}" \
           --gpu-memory-utilization 0.15 --kv-cache-gib 2 --out "$out/evaluate-$name.json" &
       done
