@@ -79,6 +79,21 @@ def untrained_note(cfg: RunConfig) -> str:
     )
 
 
+def stale_index_note(data_dir: str) -> str:
+    """A warning when data_dir's dataset.json leaves out task stores that finished after it was written."""
+    from eagle_batch.store.aggregate import not_indexed
+
+    missing = not_indexed(data_dir)
+    if not missing:
+        return ""
+    shown = ", ".join(missing[:3]) + (f" and {len(missing) - 3} more" if len(missing) > 3 else "")
+    return (
+        f"eagle-batch train: warning: {data_dir}/dataset.json does not list {len(missing)} task store(s) that "
+        f"finished since it was written ({shown}); the training leaves them out. Run `eagle-batch aggregate "
+        f"{data_dir}` first to train on them too."
+    )
+
+
 def task_configs(args: argparse.Namespace) -> list[RunConfig]:
     files, overrides = config_sources(args)
     overrides += ["train.progress=false"] * args.no_progress
@@ -91,6 +106,9 @@ def run(args: argparse.Namespace) -> int:
     cfgs = task_configs(args)
     for note in filter(None, map(untrained_note, cfgs)):
         print(note, file=sys.stderr)
+    if not args.after:  # with --after, the job aggregates once the extraction is done
+        for note in filter(None, map(stale_index_note, {c.train.data or c.run_dir for c in cfgs})):
+            print(note, file=sys.stderr)
     if args.dry_run:
         for c in cfgs:
             row = {"name": c.train.name, "run_dir": c.run_dir, "lr": c.train.lr, "ttt_steps": c.train.ttt_steps}

@@ -73,6 +73,21 @@ def left_out(previous: dict | None, index: dict) -> list[str]:
     return out
 
 
+def not_indexed(run_dir) -> list[str]:
+    """Complete task stores of RUN that RUN/dataset.json does not list (finished since it was written): a
+    training on the index would leave them out. Empty when there is no readable index."""
+    run = Path(run_dir)
+    index = previous_index(run)
+    if index is None:
+        return []
+    listed = {e.get("path") for e in index["stores"] if isinstance(e, dict)}
+    return [
+        str(p.relative_to(run))
+        for p in task_stores(run)
+        if (p / COMPLETE_NAME).exists() and str(p.relative_to(run)) not in listed
+    ]
+
+
 def aggregate(run_dir, *, fsync: bool = True, each: Callable[[list[Path]], Iterable[Path]] = iter) -> dict:
     """Write RUN/dataset.json over RUN/stores/*.zarr; return the index (also lists incomplete stores).
     `each` wraps the list of stores (a progress bar)."""

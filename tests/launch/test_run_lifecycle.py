@@ -121,3 +121,19 @@ def test_extract_again_redoes_a_task_whose_store_was_deleted(finished):
     assert _states(run)[0]["state"] == "done"
     assert cli("aggregate", run, "--no-progress", env={}).returncode == 0
     assert len(open_dataset(run)) == 2 * work.N_SAMPLES
+
+
+def test_train_warns_that_dataset_json_leaves_out_stores_finished_since(finished):
+    """An index written while a task was still running (simulated by dropping its entry): `train` says which
+    complete stores it leaves out and to aggregate again; after `aggregate`, nothing."""
+    run, cfg = finished
+    index = json.loads((run / "dataset.json").read_text())
+    index["stores"] = index["stores"][:1]
+    (run / "dataset.json").write_text(json.dumps(index))
+    r = cli("train", cfg, "--dry-run", env={})
+    assert r.returncode == 0, r.stderr + r.stdout
+    assert "does not list 1 task store(s) that finished since it was written (stores/task-00001.zarr)" in r.stderr
+    assert f"eagle-batch aggregate {run}" in r.stderr
+    assert cli("aggregate", run, "--no-progress", env={}).returncode == 0
+    r = cli("train", cfg, "--dry-run", env={})
+    assert r.returncode == 0 and "does not list" not in r.stderr, r.stderr
