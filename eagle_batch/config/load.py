@@ -26,6 +26,12 @@ from .schema import RunConfig
 RESOLVED_NAME = "config.yaml"
 # The sections that determine the extracted data: their fingerprint identifies a run (config_hash).
 DATA_SECTIONS = ("model", "data", "extract", "store")
+# What a regeneration's plan depends on: the conversations (data), who answers them (model) and how
+# (regenerate); extract and store settings do not change what it writes.
+REGENERATE_SECTIONS = ("model", "data", "regenerate")
+# The config a run's plan was made with (RUN/prepared/PLANNED_NAME), kept apart from RUN/config.yaml, which
+# slurm.* overrides rewrite and which a user may edit: the two are compared before the plan is resumed.
+PLANNED_NAME = "planned.yaml"
 
 
 class ConfigError(UserError, ValueError):

@@ -13,7 +13,17 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
-from .load import DATA_SECTIONS, RESOLVED_NAME, ConfigError, config_dict, config_hash, dotted_leaves, load_config
+from .load import (
+    DATA_SECTIONS,
+    PLANNED_NAME,
+    REGENERATE_SECTIONS,
+    RESOLVED_NAME,
+    ConfigError,
+    config_dict,
+    config_hash,
+    dotted_leaves,
+    load_config,
+)
 from .model_info import ModelInfo, model_info, resolve_layer_ids
 from .schema import RunConfig
 
@@ -402,3 +412,29 @@ def check_prepared_fits(cfg: RunConfig, prepared_max_tokens: int, where: str) ->
 def check_config(cfg: RunConfig, need_model: bool = True) -> ModelInfo | None:
     check_values(cfg)
     return check_model_files(cfg) if need_model else None
+
+
+def plan_sections(cfg: RunConfig) -> tuple[str, ...]:
+    """The sections a run's plan depends on: a regeneration's, or an extraction's data sections."""
+    return REGENERATE_SECTIONS if cfg.extract.work == "regenerate" else DATA_SECTIONS
+
+
+def planned_config(run_dir: str | Path) -> RunConfig | None:
+    """The config RUN's plan was made with (RUN/prepared/planned.yaml), None for a run planned without one."""
+    p = Path(run_dir) / "prepared" / PLANNED_NAME
+    return load_config(p) if p.is_file() else None
+
+
+def check_plan_settings(cfg: RunConfig) -> None:
+    """ConfigError when cfg (RUN/config.yaml as it is now) changes settings the run's plan was made with: the
+    remaining tasks would work under other settings than the finished ones (a mixed output)."""
+    theirs = planned_config(cfg.run_dir)
+    sections = plan_sections(cfg)
+    if theirs is None or config_hash(theirs, sections) == config_hash(cfg, sections):
+        return
+    raise ConfigError(
+        f"{cfg.run_dir}/{RESOLVED_NAME} was changed since the run was planned "
+        f"({describe_differences(theirs, cfg, sections)}): the tasks left would work under other settings than "
+        f"the finished ones. Restore the planned values (kept in {cfg.run_dir}/prepared/{PLANNED_NAME}), or plan "
+        "a new run in a new folder. Nothing was submitted."
+    )

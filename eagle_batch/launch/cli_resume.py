@@ -27,6 +27,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from eagle_batch.config import ConfigError, check_values, load_run_config, save_config
+    from eagle_batch.config.validate import check_plan_settings
 
     from .disk_room import capture_room
     from .status import RESUMABLE, run_status
@@ -54,6 +55,7 @@ def run(args: argparse.Namespace) -> int:
             print(f"nothing to resume in {args.run_dir}: {st['totals']['done']} done, {len(active)} queued or running.")
             return 0
         check_stores_match(cfg, todo)  # a config.yaml edited since would fail every attempt of the task
+        check_plan_settings(cfg)  # ... or finish the run under other settings than its finished tasks
         print(
             f"resubmitting {len(todo)} task(s): {', '.join(map(str, todo))}"
             + (f" ({len(active)} still queued or running are left alone)" if active else "")

@@ -19,11 +19,12 @@ from pathlib import Path
 
 from eagle_batch.cli_common import add_config_arguments, config_from_args
 from eagle_batch.config import ConfigError, RunConfig
+from eagle_batch.config.load import REGENERATE_SECTIONS
 
 from .plan import PLAN, PREPARED, regenerate_dir
 
 # The sections that decide what a regeneration run writes: a plan made under other values is not reused.
-IDENTITY = ("model", "data", "regenerate")
+IDENTITY = REGENERATE_SECTIONS
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -75,14 +76,14 @@ def prepare_and_extract(cfg: RunConfig) -> dict:
 def _claim(cfg: RunConfig, rcfg: RunConfig, force: bool) -> None:
     """Plan the run unless RUN/regenerate already holds this run's plan (then it is resumed)."""
     from eagle_batch.config import config_hash, load_run_config
-    from eagle_batch.config.validate import describe_differences
+    from eagle_batch.config.validate import describe_differences, planned_config
 
     from .plan import plan_regeneration
 
     run_dir = Path(rcfg.run_dir)
     _check_not_another_run(cfg, rcfg)
     if (run_dir / PREPARED / PLAN).is_file():
-        theirs = load_run_config(run_dir)
+        theirs = planned_config(run_dir) or load_run_config(run_dir)  # a plan made before planned.yaml existed
         if config_hash(theirs, IDENTITY) == config_hash(rcfg, IDENTITY):
             return
         if not force:

@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from eagle_batch.config import ConfigError, RunConfig, save_config
+from eagle_batch.config.load import PLANNED_NAME
 from eagle_batch.data.formats import BadRow, row_to_conversation
 from eagle_batch.data.plan import plan_lpt
 from eagle_batch.data.readers import decode_record, iter_records, resolve_inputs
@@ -189,6 +190,7 @@ def _write(out_run: Path, cfg: RunConfig, files, scripts, weights, bad_lines, ro
         "tasks": len(tasks),
     }
     (tmp / SUMMARY).write_text(json.dumps(summary, indent=2) + "\n")
+    save_config(cfg, tmp, name=PLANNED_NAME)  # what resume compares RUN/config.yaml with
     final = out_run / PREPARED
     shutil.rmtree(final, ignore_errors=True)
     os.rename(tmp, final)

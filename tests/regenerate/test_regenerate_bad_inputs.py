@@ -103,3 +103,23 @@ def test_a_finished_regeneration_that_wrote_nothing_fails_and_says_why(config):
     assert r.returncode == 1, r.stdout + r.stderr
     assert f"nothing was regenerated: all {len(ids)} conversation(s) failed (cut_off {len(ids)}" in r.stderr
     assert "raise regenerate.max_tokens, or set regenerate.keep_cut_off=true" in r.stderr
+
+
+def test_resume_refuses_a_config_yaml_edited_since_the_plan(config):
+    """RUN/regenerate/config.yaml edited by hand (regenerate.max_tokens) before `resume`: the conversations left
+    would be answered under other settings than those done; refused, naming the key, before submitting."""
+    import yaml
+
+    run = _planned(config)
+    assert (run / "prepared" / "planned.yaml").is_file()
+    conf = yaml.safe_load((run / "config.yaml").read_text())
+    conf["regenerate"]["max_tokens"] = 16
+    (run / "config.yaml").write_text(yaml.safe_dump(conf))
+    r = cli("resume", run)
+    assert r.returncode == 2, r.stdout + r.stderr
+    assert "was changed since the run was planned (regenerate.max_tokens: 8 in the run, 16 now)" in r.stderr
+    assert "Traceback" not in r.stderr and not (run / "slurm").exists(), r.stderr
+    conf["regenerate"]["max_tokens"] = 8
+    (run / "config.yaml").write_text(yaml.safe_dump(conf))
+    r = cli("resume", run, "--dry-run")
+    assert r.returncode == 0 and "resubmitting 1 task(s): 0" in r.stdout, r.stdout + r.stderr
