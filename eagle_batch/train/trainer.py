@@ -206,8 +206,6 @@ def _setup(cfg, dataset, progress_enabled: bool) -> tuple[_Run, TrainProgress, d
     _check_choices(cfg)
     rank, world, device = init_distributed()
     out = output_dir(cfg)
-    if rank == 0:
-        out.mkdir(parents=True, exist_ok=True)
     torch.manual_seed(tc.seed)
     np.random.seed(tc.seed)
     random.seed(tc.seed)
@@ -230,6 +228,8 @@ def _setup(cfg, dataset, progress_enabled: bool) -> tuple[_Run, TrainProgress, d
         f"{len(samples)} samples, {int(samples.lengths().sum()):,} tokens (max_length {tc.max_length}); "
         f"{steps_per_epoch} steps per epoch of <= {tc.batch_tokens} tokens x {world} rank(s); {total_steps} steps"
     )
+    if rank == 0:  # after the data checks: a refused training leaves no empty draft folder behind
+        out.mkdir(parents=True, exist_ok=True)
     dcfg, model, head, ckpt, ckpt_path = _build_model(cfg, dataset, aux_ids, last_id, rank, out, device, progress)
     params = [p for p in model.parameters() if p.requires_grad]
     opt = DraftOptimizer(model, tc, total_steps, device)

@@ -54,6 +54,7 @@ def test_data_of_another_model_is_refused_before_training(tmp_path, change, mess
     cfg = tiny_cfg(tmp_path / "run", _target_with(tmp_path, **change), f"train.data={store}")
     with pytest.raises(ConfigError, match=f"{store} holds hidden states of another model .*{message}"):
         train(cfg)
+    assert not (tmp_path / "run" / "train").exists()  # refused before the draft's folder is made
 
 
 def test_data_without_the_last_layer_or_an_aux_layer_is_a_config_error(tmp_path, fake_target):
