@@ -10,27 +10,14 @@
 from __future__ import annotations
 
 import json
-import os
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
+from cli_run import run_cli as cli
 
 REPO = Path(__file__).resolve().parents[2]
 DATA = REPO / "configs" / "data" / "demo-chat.jsonl"
-
-
-def cli(*argv, env: dict | None = None) -> subprocess.CompletedProcess:
-    full = dict(os.environ, PYTHONPATH=str(REPO), **(env or {}))
-    return subprocess.run(
-        [sys.executable, "-m", "eagle_batch.cli", *map(str, argv)],
-        capture_output=True,
-        text=True,
-        env=full,
-        timeout=600,
-        cwd=str(REPO),
-    )
 
 
 def no_traceback(r: subprocess.CompletedProcess) -> None:

@@ -8,27 +8,11 @@ input is a path, the message names it.
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import torch
-
-REPO = Path(__file__).resolve().parents[2]
-
-
-def cli(*argv) -> subprocess.CompletedProcess:
-    env = dict(os.environ, PYTHONPATH=str(REPO))
-    return subprocess.run(
-        [sys.executable, "-m", "eagle_batch.cli", *map(str, argv)],
-        capture_output=True,
-        text=True,
-        env=env,
-        timeout=300,
-        cwd=str(REPO),
-    )
+from cli_run import run_cli as cli
 
 
 @pytest.fixture(scope="module")

@@ -10,32 +10,17 @@
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
+from cli_run import run_cli as cli
 
 from eagle_batch.launch.state import DONE, TaskState, write_state
 from eagle_batch.regenerate.cli import regeneration_config
 from eagle_batch.regenerate.plan import plan_regeneration
 from eagle_batch.regenerate.shards import ShardWriter
 
-REPO = Path(__file__).resolve().parents[2]
 U = {"role": "user", "content": "Hi"}
-
-
-def cli(*argv) -> subprocess.CompletedProcess:
-    env = dict(os.environ, PYTHONPATH=str(REPO))
-    return subprocess.run(
-        [sys.executable, "-m", "eagle_batch.cli", *map(str, argv)],
-        capture_output=True,
-        text=True,
-        env=env,
-        timeout=300,
-        cwd=str(REPO),
-    )
 
 
 @pytest.fixture
