@@ -28,10 +28,11 @@ def check_data_fits_target(cfg: Any, dataset: Any, where: str) -> None:
     """The stored states must come from a model of model.path's shape: the draft is built from model.path and
     its loss runs the states through that model's final norm and lm_head."""
     from eagle_batch.config import model_info
+    from eagle_batch.store.reader import StoreDataset
 
-    spec = getattr(dataset, "spec", None)  # a StoreDataset's; in-memory test data has none
-    if spec is None:
+    if not isinstance(dataset, StoreDataset):  # in-memory data (tests, benchmarks) records no model
         return
+    spec = dataset.spec
     info = model_info(cfg.model.path)
     differ = []
     if spec.hidden_size != info.hidden_size:
