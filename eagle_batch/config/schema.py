@@ -37,7 +37,7 @@ class ModelConfig:
 class DataConfig:
     # Input files, folders or globs: .jsonl/.json, .parquet, .arrow, datasets.load_from_disk folders.
     inputs: list[str] = field(default_factory=list)
-    # auto | messages | sharegpt | prompt_response
+    # auto | messages | sharegpt | prompt_response | alpaca (instruction, input, output)
     format: str = "auto"
     messages_field: str = "messages"
     conversations_field: str = "conversations"

@@ -31,7 +31,7 @@ WEIGHT_PATTERNS = ("*.safetensors", "*.bin", "*.pt", "*.gguf")
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "tiktoken.model", "vocab.json", "tokenizer_config.json")
 SECTIONS = ("model", "data", "extract", "store", "slurm", "train", "regenerate")
 ENUMS = {
-    "data.format": ("auto", "messages", "sharegpt", "prompt_response"),
+    "data.format": ("auto", "messages", "sharegpt", "prompt_response", "alpaca"),
     "data.on_bad_row": ("skip", "error"),
     "data.non_prefix_stable": ("error", "per_turn"),
     "data.empty_assistant_turns": ("mask", "skip", "keep"),

@@ -1,8 +1,9 @@
 """Dataset rows -> normalized chat messages (OpenAI style), or a BadRow naming what is wrong.
 
-Formats: OpenAI `messages` (system/developer, user, assistant, tool; assistant `tool_calls` and
-`reasoning_content`), ShareGPT `conversations` (`from`/`value`), and prompt/response pairs; column
-names come from `DataConfig`. `format: auto` decides per row from which column is present.
+Formats: OpenAI `messages` (system/developer, user, assistant, tool; assistant `tool_calls`, the older
+`function_call`, and `reasoning_content`), ShareGPT `conversations` (`from`/`value`), prompt/response
+pairs, and Alpaca rows (`instruction`, `input`, `output`); column names come from `DataConfig`.
+`format: auto` decides per row from which column is present.
 
 Normalized messages hold only keys templates know: role, content (a string), and where present
 reasoning_content, tool_calls, tool_call_id, name. Keys with None values are dropped, because Parquet
@@ -18,9 +19,11 @@ from typing import Any
 BAD_ROW_REASONS = {
     "invalid_json": "the line is not valid JSON",
     "undecodable_bytes": "the bytes are not valid UTF-8",
+    "invalid_text": "a string holds a lone UTF-16 surrogate (a JSON \\ud800-\\udfff escape without its pair), "
+    "which is not text and cannot be tokenized",
     "truncated_file": "the file ends in the middle of a record (it was cut off); the complete records before it are kept",
     "not_an_object": "the row is not a JSON object / struct",
-    "unknown_format": "no messages / conversations / prompt+response column in the row",
+    "unknown_format": "no messages / conversations / prompt+response / instruction+output column in the row",
     "not_a_list": "the messages / conversations value is not a list of turns",
     "empty_messages": "the messages / conversations list is empty (no turns)",
     "missing_role": "a turn has no role (`role` or `from`)",
@@ -87,12 +90,52 @@ def detect_format(row: dict, data_cfg) -> str:
         return "sharegpt"
     if row.get(data_cfg.prompt_field) is not None and row.get(data_cfg.response_field) is not None:
         return "prompt_response"
+    if row.get("instruction") is not None and row.get("output") is not None:
+        return "alpaca"
+    for name in (data_cfg.messages_field, data_cfg.conversations_field):
+        if name in row:  # there but null: Parquet and Arrow give every row every column
+            raise BadRow("not_a_list", f"'{name}' is null, expected a non-empty list of turns")
+    if data_cfg.prompt_field in row and data_cfg.response_field in row:
+        null = data_cfg.prompt_field if row[data_cfg.prompt_field] is None else data_cfg.response_field
+        raise BadRow("empty_content", f"'{null}' is null")
     raise BadRow(
         "unknown_format",
         f"row has keys {sorted(row)[:12]}; expected '{data_cfg.messages_field}', "
-        f"'{data_cfg.conversations_field}' or '{data_cfg.prompt_field}'+'{data_cfg.response_field}' "
-        "(set data.*_field to your column names)",
+        f"'{data_cfg.conversations_field}', '{data_cfg.prompt_field}'+'{data_cfg.response_field}' or "
+        "'instruction'+'output' (Alpaca) (set data.*_field to your column names)",
     )
+
+
+def _alpaca_row(row: dict, data_cfg) -> dict:
+    """An Alpaca row (instruction, optional input, output) as a prompt/response row: the input follows the
+    instruction after a blank line, as in Alpaca's own prompt."""
+    parts = []
+    for name in ("instruction", "input"):
+        value = row.get(name)
+        if value is not None and not isinstance(value, str):
+            raise BadRow("non_string_content", f"'{name}' is {type(value).__name__}, expected a string")
+        if value and value.strip():
+            parts.append(value)
+    return {
+        data_cfg.system_field: row.get(data_cfg.system_field),
+        data_cfg.prompt_field: "\n\n".join(parts),
+        data_cfg.response_field: row.get("output"),
+    }
+
+
+def _check_text(messages: list[dict], tools) -> None:
+    """BadRow for a lone UTF-16 surrogate (a JSON "\\ud83d" escape without its pair, common in scraped chats):
+    Python keeps it in the string, but it is no text and the tokenizer raises on it."""
+    try:
+        json.dumps([messages, tools], ensure_ascii=False, default=str).encode("utf-8")
+        return
+    except UnicodeEncodeError as e:
+        bad = e.object[e.start : e.end]
+    where = next(
+        (f"message {i} ({m['role']})" for i, m in enumerate(messages) if bad in json.dumps(m, ensure_ascii=False)),
+        "'tools'",
+    )
+    raise BadRow("invalid_text", f"{where} holds the lone surrogate {bad!r}; remove it or repair the text")
 
 
 def _content_text(value: Any, turn: int, role: str, allow_none: bool) -> str:
@@ -143,6 +186,15 @@ def _tool_calls(value: Any, turn: int) -> list[dict] | None:
     return calls or None
 
 
+def _legacy_call(m: dict) -> list | None:
+    """OpenAI's older `function_call` ({name, arguments}, one per turn) as a tool_calls list: without this the
+    turn reads as an assistant turn with no content."""
+    call = m.get("function_call")
+    if call is None or m.get("tool_calls") is not None:
+        return None
+    return [{"type": "function", "function": call}]
+
+
 def _turns(value: Any, field: str) -> list:
     if isinstance(value, str):  # exports that keep the conversation as a JSON string column
         try:
@@ -175,7 +227,7 @@ def normalize_message(m: Any, turn: int, sharegpt: bool) -> dict | None:
         raise BadRow("unknown_role", f"turn {turn} has role {raw_role!r}; known: {sorted(table)}")
     msg: dict[str, Any] = {"role": role}
     if role == "assistant" and not sharegpt:
-        calls = _tool_calls(m.get("tool_calls"), turn)
+        calls = _tool_calls(_legacy_call(m) or m.get("tool_calls"), turn)
         reasoning = m.get("reasoning_content", m.get("reasoning"))
         if reasoning is not None and not isinstance(reasoning, str):
             raise BadRow("non_string_content", f"turn {turn} reasoning_content is {type(reasoning).__name__}")
@@ -209,6 +261,8 @@ def row_to_conversation(row: Any, data_cfg, require_assistant: bool = True) -> t
     fmt = data_cfg.format
     if fmt == "auto":
         fmt = detect_format(row, data_cfg)
+    if fmt == "alpaca":
+        row, fmt = _alpaca_row(row, data_cfg), "prompt_response"
     if fmt == "prompt_response":
         messages = []
         system = row.get(data_cfg.system_field)
@@ -233,7 +287,7 @@ def row_to_conversation(row: Any, data_cfg, require_assistant: bool = True) -> t
         normalized = [normalize_message(t, i, sharegpt=fmt == "sharegpt") for i, t in enumerate(turns)]
         messages = [m for m in normalized if m is not None]
     else:
-        raise ValueError(f"data.format={fmt!r}; use auto, messages, sharegpt or prompt_response")
+        raise ValueError(f"data.format={fmt!r}; use auto, messages, sharegpt, prompt_response or alpaca")
     if require_assistant and not any(m["role"] == "assistant" for m in messages):
         raise BadRow("no_assistant_turn", "the conversation has no assistant turn")
     tools = row.get("tools")
@@ -244,4 +298,5 @@ def row_to_conversation(row: Any, data_cfg, require_assistant: bool = True) -> t
             tools = None
     if not isinstance(tools, list) or not tools:
         tools = None
+    _check_text(messages, tools)
     return messages, tools

@@ -187,9 +187,10 @@ def _field_hint(ft: FileTally, d) -> str:
         "messages": f"'{d.messages_field}' (data.messages_field)",
         "sharegpt": f"'{d.conversations_field}' (data.conversations_field)",
         "prompt_response": f"'{d.prompt_field}' + '{d.response_field}' (data.prompt_field, data.response_field)",
+        "alpaca": "'instruction' + 'output' (Alpaca)",
     }
     looked = (
-        f"{wanted['messages']}, {wanted['sharegpt']} or {wanted['prompt_response']}"
+        f"{wanted['messages']}, {wanted['sharegpt']}, {wanted['prompt_response']} or {wanted['alpaca']}"
         if fmt not in wanted
         else f"{wanted[fmt]} only, as data.format={fmt}"
     )
@@ -198,6 +199,7 @@ def _field_hint(ft: FileTally, d) -> str:
         "messages": d.messages_field in ft.fields,
         "sharegpt": d.conversations_field in ft.fields,
         "prompt_response": d.prompt_field in ft.fields and d.response_field in ft.fields,
+        "alpaca": "instruction" in ft.fields and "output" in ft.fields,
     }
     other = [f for f, has in present.items() if has and f != fmt]
     if fmt in wanted and other:
