@@ -96,7 +96,7 @@ def _cpu_s() -> float:
 
 def run(args: argparse.Namespace) -> int:
     from eagle_batch.config import DataConfig, ExtractConfig, ModelConfig, RunConfig
-    from eagle_batch.data.prepare import prepare
+    from eagle_batch.data.preparation import prepare
     from eagle_batch.data.rows import load_tokenizer
 
     model = args.model

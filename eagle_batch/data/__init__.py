@@ -22,7 +22,9 @@ from .template import (
 
 
 def prepare(cfg, workers: int = 1, progress: bool = True, force: bool = False, tokenizer=None) -> dict:
-    from .prepare import prepare as _prepare
+    """What `eagle-batch prepare` runs (data/preparation.py). The module's name differs from this function's:
+    importing a submodule named `prepare` would replace this function on the package."""
+    from .preparation import prepare as _prepare
 
     return _prepare(cfg, workers=workers, progress=progress, force=force, tokenizer=tokenizer)
 

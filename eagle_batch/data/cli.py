@@ -92,7 +92,7 @@ def _print_summary(s: dict, out_dir: str) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from .prepare import BadRowError, prepare
+    from .preparation import BadRowError, prepare
 
     cfg = config_from_args(args)
     workers = args.workers or min(os.cpu_count() or 1, 8)

@@ -13,21 +13,14 @@ import sys
 from pathlib import Path
 
 import pytest
+from cli_run import run_cli
 
 REPO = Path(__file__).resolve().parents[2]
 CONV = [{"role": "user", "content": "Hello?"}, {"role": "assistant", "content": "Hi there."}]
 
 
 def cli(*argv, cwd: Path = REPO) -> subprocess.CompletedProcess:
-    env = dict(os.environ, PYTHONPATH=str(REPO))
-    return subprocess.run(
-        [sys.executable, "-m", "eagle_batch.cli", *map(str, argv)],
-        capture_output=True,
-        text=True,
-        env=env,
-        timeout=600,
-        cwd=str(cwd),
-    )
+    return run_cli(*argv, cwd=cwd)
 
 
 def no_traceback(r: subprocess.CompletedProcess) -> None:

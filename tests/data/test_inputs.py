@@ -12,7 +12,7 @@ import pytest
 
 from eagle_batch.config import ConfigError, DataConfig, ExtractConfig, ModelConfig, RunConfig
 from eagle_batch.data import PreparedDataset, prepare
-from eagle_batch.data.prepare import BadRowError, NothingToPrepare
+from eagle_batch.data.preparation import BadRowError, NothingToPrepare
 from tests.data.conftest import build_family_tokenizer, masked_runs
 
 CONV = [{"role": "user", "content": "Hello?"}, {"role": "assistant", "content": "Hi there."}]

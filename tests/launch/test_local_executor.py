@@ -22,6 +22,7 @@ import time
 from pathlib import Path
 
 import pytest
+from cli_run import run_cli
 
 REPO = Path(__file__).resolve().parents[2]
 if str(REPO) not in sys.path:
@@ -64,15 +65,7 @@ def make_run(
 
 
 def cli(*argv, env: dict, timeout: float = 240) -> subprocess.CompletedProcess:
-    full = dict(os.environ, PYTHONPATH=str(REPO), **env)
-    return subprocess.run(
-        [sys.executable, "-m", "eagle_batch.cli", *map(str, argv)],
-        capture_output=True,
-        text=True,
-        env=full,
-        timeout=timeout,
-        cwd=str(REPO),
-    )
+    return run_cli(*argv, env=env, timeout=timeout)
 
 
 def status(run: Path, env: dict) -> dict:

@@ -13,11 +13,11 @@ import json
 import os
 import signal
 import subprocess
-import sys
 import time
 from pathlib import Path
 
 import pytest
+from cli_run import run_cli
 
 REPO = Path(__file__).resolve().parents[2]
 pytestmark = [pytest.mark.vllm, pytest.mark.slow]
@@ -61,15 +61,7 @@ def _config(tmp_path: Path, model: Path, executor: str = "local", **regen) -> Pa
 
 
 def cli(*argv, timeout: float = 900) -> subprocess.CompletedProcess:
-    env = dict(os.environ, PYTHONPATH=str(REPO), VLLM_ENABLE_V1_MULTIPROCESSING="0")
-    return subprocess.run(
-        [sys.executable, "-m", "eagle_batch.cli", *map(str, argv)],
-        capture_output=True,
-        text=True,
-        env=env,
-        timeout=timeout,
-        cwd=str(REPO),
-    )
+    return run_cli(*argv, env={"VLLM_ENABLE_V1_MULTIPROCESSING": "0"}, timeout=timeout)
 
 
 def written_rows(rdir: Path) -> list[dict]:

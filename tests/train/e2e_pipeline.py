@@ -3,7 +3,7 @@
     PYTHONPATH=. python tests/train/e2e_pipeline.py WORKDIR [--samples 300] [--steps 80]
 
 Used by test_e2e_acceptance.py (and runnable by hand to record numbers). Every stage is the real
-eagle-batch piece: `eagle_batch.data.prepare`, `ArrayTask` (vLLM capture into the Zarr store),
+eagle-batch piece: `eagle_batch.data.preparation.prepare`, `ArrayTask` (vLLM capture into the Zarr store),
 `eagle_batch.store.aggregate`, `eagle_batch.train.trainer.train`, `serve_check.measure_acceptance`.
 The chat data are Python docstrings as assistant answers (helpers.chat_conversations): offline, real text.
 """
@@ -105,7 +105,7 @@ def run(
     timings: dict[str, float] = {}
 
     t0 = time.perf_counter()
-    from eagle_batch.data.prepare import prepare
+    from eagle_batch.data.preparation import prepare
 
     if not (run_dir / "prepared" / "plan.json").is_file():
         prepare(cfg, workers=1, progress=False)
