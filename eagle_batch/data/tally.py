@@ -43,6 +43,7 @@ class FileTally:
     rows: int = 0
     kept: int = 0
     skipped: Counter = field(default_factory=Counter)
+    dropped: Counter = field(default_factory=Counter)  # samples read but not kept (too few loss tokens, duplicates)
     fields: Counter = field(default_factory=Counter)  # keys of the rows skipped for their shape
 
 
@@ -86,8 +87,10 @@ class Tally:
             self.unrendered[name] += 1
         for reason in res.dropped:
             self.dropped[reason] += 1
+            ft.dropped[reason] += 1
             self._write({**loc, "reason": reason, "detail": DROP_DETAIL[reason]})
         kept = [self._keep(sid, ids, mask, res, loc) for sid, ids, mask in res.samples]
+        ft.dropped["duplicate"] += kept.count(False)
         if any(kept):
             self.rows_kept += 1
             ft.kept += 1
@@ -169,7 +172,7 @@ def file_warnings(files: dict[str, FileTally], data_cfg) -> list[str]:
             )
         elif ft.kept == 0:
             out.append(
-                f"{name}: none of its {ft.rows} rows could be used ({reasons_text(ft.skipped)})"
+                f"{name}: none of its {ft.rows} rows could be used ({reasons_text(ft.skipped + ft.dropped)})"
                 + _field_hint(ft, data_cfg)
             )
     return out

@@ -106,3 +106,16 @@ def test_null_columns_name_the_null_field(tmp_path, smollm2_path, smollm2_tokeni
     assert [(b["reason"], b["detail"]) for b in bad] == [
         ("not_a_list", "'messages' is null, expected a non-empty list of turns")
     ]
+
+
+def test_a_file_whose_rows_are_all_dropped_says_why(tmp_path, smollm2_path, smollm2_tokenizer):
+    """Rows read fine but dropped as samples (a user turn longer than data.max_length leaves no loss token;
+    a repeated row is a duplicate): the file's warning names those reasons, not an empty '()'."""
+    good = _jsonl(tmp_path / "good.jsonl", [{"prompt": "Hi?", "response": "Hello."}])
+    long_rows = [{"prompt": "word " * 400, "response": "ok"}, {"prompt": "Hi?", "response": "Hello."}]
+    cfg = make_cfg(tmp_path, smollm2_path, [good, _jsonl(tmp_path / "long.jsonl", long_rows)])
+    cfg.data.max_length = 64
+    summary, _ = run_prepare(cfg, smollm2_tokenizer)
+    assert summary["file_warnings"] == [
+        f"{tmp_path / 'long.jsonl'}: none of its 2 rows could be used (duplicate: 1, too_few_loss_tokens: 1)"
+    ], summary["file_warnings"]
