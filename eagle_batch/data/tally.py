@@ -28,6 +28,10 @@ SHAPE_REASONS = ("unknown_format", "not_a_list", "not_an_object")
 # A file whose rows fail to decode this often (and at least this many) is probably in another encoding.
 NOT_UTF8_MIN_ROWS, NOT_UTF8_FRACTION = 3, 0.5
 _CHAT_LIKE = re.compile(r"conv|messag|chat|dialog|turn|history", re.IGNORECASE)
+# Column names of single-turn datasets (question/answer, query/completion, ...): the pair to suggest as
+# data.prompt_field / data.response_field.
+_PROMPT_LIKE = re.compile(r"^(question|query|prompt|input|instruction|user|human|problem)s?$", re.IGNORECASE)
+_RESPONSE_LIKE = re.compile(r"^(answer|response|output|completion|target|assistant|gpt|solution)s?$", re.IGNORECASE)
 
 
 class BadRowError(UserError, ValueError):
@@ -209,7 +213,7 @@ def _field_hint(ft: FileTally, d) -> str:
         return hint + f": the rows are in the {other[0]} format: set data.format={other[0]} (or data.format=auto)"
     chat = next((k for k in names if _CHAT_LIKE.search(k)), None)
     if not chat:
-        return hint
+        return hint + _pair_hint(names, fmt)
     if fmt == "messages":
         return hint + f": if '{chat}' holds the turns, set data.messages_field={chat}"
     if fmt == "sharegpt":
@@ -219,6 +223,16 @@ def _field_hint(ft: FileTally, d) -> str:
         f"data.conversations_field={chat} ({{from, value}} turns)"
         + (" and data.format=auto" if fmt == "prompt_response" else "")
     )
+
+
+def _pair_hint(names: list[str], fmt: str) -> str:
+    """': set data.prompt_field=question data.response_field=answer' when the rows hold such a pair."""
+    prompt = next((k for k in names if _PROMPT_LIKE.match(k)), None)
+    response = next((k for k in names if _RESPONSE_LIKE.match(k)), None)
+    if not (prompt and response):
+        return ""
+    also = "" if fmt in ("auto", "prompt_response") else " data.format=prompt_response"
+    return f": if '{prompt}' and '{response}' hold one exchange, set data.prompt_field={prompt} data.response_field={response}{also}"
 
 
 def reasons_text(c: Mapping[str, int]) -> str:

@@ -119,3 +119,18 @@ def test_a_file_whose_rows_are_all_dropped_says_why(tmp_path, smollm2_path, smol
     assert summary["file_warnings"] == [
         f"{tmp_path / 'long.jsonl'}: none of its 2 rows could be used (duplicate: 1, too_few_loss_tokens: 1)"
     ], summary["file_warnings"]
+
+
+def test_question_answer_columns_get_the_two_settings_to_read_them(tmp_path, smollm2_path, smollm2_tokenizer):
+    rows = [{"id": 1, "question": "2+2?", "answer": "4"}]
+    good = _jsonl(tmp_path / "good.jsonl", [{"prompt": "Hi?", "response": "Hello."}])
+    cfg = make_cfg(tmp_path, smollm2_path, [good, _jsonl(tmp_path / "qa.jsonl", rows)])
+    summary, _ = run_prepare(cfg, smollm2_tokenizer)
+    (warning,) = summary["file_warnings"]
+    assert warning.endswith(
+        ": if 'question' and 'answer' hold one exchange, set data.prompt_field=question data.response_field=answer"
+    ), warning
+    cfg = make_cfg(tmp_path, smollm2_path, [_jsonl(tmp_path / "qa.jsonl", rows)], name="qa")
+    cfg.data.prompt_field, cfg.data.response_field = "question", "answer"
+    summary, bad = run_prepare(cfg, smollm2_tokenizer)
+    assert summary["samples"] == 1 and bad == []
