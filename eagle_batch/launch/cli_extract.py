@@ -66,7 +66,8 @@ def run(args: argparse.Namespace) -> int:
             f"with `eagle-batch status {run_dir}`, or `eagle-batch cancel {run_dir}` first."
         )
     states = {t: read_state(run_dir, t) for t in range(n)}
-    lost = [t for t in range(n) if writes_stores(Path(run_dir)) and store_lost(Path(run_dir), t, states[t])]
+    stores = writes_stores(Path(run_dir))  # once: without RUN/stores it reads RUN/config.yaml
+    lost = [t for t in range(n) if stores and store_lost(Path(run_dir), t, states[t])]
     todo = [t for t in range(n) if states[t] is None or states[t].status != DONE or t in lost]
     room = capture_room(cfg, todo)
     claim_run_dir(cfg, force=args.force)
