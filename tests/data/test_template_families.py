@@ -12,7 +12,7 @@ from __future__ import annotations
 import json
 
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from eagle_batch.data import (
@@ -32,7 +32,9 @@ TOOL_FAMILIES = {"llama3", "deepseek_v3", "kimi_k2", "qwen3"}
 _CHARS = st.one_of(
     st.characters(codec="utf-8", exclude_categories=("Cs", "Cc", "Co", "Cn")), st.sampled_from(["\n", " ", "\t"])
 )
-TEXT = st.text(_CHARS, min_size=1, max_size=24).filter(lambda s: s.strip())
+# Reasoning tags appear in real answers (a model quoting its own format); Qwen3's template treats them as markup.
+_PIECE = st.one_of(st.text(_CHARS, min_size=1, max_size=12), st.sampled_from(["<think>", "</think>"]))
+TEXT = st.lists(_PIECE, min_size=1, max_size=3).map("".join).filter(lambda s: s.strip())
 
 
 def _tojson(x) -> str:  # transformers' tojson filter: json.dumps without ASCII escaping
@@ -71,7 +73,15 @@ def expected_generation(family: str, m: dict) -> str:
             )
         return out + "<|im_end|>"
     if family == "qwen3":
-        out = "<think>\n" + (m.get("reasoning_content") or "").strip("\n") + "\n</think>\n\n" + content.lstrip("\n")
+        reasoning = m.get("reasoning_content")
+        if not isinstance(reasoning, str):
+            # Without reasoning_content the template takes the reasoning out of the content: the text before the
+            # last-split "</think>" (after any "<think>") is the reasoning, the text after it the answer.
+            reasoning = ""
+            if "</think>" in content:
+                reasoning = content.split("</think>")[0].rstrip("\n").split("<think>")[-1].lstrip("\n")
+                content = content.split("</think>")[-1].lstrip("\n")
+        out = "<think>\n" + reasoning.strip("\n") + "\n</think>\n\n" + content.lstrip("\n")
         for i, c in enumerate(calls):
             if (i == 0 and content) or i > 0:
                 out += "\n"
@@ -150,6 +160,8 @@ def test_masks_match_oracle_on_random_conversations(family_tokenizers, family):
 
     @settings(max_examples=60, deadline=None, suppress_health_check=list(HealthCheck))
     @given(conversations(family))
+    @example([{"role": "user", "content": "0"}, {"role": "assistant", "content": "</think>"}])
+    @example([{"role": "user", "content": "q"}, {"role": "assistant", "content": "<think>\nplan\n</think>\n\nanswer"}])
     def prop(msgs):
         check_conversation(tok, family, msgs)
 
