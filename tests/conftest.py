@@ -7,6 +7,13 @@ import shutil
 from pathlib import Path
 
 import pytest
+from hypothesis import settings
+
+# Property tests draw the same examples on every run of the suite (a CI gate must not pass or fail by
+# chance); `pytest --hypothesis-profile=explore` draws new ones, to search for cases the suite does not hold.
+settings.register_profile("suite", derandomize=True, print_blob=True)
+settings.register_profile("explore", derandomize=False, print_blob=True)
+settings.load_profile("suite")
 
 # vLLM on the CPU: keep start-up fast and memory small in tests. Without VLLM_CPU_KVCACHE_SPACE (GiB) vLLM
 # wants 92% of memory free at start-up; with the engine in-process no engine process has to start.
