@@ -56,6 +56,10 @@ class DataConfig:
     # does not write): mask it out of the loss (the row's other turns are kept) | skip the row | keep
     # (train the draft to end the turn at once).
     empty_assistant_turns: str = "mask"
+    # The per-turn field (messages and sharegpt formats) that marks an assistant turn 0/false: left out of
+    # the loss, kept in the context; 1/true or absent: trained (Axolotl's `weight`; others name it `train`
+    # or `training`). "" trains every assistant turn. Only assistant turns are ever trained on.
+    turn_train_field: str = "weight"
     chat_template_kwargs: dict[str, Any] = field(default_factory=dict)
     limit: int = 0  # read at most this many rows (0 = all); for smoke runs
 

@@ -54,6 +54,14 @@ def _print_summary(s: dict, out_dir: str) -> None:
         ),
         *(
             [
+                f"  note: {s['assistant_turns_not_trained']} assistant turn(s) are marked not to be trained on "
+                "(0 in data.turn_train_field) and are left out of the loss; they stay in the context"
+            ]
+            if s.get("assistant_turns_not_trained")
+            else []
+        ),
+        *(
+            [
                 "  note: the chat template does not render "
                 + ", ".join(f"{k} ({v} rows)" for k, v in s["rows_with_unrendered_fields"].items())
                 + "; those parts are not in the samples"

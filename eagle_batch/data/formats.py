@@ -3,7 +3,8 @@
 Formats: OpenAI `messages` (system/developer, user, assistant, tool; assistant `tool_calls`, the older
 `function_call`, and `reasoning_content`), ShareGPT `conversations` (`from`/`value`), prompt/response
 pairs, and Alpaca rows (`instruction`, `input`, `output`); column names come from `DataConfig`.
-`format: auto` decides per row from which column is present.
+`format: auto` decides per row from which column is present. A turn's `data.turn_train_field` (Axolotl's
+per-message `weight`: 0 or 1) marks assistant turns to leave out of the loss; they stay in the context.
 
 Normalized messages hold only keys templates know: role, content (a string), and where present
 reasoning_content, tool_calls, tool_call_id, name. Keys with None values are dropped, because Parquet
@@ -13,6 +14,7 @@ and Arrow give every struct field to every message and templates test `'tool_cal
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass, field
 from typing import Any
 
 # Every reason a row can be skipped; the summary and bad_rows.jsonl use these names.
@@ -33,6 +35,8 @@ BAD_ROW_REASONS = {
     "empty_content": "a user, tool or assistant turn has empty content",
     "bad_tool_calls": "an assistant's tool_calls are not a list of {function: {name, arguments}}",
     "no_assistant_turn": "the conversation has no assistant turn to train on",
+    "no_trained_turn": "every assistant turn is marked not to be trained on (weight 0 in data.turn_train_field)",
+    "bad_turn_weight": "a turn's data.turn_train_field value is not 0/1 or false/true",
     "no_user_turn": "the conversation has no user turn for the target to answer (regenerate)",
     "template_error": "the chat template failed or rendered the conversation inconsistently",
     "not_prefix_stable": "the template rewrites earlier turns (data.non_prefix_stable=error)",
@@ -73,6 +77,15 @@ _SHAREGPT_ROLES = {
     "ipython": "tool",
     "function_call": "assistant",
 }
+
+
+@dataclass(frozen=True)
+class Conversation:
+    """A row as chat messages: what the template renders, and which assistant turns not to train on."""
+
+    messages: list[dict]
+    tools: list | None = None
+    untrained: frozenset[int] = field(default_factory=frozenset)  # indices into messages (weight 0)
 
 
 class BadRow(ValueError):
@@ -253,9 +266,9 @@ def normalize_message(m: Any, turn: int, sharegpt: bool) -> dict | None:
     return msg
 
 
-def row_to_conversation(row: Any, data_cfg, require_assistant: bool = True) -> tuple[list[dict], list | None]:
-    """A dataset row -> (messages, tools or None). Raises BadRow (also for a conversation without an
-    assistant turn unless `require_assistant=False`: prompts for regeneration need none)."""
+def row_to_conversation(row: Any, data_cfg, require_assistant: bool = True) -> Conversation:
+    """A dataset row -> Conversation. Raises BadRow (also for a conversation without an assistant turn to
+    train on unless `require_assistant=False`: prompts for regeneration need none)."""
     if not isinstance(row, dict):
         raise BadRow("not_an_object", f"row is {type(row).__name__}, not an object")
     fmt = data_cfg.format
@@ -263,6 +276,7 @@ def row_to_conversation(row: Any, data_cfg, require_assistant: bool = True) -> t
         fmt = detect_format(row, data_cfg)
     if fmt == "alpaca":
         row, fmt = _alpaca_row(row, data_cfg), "prompt_response"
+    untrained: set[int] = set()
     if fmt == "prompt_response":
         messages = []
         system = row.get(data_cfg.system_field)
@@ -284,12 +298,25 @@ def row_to_conversation(row: Any, data_cfg, require_assistant: bool = True) -> t
     elif fmt in ("messages", "sharegpt"):
         field = data_cfg.messages_field if fmt == "messages" else data_cfg.conversations_field
         turns = _turns(row.get(field), field)
-        normalized = [normalize_message(t, i, sharegpt=fmt == "sharegpt") for i, t in enumerate(turns)]
-        messages = [m for m in normalized if m is not None]
+        messages = []
+        for i, t in enumerate(turns):
+            m = normalize_message(t, i, sharegpt=fmt == "sharegpt")
+            if m is None:
+                continue
+            # Regeneration replaces the answers, so their marks do not apply there.
+            if require_assistant and m["role"] == "assistant" and not _trained(t, i, data_cfg.turn_train_field):
+                untrained.add(len(messages))
+            messages.append(m)
     else:
         raise ValueError(f"data.format={fmt!r}; use auto, messages, sharegpt, prompt_response or alpaca")
     if require_assistant and not any(m["role"] == "assistant" for m in messages):
         raise BadRow("no_assistant_turn", "the conversation has no assistant turn")
+    if require_assistant and not any(m["role"] == "assistant" and i not in untrained for i, m in enumerate(messages)):
+        raise BadRow(
+            "no_trained_turn",
+            f"every assistant turn has {data_cfg.turn_train_field}=0; set data.turn_train_field='' to train on "
+            "them anyway",
+        )
     tools = row.get("tools")
     if isinstance(tools, str):
         try:
@@ -299,4 +326,23 @@ def row_to_conversation(row: Any, data_cfg, require_assistant: bool = True) -> t
     if not isinstance(tools, list) or not tools:
         tools = None
     _check_text(messages, tools)
-    return messages, tools
+    return Conversation(messages, tools, frozenset(untrained))
+
+
+def _trained(turn: dict, index: int, key: str) -> bool:
+    """Whether an assistant turn is trained on: its `key` value (Axolotl's `weight`, `train`, `training`)
+    is 1/true or absent. Any other value is refused rather than guessed: a column of sampling weights
+    (0.5) under that name would otherwise silently decide which turns train."""
+    if not key or turn.get(key) is None:
+        return True
+    value = turn[key]
+    if isinstance(value, bool):
+        return value
+    if isinstance(value, (int, float)) and value in (0, 1):
+        return bool(value)
+    raise BadRow(
+        "bad_turn_weight",
+        f"turn {index} has {key}={value!r}; expected 0 or 1 (false/true) to leave the turn out of the loss or "
+        f"train on it; if '{key}' means something else in this dataset, set data.turn_train_field='' "
+        "(or to the field that marks trained turns)",
+    )

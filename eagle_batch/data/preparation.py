@@ -289,6 +289,7 @@ def _write_plan(cfg: RunConfig, files: list[Path], tally: Tally, out: Path) -> d
         "rows_with_unrendered_fields": dict(sorted(tally.unrendered.items())),
         # Assistant turns that render to nothing but end-of-turn markers (data.empty_assistant_turns=mask).
         "empty_assistant_turns_masked": tally.empty_turns_masked,
+        "assistant_turns_not_trained": tally.turns_untrained,
         "file_warnings": tally.file_warnings(),
         "files": {
             name: {"rows": ft.rows, "kept": ft.kept, "skipped": dict(sorted(ft.skipped.items()))}

@@ -93,6 +93,7 @@ class RowResult:
     split: bool = False  # the template was not prefix-stable: more than one sample for this row
     unrendered: tuple[str, ...] = ()  # message fields the template left out (e.g. reasoning in ChatML)
     empty_turns_masked: int = 0  # assistant turns left out of the loss for rendering empty
+    turns_untrained: int = 0  # assistant turns left out of the loss by data.turn_train_field (weight 0)
     keys: tuple[str, ...] = ()  # the row's fields, when it was skipped for its shape (what the file holds)
 
 
@@ -129,10 +130,16 @@ def process_chunk(records: list[RawRecord]) -> list[RowResult]:
         row = None
         try:
             row = decode_record(rec)
-            messages, tools = row_to_conversation(row, data)
-            kw = dict(kwargs, tools=tools) if tools else kwargs
+            conv = row_to_conversation(row, data)
+            messages = conv.messages
+            kw = dict(kwargs, tools=conv.tools) if conv.tools else kwargs
             rendered = render_samples(
-                tok, messages, non_prefix_stable=data.non_prefix_stable, empty_turns=data.empty_assistant_turns, **kw
+                tok,
+                messages,
+                non_prefix_stable=data.non_prefix_stable,
+                empty_turns=data.empty_assistant_turns,
+                untrained=conv.untrained,
+                **kw,
             )
         except BadRow as e:
             res.bad = (e.reason, e.detail)
@@ -153,10 +160,11 @@ def process_chunk(records: list[RawRecord]) -> list[RowResult]:
             continue
         res.split = len(rendered) > 1
         res.unrendered = _unrendered_fields(messages, rendered)
-        trained = {t for r in rendered for t in r.turns}
+        trained = {t for r in rendered for t in r.turns} | conv.untrained
         res.empty_turns_masked = sum(
             1 for i, m in enumerate(messages) if m["role"] == "assistant" and i > 0 and i not in trained
         )
+        res.turns_untrained = len(conv.untrained)
         rendered_all.extend((len(results) - 1, r) for r in rendered)
     if rendered_all:
         info = template_info(tok, **kwargs)

@@ -74,7 +74,7 @@ class Tally:
         self.examples: list[str] = []  # the first few bad rows, for the error when nothing is kept
         self._seen: dict[str, int] = {}
         self.rows_read = self.rows_kept = self.truncated = self.split_rows = self.tokens = 0
-        self.empty_turns_masked = 0
+        self.empty_turns_masked = self.turns_untrained = 0
 
     def add(self, res) -> None:
         self.rows_read += 1
@@ -87,6 +87,7 @@ class Tally:
         self.truncated += res.truncated
         self.split_rows += int(res.split)
         self.empty_turns_masked += res.empty_turns_masked
+        self.turns_untrained += res.turns_untrained
         for name in res.unrendered:
             self.unrendered[name] += 1
         for reason in res.dropped:

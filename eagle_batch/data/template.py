@@ -24,7 +24,7 @@ How the mask is found (no per-model string formats anywhere):
 from __future__ import annotations
 
 import threading
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
 from itertools import chain
 from typing import Any
@@ -135,9 +135,15 @@ class RenderedSample:
 
 
 def render_samples(
-    tokenizer, messages: list[dict], non_prefix_stable: str = "error", empty_turns: str = "keep", **template_kwargs
+    tokenizer,
+    messages: list[dict],
+    non_prefix_stable: str = "error",
+    empty_turns: str = "keep",
+    untrained: Collection[int] = (),
+    **template_kwargs,
 ) -> list[RenderedSample]:
-    """Render a conversation into the fewest samples that train on every assistant turn.
+    """Render a conversation into the fewest samples that train on every assistant turn not in `untrained`
+    (indices into messages; those turns stay in the context of later ones).
 
     An assistant turn whose generated text is nothing but special tokens (typically a tool call that the
     chat template does not write, leaving only the end-of-turn marker) would teach the draft to end turns
@@ -154,7 +160,7 @@ def render_samples(
         raise ValueError(f"empty_turns={empty_turns!r}; use 'keep', 'mask' or 'skip'")
     # A turn at position 0 has no prompt to generate from (nothing to render with a generation
     # prompt); it stays in the context of later samples but is not trained on.
-    turns = [i for i, m in enumerate(messages) if m.get("role") == "assistant" and i > 0]
+    turns = [i for i, m in enumerate(messages) if m.get("role") == "assistant" and i > 0 and i not in untrained]
     if not turns:
         raise ValueError("no assistant turn to train on")
     messages = list(messages[: turns[-1] + 1])  # trailing user/tool turns carry no loss

@@ -111,7 +111,8 @@ def plan_regeneration(cfg: RunConfig, tokenizer=None) -> dict:
             row = None
             try:
                 row = decode_record(rec)
-                messages, tools = row_to_conversation(row, cfg.data, require_assistant=False)
+                conv = row_to_conversation(row, cfg.data, require_assistant=False)
+                messages, tools = conv.messages, conv.tools
                 script = make_script(messages, rg.turns)
                 n_prompt = _first_prompt_tokens(tok, script, tools, kwargs)
             except BadRow as e:
