@@ -86,6 +86,8 @@ class Conversation:
     messages: list[dict]
     tools: list | None = None
     untrained: frozenset[int] = field(default_factory=frozenset)  # indices into messages (weight 0)
+    format: str = ""  # the format the row was read as
+    also: tuple[str, ...] = ()  # other formats whose fields the row holds too (data.format=auto chose `format`)
 
 
 class BadRow(ValueError):
@@ -96,15 +98,21 @@ class BadRow(ValueError):
         self.detail = detail
 
 
+def formats_in(row: dict, data_cfg) -> list[str]:
+    """The formats whose (non-null) fields the row holds, in the order `format: auto` prefers them."""
+    fields = {
+        "messages": (data_cfg.messages_field,),
+        "sharegpt": (data_cfg.conversations_field,),
+        "prompt_response": (data_cfg.prompt_field, data_cfg.response_field),
+        "alpaca": ("instruction", "output"),
+    }
+    return [fmt for fmt, names in fields.items() if all(row.get(n) is not None for n in names)]
+
+
 def detect_format(row: dict, data_cfg) -> str:
-    if data_cfg.messages_field in row and row[data_cfg.messages_field] is not None:
-        return "messages"
-    if data_cfg.conversations_field in row and row[data_cfg.conversations_field] is not None:
-        return "sharegpt"
-    if row.get(data_cfg.prompt_field) is not None and row.get(data_cfg.response_field) is not None:
-        return "prompt_response"
-    if row.get("instruction") is not None and row.get("output") is not None:
-        return "alpaca"
+    found = formats_in(row, data_cfg)
+    if found:
+        return found[0]
     for name in (data_cfg.messages_field, data_cfg.conversations_field):
         if name in row:  # there but null: Parquet and Arrow give every row every column
             raise BadRow("not_a_list", f"'{name}' is null, expected a non-empty list of turns")
@@ -271,9 +279,11 @@ def row_to_conversation(row: Any, data_cfg, require_assistant: bool = True) -> C
     train on unless `require_assistant=False`: prompts for regeneration need none)."""
     if not isinstance(row, dict):
         raise BadRow("not_an_object", f"row is {type(row).__name__}, not an object")
-    fmt = data_cfg.format
+    fmt, also = data_cfg.format, ()
     if fmt == "auto":
         fmt = detect_format(row, data_cfg)
+        also = tuple(f for f in formats_in(row, data_cfg) if f != fmt)
+    read_as = fmt
     if fmt == "alpaca":
         row, fmt = _alpaca_row(row, data_cfg), "prompt_response"
     untrained: set[int] = set()
@@ -326,7 +336,7 @@ def row_to_conversation(row: Any, data_cfg, require_assistant: bool = True) -> C
     if not isinstance(tools, list) or not tools:
         tools = None
     _check_text(messages, tools)
-    return Conversation(messages, tools, frozenset(untrained))
+    return Conversation(messages, tools, frozenset(untrained), read_as, also)
 
 
 def _trained(turn: dict, index: int, key: str) -> bool:

@@ -292,7 +292,12 @@ def _write_plan(cfg: RunConfig, files: list[Path], tally: Tally, out: Path) -> d
         "assistant_turns_not_trained": tally.turns_untrained,
         "file_warnings": tally.file_warnings(),
         "files": {
-            name: {"rows": ft.rows, "kept": ft.kept, "skipped": dict(sorted(ft.skipped.items()))}
+            name: {
+                "rows": ft.rows,
+                "kept": ft.kept,
+                "skipped": dict(sorted(ft.skipped.items())),
+                "read_as": dict(sorted(ft.formats.items())),  # rows read as each format
+            }
             for name, ft in tally.files.items()
         },
         "tokens": int(lengths.sum()),

@@ -94,6 +94,8 @@ class RowResult:
     unrendered: tuple[str, ...] = ()  # message fields the template left out (e.g. reasoning in ChatML)
     empty_turns_masked: int = 0  # assistant turns left out of the loss for rendering empty
     turns_untrained: int = 0  # assistant turns left out of the loss by data.turn_train_field (weight 0)
+    format: str = ""  # the format the row was read as
+    also: tuple[str, ...] = ()  # other formats whose fields the row also holds (data.format=auto)
     keys: tuple[str, ...] = ()  # the row's fields, when it was skipped for its shape (what the file holds)
 
 
@@ -131,7 +133,7 @@ def process_chunk(records: list[RawRecord]) -> list[RowResult]:
         try:
             row = decode_record(rec)
             conv = row_to_conversation(row, data)
-            messages = conv.messages
+            messages, res.format, res.also = conv.messages, conv.format, conv.also
             kw = dict(kwargs, tools=conv.tools) if conv.tools else kwargs
             rendered = render_samples(
                 tok,

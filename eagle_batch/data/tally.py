@@ -49,6 +49,16 @@ class FileTally:
     skipped: Counter = field(default_factory=Counter)
     dropped: Counter = field(default_factory=Counter)  # samples read but not kept (too few loss tokens, duplicates)
     fields: Counter = field(default_factory=Counter)  # keys of the rows skipped for their shape
+    formats: Counter = field(default_factory=Counter)  # rows read as each format
+    mixed: Counter = field(default_factory=Counter)  # (format read, other format present) -> rows
+    mixed_first: dict = field(default_factory=dict)  # (format read, other format present) -> first line/row
+
+    def read_as(self, fmt: str, also: tuple[str, ...], where: str) -> None:
+        """A row was read as `fmt` and also holds the fields of the formats in `also`."""
+        self.formats[fmt] += 1
+        for other in also:
+            self.mixed[fmt, other] += 1
+            self.mixed_first.setdefault((fmt, other), where)
 
 
 @dataclass
@@ -84,6 +94,8 @@ class Tally:
         if res.bad is not None:
             self._bad(res, ft, loc)
             return
+        if res.format:
+            ft.read_as(res.format, res.also, f"{res.line_kind} {res.index}")
         self.truncated += res.truncated
         self.split_rows += int(res.split)
         self.empty_turns_masked += res.empty_turns_masked
@@ -168,6 +180,7 @@ def file_warnings(files: dict[str, FileTally], data_cfg) -> list[str]:
         if ft.rows == 0:
             out.append(f"{name}: no rows (the file is empty)")
             continue
+        out += _mixed_format_warnings(name, ft)
         bad_utf8 = ft.skipped.get("undecodable_bytes", 0)
         if bad_utf8 >= min(NOT_UTF8_MIN_ROWS, ft.rows) and bad_utf8 >= NOT_UTF8_FRACTION * ft.rows:
             out.append(
@@ -181,6 +194,17 @@ def file_warnings(files: dict[str, FileTally], data_cfg) -> list[str]:
                 + _field_hint(ft, data_cfg)
             )
     return out
+
+
+def _mixed_format_warnings(name: str, ft: FileTally) -> list[str]:
+    """Rows holding the fields of two formats (e.g. both `messages` and `prompt`/`response`): auto read
+    them one way; say so, once per pair, with the setting that reads them the other way."""
+    return [
+        f"{name}: {n} row(s) hold the fields of both the {used} and the {other} format (first: "
+        f"{ft.mixed_first[used, other]}); data.format=auto read them as {used}; set data.format={other} "
+        f"to read them as {other}"
+        for (used, other), n in sorted(ft.mixed.items())
+    ]
 
 
 def _field_hint(ft: FileTally, d) -> str:

@@ -113,6 +113,7 @@ def plan_regeneration(cfg: RunConfig, tokenizer=None) -> dict:
                 row = decode_record(rec)
                 conv = row_to_conversation(row, cfg.data, require_assistant=False)
                 messages, tools = conv.messages, conv.tools
+                ft.read_as(conv.format, conv.also, f"{rec.line_kind} {rec.index}")
                 script = make_script(messages, rg.turns)
                 n_prompt = _first_prompt_tokens(tok, script, tools, kwargs)
             except BadRow as e:

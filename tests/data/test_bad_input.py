@@ -102,7 +102,7 @@ def test_a_useless_file_among_good_ones_is_named_in_the_summary(tmp_path, model)
         "dialog" in r.stderr
     )
     summary = json.loads((tmp_path / "run" / "prepared" / "summary.json").read_text())
-    assert summary["files"][str(bad)] == {"rows": 2, "kept": 0, "skipped": {"unknown_format": 2}}
+    assert summary["files"][str(bad)] == {"rows": 2, "kept": 0, "skipped": {"unknown_format": 2}, "read_as": {}}
     assert summary["files"][str(good)]["kept"] == 1
 
 

@@ -134,3 +134,18 @@ def test_question_answer_columns_get_the_two_settings_to_read_them(tmp_path, smo
     cfg.data.prompt_field, cfg.data.response_field = "question", "answer"
     summary, bad = run_prepare(cfg, smollm2_tokenizer)
     assert summary["samples"] == 1 and bad == []
+
+
+def test_auto_format_says_what_each_row_was_read_as_and_which_rows_hold_two(tmp_path, smollm2_path, smollm2_tokenizer):
+    # A merged export: chat rows, single-turn rows, and rows carrying both (the pair left over from a
+    # conversion). auto reads the latter as messages; the summary says so instead of choosing in silence.
+    both = {"messages": CONV, "prompt": "Other question?", "response": "Other answer."}
+    rows = [{"messages": CONV}, {"prompt": "Q?", "response": "A."}, both, dict(both, id=2)]
+    path = _jsonl(tmp_path / "in.jsonl", rows)
+    summary, bad = run_prepare(make_cfg(tmp_path, smollm2_path, [path]), smollm2_tokenizer)
+    assert bad[0]["reason"] == "duplicate" and summary["samples"] == 2
+    assert summary["files"][str(path)]["read_as"] == {"messages": 3, "prompt_response": 1}
+    assert summary["file_warnings"] == [
+        f"{path}: 2 row(s) hold the fields of both the messages and the prompt_response format (first: line 3); "
+        "data.format=auto read them as messages; set data.format=prompt_response to read them as prompt_response"
+    ]
