@@ -366,12 +366,10 @@ def claim_run_dir(cfg: RunConfig, force: bool = False) -> None:
         raise ConfigError(
             f"run_dir={cfg.run_dir} already holds another run whose {RESOLVED_NAME} cannot be read ({e}); {fix}."
         ) from None
-    if config_hash(theirs) == config_hash(cfg):
+    differ = plan_differences(theirs, cfg, DATA_SECTIONS)
+    if not differ:
         return
-    raise ConfigError(
-        f"run_dir={cfg.run_dir} already holds another run with other data settings "
-        f"({describe_differences(theirs, cfg)}); {fix}."
-    )
+    raise ConfigError(f"run_dir={cfg.run_dir} already holds another run with other data settings ({differ}); {fix}.")
 
 
 SHOWN_DIFFERENCES = 3
@@ -425,16 +423,24 @@ def planned_config(run_dir: str | Path) -> RunConfig | None:
     return load_config(p) if p.is_file() else None
 
 
+def plan_differences(theirs: RunConfig, ours: RunConfig, sections: Iterable[str]) -> str:
+    """ "" when `ours` plans like `theirs` (the same hash over `sections`), else what differs (describe_differences)."""
+    sections = list(sections)
+    if config_hash(theirs, sections) == config_hash(ours, sections):
+        return ""
+    return describe_differences(theirs, ours, sections) or "settings of " + ", ".join(sections)
+
+
 def check_plan_settings(cfg: RunConfig) -> None:
     """ConfigError when cfg (RUN/config.yaml as it is now) changes settings the run's plan was made with: the
     remaining tasks would work under other settings than the finished ones (a mixed output)."""
     theirs = planned_config(cfg.run_dir)
-    sections = plan_sections(cfg)
-    if theirs is None or config_hash(theirs, sections) == config_hash(cfg, sections):
+    differ = plan_differences(theirs, cfg, plan_sections(cfg)) if theirs is not None else ""
+    if not differ:
         return
     raise ConfigError(
         f"{cfg.run_dir}/{RESOLVED_NAME} was changed since the run was planned "
-        f"({describe_differences(theirs, cfg, sections)}): the tasks left would work under other settings than "
+        f"({differ}): the tasks left would work under other settings than "
         f"the finished ones. Restore the planned values (kept in {cfg.run_dir}/prepared/{PLANNED_NAME}), or plan "
         "a new run in a new folder. Nothing was submitted."
     )

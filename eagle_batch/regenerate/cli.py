@@ -75,8 +75,8 @@ def prepare_and_extract(cfg: RunConfig) -> dict:
 
 def _claim(cfg: RunConfig, rcfg: RunConfig, force: bool) -> None:
     """Plan the run unless RUN/regenerate already holds this run's plan (then it is resumed)."""
-    from eagle_batch.config import config_hash, load_run_config
-    from eagle_batch.config.validate import describe_differences, planned_config
+    from eagle_batch.config import load_run_config
+    from eagle_batch.config.validate import plan_differences, planned_config
 
     from .plan import plan_regeneration
 
@@ -84,10 +84,10 @@ def _claim(cfg: RunConfig, rcfg: RunConfig, force: bool) -> None:
     _check_not_another_run(cfg, rcfg)
     if (run_dir / PREPARED / PLAN).is_file():
         theirs = planned_config(run_dir) or load_run_config(run_dir)  # a plan made before planned.yaml existed
-        if config_hash(theirs, IDENTITY) == config_hash(rcfg, IDENTITY):
+        differ = plan_differences(theirs, rcfg, IDENTITY)
+        if not differ:
             return
         if not force:
-            differ = describe_differences(theirs, rcfg, IDENTITY)
             raise ConfigError(
                 f"{run_dir} holds a regeneration planned with other settings ({differ}); use a new "
                 "regenerate.run_dir, or pass --force to plan again (refused once output exists)."
