@@ -60,6 +60,20 @@ def _default_log(run_dir: Path, job_id: str) -> str:
     return str(run_dir / S.SLURM_DIR / job_id / f"{job_id}_0_log.err")
 
 
+def in_this_run(path: str, run_dir: Path) -> str:
+    """A path recorded inside the run folder (records keep absolute paths), re-rooted at `run_dir` when the
+    folder was moved since: the longest tail of the path (two parts at least) that exists under run_dir.
+    A path that exists, or has no such tail, is returned as it is."""
+    if not path or os.path.exists(path):
+        return path
+    parts = Path(path).parts
+    for i in range(1, len(parts) - 1):
+        candidate = run_dir.joinpath(*parts[i:])
+        if candidate.exists():
+            return str(candidate)
+    return path
+
+
 def _tail_error(path: str) -> str:
     """Last informative line of a log (for jobs that died without recording an error)."""
     try:
@@ -115,13 +129,14 @@ def task_rows(run_dir: str | os.PathLike, num_tasks: int) -> list[TaskRow]:
             log = att.log
         else:
             log = _default_log(run_dir, job_id) if sub and sub.executor == "slurm" else ""
+        log = in_this_run(log, run_dir)
         last_error = st.last_error if st else ""
         if state == "lost":
             last_error = f"{S.store_path(run_dir, t)} no longer exists (deleted or moved?); `resume` extracts it again"
         elif local and state == "failed" and local.error:
             last_error = local.error  # what the slot saw: a kill, or a job that ended before the task ran
         elif state in ("failed", "gave_up") and st and st.last_error and st.last_error_log:
-            log = st.last_error_log  # the log of the attempt that raised
+            log = in_this_run(st.last_error_log, run_dir)  # the log of the attempt that raised
         elif state == "failed" and not last_error:
             last_error = _tail_error(log)  # killed without recording an error (OOM, node failure)
         elif state in ("cancelled", "timeout", "unknown") and not last_error:

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -221,6 +222,19 @@ def test_status_counts_block_appends(tmp_path):
         assert row["state"] == "done"
         assert row["samples_committed"] == row["samples_total"] == work.N_SAMPLES
         assert row["tokens_committed"] == row["tokens_total"] > 0
+
+
+def test_status_of_a_moved_run_names_the_logs_where_they_are_now(tmp_path):
+    # Records keep absolute paths; a run folder moved (from scratch to project space) still shows its logs.
+    run, cfg = make_run(tmp_path, 2, work_fn="tests.slurm.work:block_work", gpus_per_node=0)
+    r = cli("extract", cfg, "--wait", "--interval", "0.5", env={})
+    assert r.returncode == 0, r.stderr
+    before = [row["log"] for row in status(run, {})["tasks"]]
+    moved = shutil.move(str(run), str(tmp_path / "elsewhere"))
+    rows = status(Path(moved), {})["tasks"]
+    assert [row["state"] for row in rows] == ["done", "done"]
+    for row, old in zip(rows, before):
+        assert row["log"] == old.replace(str(run), moved, 1) and Path(row["log"]).is_file()
 
 
 # ------------------------------------------------------------------------------------------ kills
