@@ -14,7 +14,7 @@ and Arrow give every struct field to every message and templates test `'tool_cal
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 # Every reason a row can be skipped; the summary and bad_rows.jsonl use these names.
@@ -85,7 +85,7 @@ class Conversation:
 
     messages: list[dict]
     tools: list | None = None
-    untrained: frozenset[int] = field(default_factory=frozenset)  # indices into messages (weight 0)
+    untrained: frozenset[int] = frozenset()  # indices into messages (weight 0)
     format: str = ""  # the format the row was read as
     also: tuple[str, ...] = ()  # other formats whose fields the row holds too (data.format=auto chose `format`)
 
