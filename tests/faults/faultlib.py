@@ -218,6 +218,23 @@ def preload() -> None:
     import eagle_batch.store  # noqa: F401
 
 
+def _own_tqdm_lock() -> None:
+    """Give a forked child a tqdm lock of its own. tqdm's class-wide lock holds a multiprocessing semaphore,
+    which a fork shares with the parent and every sibling: a child killed (-9) inside a progress bar (the
+    model loading's) leaves it taken, and every later child then blocks on its first progress bar. A task
+    Slurm or the local executor starts is a process of its own, with its own lock; a forked one must be too."""
+    import threading
+
+    from tqdm import std
+
+    lock = threading.RLock()  # not a new TqdmDefaultWriteLock: it would reuse the class's shared semaphore
+    classes = [std.tqdm]
+    while classes:  # tqdm.auto's class and others keep a lock of their own once they have made one
+        cls = classes.pop()
+        cls.set_lock(lock)
+        classes += cls.__subclasses__()
+
+
 def fork_task(run: Path, task_id: int = 0, env: dict | None = None) -> int:
     """Fork a child that runs ArrayTask(run, task_id)() and exits 0 (done/checkpointed) or 1 (raised)."""
     sys.stdout.flush()
@@ -229,6 +246,7 @@ def fork_task(run: Path, task_id: int = 0, env: dict | None = None) -> int:
             for k in ("SLURM_JOB_ID", "SLURM_ARRAY_JOB_ID"):
                 os.environ.pop(k, None)
             os.environ.update(env or {})
+            _own_tqdm_lock()
             from eagle_batch.launch import ArrayTask
 
             devnull = os.open(os.devnull, os.O_WRONLY)
