@@ -55,7 +55,7 @@ def _print_summary(s: dict, out_dir: str) -> None:
         *(
             [
                 f"  note: {s['assistant_turns_not_trained']} assistant turn(s) are marked not to be trained on "
-                "(0 in data.turn_train_field) and are left out of the loss; they stay in the context"
+                "(0 or false in the field data.turn_train_field names) and are left out of the loss; they stay in the context"
             ]
             if s.get("assistant_turns_not_trained")
             else []
