@@ -20,6 +20,7 @@ from typing import Any
 # Every reason a row can be skipped; the summary and bad_rows.jsonl use these names.
 BAD_ROW_REASONS = {
     "invalid_json": "the line is not valid JSON",
+    "invalid_csv": "the CSV/TSV record is malformed (an unclosed quote, more or fewer cells than the header)",
     "undecodable_bytes": "the bytes are not valid UTF-8",
     "invalid_text": "a string holds a lone UTF-16 surrogate (a JSON \\ud800-\\udfff escape without its pair), "
     "which is not text and cannot be tokenized",

@@ -1,9 +1,11 @@
 """Read dataset files into raw records, keeping the file and line/row of each for error reports.
 
-Supported: JSON Lines (.jsonl, .jsonl.gz not included), JSON (.json: a list of objects, or JSON Lines
-misnamed .json), Parquet (.parquet), Arrow IPC file or stream (.arrow, .feather, .ipc), and folders
-written by `datasets.save_to_disk` (Dataset or DatasetDict, read from their Arrow files with pyarrow
-so the `datasets` package is not needed). Inputs may be files, folders or glob patterns.
+Supported: JSON Lines (.jsonl, .ndjson), JSON (.json: a list of objects, or JSON Lines misnamed .json),
+CSV and TSV with a header row (.csv, .tsv: one column per field, a conversation column as a JSON string;
+an empty cell is a missing value), each of those gzip-compressed too (.jsonl.gz, ...), Parquet (.parquet),
+Arrow IPC file or stream (.arrow, .feather, .ipc), and folders written by `datasets.save_to_disk` (Dataset
+or DatasetDict, read from their Arrow files with pyarrow so the `datasets` package is not needed). Inputs
+may be files, folders or glob patterns.
 
 JSON Lines records stay raw bytes here: decoding and parsing happen in the worker processes, which
 also turns undecodable bytes and invalid JSON into counted bad rows. A UTF-8 byte order mark at the start
@@ -18,9 +20,13 @@ but is damaged further in raises the same error when its rows are read.
 from __future__ import annotations
 
 import codecs
+import csv
 import glob
+import gzip
+import io
 import json
 import os
+import zlib
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -32,7 +38,10 @@ JSONL_SUFFIXES = (".jsonl", ".ndjson")
 JSON_SUFFIXES = (".json",)
 PARQUET_SUFFIXES = (".parquet", ".pq")
 ARROW_SUFFIXES = (".arrow", ".feather", ".ipc")
-SUPPORTED = JSONL_SUFFIXES + JSON_SUFFIXES + PARQUET_SUFFIXES + ARROW_SUFFIXES
+CSV_SUFFIXES = (".csv", ".tsv")
+TEXT_SUFFIXES = JSONL_SUFFIXES + JSON_SUFFIXES + CSV_SUFFIXES
+GZIP_SUFFIX = ".gz"  # text files may be gzip-compressed
+SUPPORTED = TEXT_SUFFIXES + tuple(x + GZIP_SUFFIX for x in TEXT_SUFFIXES) + PARQUET_SUFFIXES + ARROW_SUFFIXES
 
 
 class UnreadableInputError(ConfigError):
@@ -130,12 +139,27 @@ def resolve_inputs(inputs: list[str]) -> list[Path]:
     return files
 
 
+def _text_name(path: Path) -> str:
+    """The file name without a .gz suffix: what decides how its text is read."""
+    return path.name[: -len(GZIP_SUFFIX)] if path.name.endswith(GZIP_SUFFIX) else path.name
+
+
+def _open_bytes(path: Path):
+    return gzip.open(path, "rb") if path.name.endswith(GZIP_SUFFIX) else open(path, "rb")
+
+
 def check_readable(path: Path) -> None:
-    """UnreadableInputError unless a columnar file's footer (Parquet) or schema (Arrow) can be read;
-    text files have nothing to check here (their bad lines are counted as bad rows)."""
+    """UnreadableInputError unless a columnar file's footer (Parquet) or schema (Arrow) can be read, or a
+    .gz file starts as gzip; text files have nothing more to check here (their bad lines are bad rows)."""
     import pyarrow as pa
 
-    if path.name.endswith(PARQUET_SUFFIXES):
+    if path.name.endswith(GZIP_SUFFIX):
+        try:
+            with gzip.open(path, "rb") as f:
+                f.read(1)
+        except (OSError, EOFError) as e:
+            raise _unreadable(path, "gzip", e) from None
+    elif path.name.endswith(PARQUET_SUFFIXES):
         import pyarrow.parquet as pq
 
         try:
@@ -178,12 +202,23 @@ def _arrow_reader(path: Path, schema_only: bool = False):
 
 
 def iter_records(path: Path) -> Iterator[RawRecord]:
-    if path.name.endswith(JSONL_SUFFIXES):
-        yield from _iter_jsonl(path)
-    elif path.name.endswith(JSON_SUFFIXES):
-        yield from _iter_json(path)
-    else:
+    name = _text_name(path)
+    if not name.endswith(TEXT_SUFFIXES):
         yield from _iter_columnar(path)
+        return
+    rows = 0
+    try:  # a gzip stream cut off or damaged part-way: the rows before it were read, the rest cannot be found
+        for rec in _iter_jsonl(path) if name.endswith(JSONL_SUFFIXES) else _iter_whole_text(path, name):
+            rows += 1
+            yield rec
+    except (gzip.BadGzipFile, EOFError, zlib.error) as e:
+        raise _unreadable(path, "gzip", e, rows_read=rows) from None
+
+
+def _iter_whole_text(path: Path, name: str) -> Iterator[RawRecord]:
+    with _open_bytes(path) as f:
+        data = f.read()
+    yield from (_iter_csv if name.endswith(CSV_SUFFIXES) else _iter_json)(path, data)
 
 
 def _iter_columnar(path: Path) -> Iterator[RawRecord]:
@@ -229,7 +264,7 @@ def decode_record(rec: RawRecord) -> Any:
 
 def _iter_jsonl(path: Path) -> Iterator[RawRecord]:
     name = str(path)
-    with open(path, "rb") as f:
+    with _open_bytes(path) as f:
         for lineno, line in enumerate(f, start=1):
             if lineno == 1 and line.startswith(codecs.BOM_UTF8):
                 # utf-8-sig: a byte order mark belongs to the file, not to the first row (else that row is
@@ -240,17 +275,59 @@ def _iter_jsonl(path: Path) -> Iterator[RawRecord]:
             yield RawRecord(name, lineno, "line", raw=line)
 
 
-def _iter_json(path: Path) -> Iterator[RawRecord]:
-    name = str(path)
-    data = path.read_bytes()
-    bom = len(codecs.BOM_UTF8) if data.startswith(codecs.BOM_UTF8) else 0  # utf-8-sig, as for JSON Lines
+def _utf8_text(name: str, data: bytes) -> str | RawRecord:
+    """The file's text (a leading byte order mark skipped: utf-8-sig, as for JSON Lines), or the one bad row
+    naming where it stops being UTF-8 (nothing after that point can be split into rows reliably)."""
+    bom = len(codecs.BOM_UTF8) if data.startswith(codecs.BOM_UTF8) else 0
     try:
-        text = data[bom:].decode("utf-8")
+        return data[bom:].decode("utf-8")
     except UnicodeDecodeError as e:
         line = data[: bom + e.start].count(b"\n") + 1
-        yield RawRecord(
+        return RawRecord(
             name, line, "line", row=ReadProblem("undecodable_bytes", f"invalid UTF-8 at byte {bom + e.start}")
         )
+
+
+def _iter_csv(path: Path, data: bytes) -> Iterator[RawRecord]:
+    """Rows of a CSV/TSV file with a header row, as {column: cell} with empty cells left out (a missing
+    value, as a null column in Parquet). The line is the one the record starts on (quoted cells may span
+    lines). A malformed record (an unclosed quote) is one `invalid_csv` row, and reading stops there."""
+    name = str(path)
+    text = _utf8_text(name, data)
+    if isinstance(text, RawRecord):
+        yield text
+        return
+    delimiter = "\t" if _text_name(path).endswith(".tsv") else ","
+    reader = csv.reader(io.StringIO(text, newline=""), delimiter=delimiter, strict=True)
+    header: list[str] | None = None
+    while True:
+        start = reader.line_num + 1
+        try:
+            cells = next(reader)
+        except StopIteration:
+            return
+        except csv.Error as e:
+            yield RawRecord(
+                name, start, "line", row=ReadProblem("invalid_csv", f"{e} (the record starting on this line)")
+            )
+            return
+        if not any(c.strip() for c in cells):
+            continue  # blank lines are not rows
+        if header is None:
+            header = [c.strip() for c in cells]
+            continue
+        if len(cells) != len(header):
+            detail = f"{len(cells)} cells, the header has {len(header)} columns ({', '.join(header[:8])})"
+            yield RawRecord(name, start, "line", row=ReadProblem("invalid_csv", detail))
+            continue
+        yield RawRecord(name, start, "line", row={k: v for k, v in zip(header, cells) if v != ""})
+
+
+def _iter_json(path: Path, data: bytes) -> Iterator[RawRecord]:
+    name = str(path)
+    text = _utf8_text(name, data)
+    if isinstance(text, RawRecord):
+        yield text
         return
     start = len(text) - len(text.lstrip())
     if text[start : start + 1] == "[":

@@ -288,12 +288,12 @@ def test_dedupe_min_loss_tokens_limit_and_truncation(tmp_path, smollm2_path, smo
 def test_input_errors_are_config_errors(tmp_path, smollm2_path, smollm2_tokenizer):
     with pytest.raises(ConfigError, match="data.inputs is empty"):
         prepare(make_cfg(tmp_path, smollm2_path, []), tokenizer=smollm2_tokenizer)
-    (tmp_path / "x.csv").write_text("a,b\n")
+    (tmp_path / "x.xlsx").write_text("a,b\n")
     with pytest.raises(ConfigError, match="unsupported file type"):
-        prepare(make_cfg(tmp_path, smollm2_path, [tmp_path / "x.csv"]), tokenizer=smollm2_tokenizer)
+        prepare(make_cfg(tmp_path, smollm2_path, [tmp_path / "x.xlsx"]), tokenizer=smollm2_tokenizer)
     with pytest.raises(ConfigError, match="on_bad_row"):
         prepare(
-            make_cfg(tmp_path, smollm2_path, [tmp_path / "x.csv"], on_bad_row="ignore"), tokenizer=smollm2_tokenizer
+            make_cfg(tmp_path, smollm2_path, [tmp_path / "x.xlsx"], on_bad_row="ignore"), tokenizer=smollm2_tokenizer
         )
 
 
