@@ -127,7 +127,8 @@ def resolve_inputs(inputs: list[str]) -> list[Path]:
                     found = sorted(f for f in p.iterdir() if f.is_file() and f.name.endswith(SUPPORTED))
                     if not found:
                         raise ConfigError(
-                            f"folder {p} has no {', '.join(SUPPORTED)} files and is not a datasets.save_to_disk folder."
+                            f"folder {p} has no {', '.join(SUPPORTED)} files and is not a datasets.save_to_disk "
+                            f"folder{_subfolder_hint(p)}."
                         )
                     files.extend(found)
             elif p.name.endswith(SUPPORTED):
@@ -146,6 +147,27 @@ def _text_name(path: Path) -> str:
 
 def _open_bytes(path: Path):
     return gzip.open(path, "rb") if path.name.endswith(GZIP_SUFFIX) else open(path, "rb")
+
+
+def _subfolder_hint(folder: Path) -> str:
+    """'; its subfolders hold ...' when data files lie deeper (a Hugging Face dataset download keeps them in
+    data/). Folders are not searched recursively: a download's other splits (test, validation) would join."""
+    deeper = sorted(
+        f.relative_to(folder)
+        for f in folder.rglob("*")
+        if f.is_file()
+        and f.name.endswith(SUPPORTED)
+        and not any(x.startswith(".") for x in f.relative_to(folder).parts)
+    )
+    if not deeper:
+        return ""
+    shown = ", ".join(str(f) for f in deeper[:4]) + (f" and {len(deeper) - 4} more" if len(deeper) > 4 else "")
+    first = next((f for f in deeper if f.name.startswith("train")), deeper[0])
+    pattern = ("train*" if first.name.startswith("train") else "*") + first.suffix
+    return (
+        f"; its subfolders hold {len(deeper)} data file(s) ({shown}): name the ones to read, e.g. "
+        f"data.inputs=[{folder / first.parent}] or a glob such as {folder / first.parent / pattern}"
+    )
 
 
 def check_readable(path: Path) -> None:

@@ -74,3 +74,19 @@ def test_damaged_gzip_is_named_before_any_row_or_where_it_stops(tmp_path):
     cut.write_bytes(whole[: len(whole) // 2])  # a download that stopped
     with pytest.raises(ConfigError, match=r"cut.jsonl.gz is not a readable gzip file .*after \d+ row"):
         list(iter_records(cut))
+
+
+def test_a_download_folder_with_its_data_in_subfolders_names_them(tmp_path):
+    # A Hugging Face dataset download: README at the top, the splits' Parquet files in data/. Folders are
+    # not searched recursively (the test split would join the training data), but the error says where to look.
+    (tmp_path / "data").mkdir()
+    (tmp_path / "README.md").write_text("# a dataset\n")
+    for split in ("train", "test"):
+        (tmp_path / "data" / f"{split}-00000-of-00001.parquet").write_bytes(b"")
+    with pytest.raises(ConfigError) as e:
+        resolve_inputs([str(tmp_path)])
+    assert (
+        "its subfolders hold 2 data file(s) (data/test-00000-of-00001.parquet, data/train-00000-of-00001.parquet)"
+        in str(e.value)
+    )
+    assert f"a glob such as {tmp_path}/data/train*.parquet" in str(e.value)
