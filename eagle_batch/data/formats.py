@@ -99,19 +99,20 @@ class BadRow(ValueError):
         self.detail = detail
 
 
-def formats_in(row: dict, data_cfg) -> list[str]:
-    """The formats whose (non-null) fields the row holds, in the order `format: auto` prefers them."""
+def formats_in(row: dict, data_cfg, answers_needed: bool = True) -> list[str]:
+    """The formats whose (non-null) fields the row holds, in the order `format: auto` prefers them. Without
+    `answers_needed` (prompts for regeneration) a prompt or an instruction alone is a row too."""
     fields = {
         "messages": (data_cfg.messages_field,),
         "sharegpt": (data_cfg.conversations_field,),
-        "prompt_response": (data_cfg.prompt_field, data_cfg.response_field),
-        "alpaca": ("instruction", "output"),
+        "prompt_response": (data_cfg.prompt_field, data_cfg.response_field)[: 2 if answers_needed else 1],
+        "alpaca": ("instruction", "output")[: 2 if answers_needed else 1],
     }
     return [fmt for fmt, names in fields.items() if all(row.get(n) is not None for n in names)]
 
 
-def detect_format(row: dict, data_cfg) -> str:
-    found = formats_in(row, data_cfg)
+def detect_format(row: dict, data_cfg, answers_needed: bool = True) -> str:
+    found = formats_in(row, data_cfg, answers_needed)
     if found:
         return found[0]
     for name in (data_cfg.messages_field, data_cfg.conversations_field):
@@ -120,6 +121,13 @@ def detect_format(row: dict, data_cfg) -> str:
     if data_cfg.prompt_field in row and data_cfg.response_field in row:
         null = data_cfg.prompt_field if row[data_cfg.prompt_field] is None else data_cfg.response_field
         raise BadRow("empty_content", f"'{null}' is null")
+    if answers_needed and row.get(data_cfg.prompt_field) is not None:
+        raise BadRow(
+            "unknown_format",
+            f"the row has a '{data_cfg.prompt_field}' but no '{data_cfg.response_field}' "
+            "(data.response_field): prepare trains on answers; `eagle-batch regenerate` has the target write "
+            "them for prompts alone",
+        )
     raise BadRow(
         "unknown_format",
         f"row has keys {sorted(row)[:12]}; expected '{data_cfg.messages_field}', "
@@ -282,8 +290,8 @@ def row_to_conversation(row: Any, data_cfg, require_assistant: bool = True) -> C
         raise BadRow("not_an_object", f"row is {type(row).__name__}, not an object")
     fmt, also = data_cfg.format, ()
     if fmt == "auto":
-        fmt = detect_format(row, data_cfg)
-        also = tuple(f for f in formats_in(row, data_cfg) if f != fmt)
+        fmt = detect_format(row, data_cfg, answers_needed=require_assistant)
+        also = tuple(f for f in formats_in(row, data_cfg, answers_needed=require_assistant) if f != fmt)
     read_as = fmt
     if fmt == "alpaca":
         row, fmt = _alpaca_row(row, data_cfg), "prompt_response"
@@ -298,6 +306,8 @@ def row_to_conversation(row: Any, data_cfg, require_assistant: bool = True) -> C
                 messages.append({"role": "system", "content": system})
         for field, role in ((data_cfg.prompt_field, "user"), (data_cfg.response_field, "assistant")):
             value = row.get(field)
+            if value is None and role == "assistant" and not require_assistant:
+                break  # a prompt to regenerate an answer for
             if not isinstance(value, str):
                 raise BadRow(
                     "non_string_content" if value is not None else "unknown_format",

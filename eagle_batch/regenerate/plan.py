@@ -28,7 +28,7 @@ from eagle_batch.config.load import PLANNED_NAME
 from eagle_batch.data.formats import BadRow, row_to_conversation
 from eagle_batch.data.plan import plan_lpt
 from eagle_batch.data.readers import decode_record, iter_records, resolve_inputs
-from eagle_batch.data.tally import SHAPE_REASONS, FileTally, file_warnings
+from eagle_batch.data.tally import SHAPE_REASONS, FileTally, file_warnings, reasons_text
 from eagle_batch.data.template import prompt_ids
 from eagle_batch.errors import UserError
 
@@ -147,7 +147,7 @@ def plan_regeneration(cfg: RunConfig, tokenizer=None) -> dict:
     if not scripts:
         lines = [
             f"nothing to regenerate: no usable conversation in {len(files)} input file(s) ({rows_read} rows read"
-            + (f"; skipped: {dict(sorted(skipped.items()))}" if skipped else "")
+            + (f"; skipped: {reasons_text(skipped)}" if skipped else "")
             + ")."
         ]
         lines += [f"  {w}" for w in file_warnings(per_file, cfg.data)]

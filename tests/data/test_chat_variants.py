@@ -149,3 +149,10 @@ def test_auto_format_says_what_each_row_was_read_as_and_which_rows_hold_two(tmp_
         f"{path}: 2 row(s) hold the fields of both the messages and the prompt_response format (first: line 3); "
         "data.format=auto read them as messages; set data.format=prompt_response to read them as prompt_response"
     ]
+
+
+def test_prompts_without_answers_point_prepare_to_regenerate(tmp_path, smollm2_path, smollm2_tokenizer):
+    path = _jsonl(tmp_path / "prompts.jsonl", [{"prompt": "Name a colour."}, {"messages": CONV}])
+    summary, bad = run_prepare(make_cfg(tmp_path, smollm2_path, [path]), smollm2_tokenizer)
+    assert summary["samples"] == 1 and summary["skipped_by_reason"] == {"unknown_format": 1}
+    assert bad[0]["line"] == 1 and "`eagle-batch regenerate` has the target write them" in bad[0]["detail"]

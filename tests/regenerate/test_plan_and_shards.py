@@ -95,6 +95,29 @@ def test_nothing_to_regenerate_names_the_file_and_the_key_to_set(tmp_path, smoll
     assert not (tmp_path / "run" / "regenerate" / "prepared").exists()
 
 
+def test_prompts_alone_are_conversations_to_answer(tmp_path, smollm2_path):
+    # The common input of regeneration: prompts without answers (a prompt column, or Alpaca instructions).
+    src = _write_jsonl(
+        tmp_path / "prompts.jsonl",
+        [{"prompt": "Name a colour."}, {"instruction": "Add.", "input": "2+2"}, {"prompt": "Q?", "response": "A."}],
+    )
+    csv_src = tmp_path / "prompts.csv"
+    csv_src.write_text("prompt,system\nName a fruit.,Be brief.\n")
+    cfg = _cfg(tmp_path, smollm2_path, [src, csv_src], "regenerate.max_tokens=16")
+    s = plan_regeneration(cfg)
+    assert s["conversations"] == 4 and s["rows_skipped"] == 0
+    scripts = [x["messages"] for x in task_scripts(Path(cfg.regenerate.run_dir), 0)]
+    assert sorted(scripts, key=str) == sorted(
+        [
+            [{"role": "user", "content": "Name a colour."}, None],
+            [{"role": "user", "content": "Add.\n\n2+2"}, None],
+            [{"role": "user", "content": "Q?"}, None],
+            [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Name a fruit."}, None],
+        ],
+        key=str,
+    )
+
+
 def _shard(rows_of: list[str]) -> tuple[list[dict], list[dict], dict]:
     """(rows, failures, counts) of a shard whose conversations `rows_of` were all written."""
     rows = [{"messages": [U1, {"role": "assistant", "content": i}], "provenance": {"id": i}} for i in rows_of]
