@@ -52,11 +52,12 @@ def run(args: argparse.Namespace) -> int:
     from .local import local_summary
     from .state import DONE, read_state
     from .status import store_lost, writes_stores
-    from .submit import SubmitError, live_tasks, resolve_executor, submit_tasks
+    from .submit import SubmitError, check_slurm_request, live_tasks, resolve_executor, submit_tasks
 
     cfg = config_from_args(args)
     run_dir = cfg.run_dir
     n = check_before_submit(cfg)
+    check_slurm_request(cfg)
     train_cfgs = _training_configs(args, cfg) if args.then_train else []
     live = live_tasks(run_dir)
     if live:

@@ -91,3 +91,41 @@ def job_states(array_ids: Iterable[str]) -> dict[str, str]:
 
 def is_live(state: str) -> bool:
     return state in LIVE
+
+
+# Pending reasons under which a job never starts on its own: its request is beyond what its partition,
+# account or QOS allows a single job, or it waits on a dependency that can no longer be met. (Resources,
+# Priority, ReqNodeNotAvail, group-wide limits and the like pass with time.)
+NEVER_STARTS = {
+    "PartitionConfig": "the request does not fit the partition",
+    "BadConstraints": "no node has the features slurm.constraint asks for",
+    "PartitionNodeLimit": "more nodes than the partition allows a job",
+    "PartitionTimeLimit": "more time than the partition allows (slurm.time_min)",
+    "InvalidAccount": "slurm.account is not an account you may use",
+    "InvalidQOS": "slurm.qos is not a QOS you may use",
+    "DependencyNeverSatisfied": "the job it waits for ended without success",
+}
+
+
+def never_starts(reason: str) -> str:
+    """Why a job pending for `reason` will not start on its own ("" when it may): NEVER_STARTS and the
+    per-job limits of an account or QOS (e.g. QOSMaxGRESPerJob), which the job's own request exceeds."""
+    if reason in NEVER_STARTS:
+        return NEVER_STARTS[reason]
+    if re.fullmatch(r"(Assoc|QOS)\w*PerJob\w*", reason):
+        return "the request is above a per-job limit of the account or QOS"
+    return ""
+
+
+def pending_reasons(array_ids: Iterable[str]) -> dict[str, str]:
+    """{"ARRAY_INDEX" or "JOB": reason} for the pending jobs among the given arrays/jobs (squeue's %r)."""
+    ids = sorted({str(a) for a in array_ids if a and not str(a).startswith("local")})
+    if not ids or not have_slurm():
+        return {}
+    out: dict[str, str] = {}
+    for line in _run(["squeue", "-h", "-r", "-t", "PENDING", "-j", ",".join(ids), "-o", "%i|%r"]).splitlines():
+        parts = line.split("|")
+        if len(parts) == 2:
+            for jid in _expand(parts[0]):
+                out[jid] = parts[1].strip()
+    return out

@@ -28,7 +28,7 @@ from pathlib import Path
 from . import proc
 from . import state as S
 from .local import cancelled, claimed, exit_message, submission_alive, task_exit, task_log
-from .slurm_query import is_live, job_states
+from .slurm_query import is_live, job_states, never_starts, pending_reasons
 
 FINISHED_OK = {"done"}
 RESUMABLE = {"not_submitted", "failed", "cancelled", "timeout", "gave_up", "unknown", "damaged", "lost"}
@@ -52,6 +52,7 @@ class TaskRow:
     failures: int
     log: str
     last_error: str
+    pending_reason: str = ""  # Slurm's reason while the task's job is pending (Priority, Resources, ...)
 
 
 def _default_log(run_dir: Path, job_id: str) -> str:
@@ -108,6 +109,7 @@ def task_rows(run_dir: str | os.PathLike, num_tasks: int) -> list[TaskRow]:
     subs = S.read_submissions(run_dir)
     slurm_subs = [s for s in subs if s.executor == "slurm" and s.kind in ("extract", "resume")]
     states = job_states(s.job_id for s in slurm_subs)
+    reasons = pending_reasons(s.job_id for s in slurm_subs) if "PENDING" in states.values() else {}
     stores = writes_stores(run_dir)
     rows = []
     for t in range(num_tasks):
@@ -141,6 +143,12 @@ def task_rows(run_dir: str | os.PathLike, num_tasks: int) -> list[TaskRow]:
             last_error = _tail_error(log)  # killed without recording an error (OOM, node failure)
         elif state in ("cancelled", "timeout", "unknown") and not last_error:
             last_error = f"Slurm state {sstate or 'unknown (no accounting record)'}"
+        reason = reasons.get(job_id, "") if state == "pending" else ""
+        if never_starts(reason):
+            last_error = (
+                f"Slurm will not start it: pending for {reason} ({never_starts(reason)}); "
+                f"`eagle-batch cancel {run_dir}`, correct the setting, then `eagle-batch resume {run_dir}`"
+            )
         sc, stot = (st.samples_committed, st.samples_total) if st else (0, 0)
         tc, ttot = (st.tokens_committed, st.tokens_total) if st else (0, 0)
         stot, ttot = stot or plan.get(t, (0, 0))[0], ttot or plan.get(t, (0, 0))[1]
@@ -164,6 +172,7 @@ def task_rows(run_dir: str | os.PathLike, num_tasks: int) -> list[TaskRow]:
                 failures=st.failures if st else 0,
                 log=log,
                 last_error=last_error,
+                pending_reason=reason,
             )
         )
     return rows

@@ -30,6 +30,7 @@ from eagle_batch import environment
 
 from . import state as S
 from .job import host_requeue_setup
+from .slurm_fit import check_request_fits
 from .slurm_query import controller_answers, have_slurm, is_live
 from .state import SubmitError, plan_num_tasks
 from .task import ArrayTask
@@ -114,6 +115,14 @@ def container_wrapping(cfg, run_dir: Path) -> tuple[str | None, list[str]]:
     raise SubmitError(f"slurm.container.runtime={c.runtime!r} is not one of none, apptainer, pyxis.")
 
 
+def check_slurm_request(cfg, executor: str | None = None) -> None:
+    """When the run goes to Slurm: ConfigError now if no node of the partition can take its tasks (the
+    check make_executor repeats at submission), so a command fails before it plans or writes anything."""
+    if (executor or resolve_executor(cfg)) == "slurm":
+        sc = cfg.slurm
+        check_request_fits(sc, {k.replace("_", "-") for k in _parse_sbatch_lines(sc.additional_sbatch)})
+
+
 def make_executor(
     cfg,
     run_dir: str | os.PathLike,
@@ -121,8 +130,11 @@ def make_executor(
     job_name: str = "",
     dependency: str = "",
     executor: str | None = None,
+    check_fits: bool = True,
 ):
-    """A submitit SlurmExecutor with the run's resources (local runs go through `launch.local`)."""
+    """A submitit SlurmExecutor with the run's resources (local runs go through `launch.local`). With
+    `check_fits` a request no node of the partition can meet is a ConfigError here, before any submission
+    (launch.slurm_fit); without it the executor is only built (to read its batch script)."""
     run_dir = Path(run_dir)
     which = executor or resolve_executor(cfg)
     if which != "slurm":
@@ -132,6 +144,8 @@ def make_executor(
         )
     folder = run_dir / S.SLURM_DIR / "%j"
     sc = cfg.slurm
+    if check_fits:
+        check_slurm_request(cfg, "slurm")
     python, srun_args = container_wrapping(cfg, run_dir)
     ex = submitit.SlurmExecutor(folder=folder, max_num_timeout=sc.max_num_timeout, python=python)
     params: dict[str, Any] = dict(

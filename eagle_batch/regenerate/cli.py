@@ -132,11 +132,12 @@ def run(args: argparse.Namespace) -> int:
     from eagle_batch.config import check_config, save_config
     from eagle_batch.launch.local import local_summary
     from eagle_batch.launch.state import DONE, read_state
-    from eagle_batch.launch.submit import live_tasks, resolve_executor, submit_after, submit_tasks
+    from eagle_batch.launch.submit import check_slurm_request, live_tasks, resolve_executor, submit_after, submit_tasks
 
     cfg = config_from_args(args)
     check_config(cfg)
     rcfg = regeneration_config(cfg)
+    check_slurm_request(rcfg)  # before the plan: reading every input row can take a while
     run_dir = Path(rcfg.run_dir)
     _claim(cfg, rcfg, args.force)
     save_config(rcfg, run_dir)

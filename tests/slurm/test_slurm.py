@@ -377,13 +377,43 @@ def test_submit_after_waits_for_extraction_and_aggregates(tmp_path, capsys, synt
 
 
 # ------------------------------------------------------------------ resources and container wrapping
+def test_a_request_no_node_can_meet_is_refused_before_submission(tmp_path, capsys, synthetic):
+    # sbatch accepts such a job and it stays PENDING (PartitionConfig) for ever; `--wait` would watch it.
+    run, cfg = make_synthetic_run(tmp_path, "toobig", 1, cpus_per_task=999)
+    rc, out, err = cli(capsys, "extract", cfg)
+    assert rc != 0 and "slurm.cpus_per_task=999 (the most any node has: " in err and "Nothing was submitted." in err
+    assert "Traceback" not in err and not (run / "slurm").exists()
+    rc, out, err = cli(capsys, "extract", cfg, "slurm.partition=nosuch", "slurm.cpus_per_task=1")
+    assert rc != 0 and "slurm.partition=nosuch: the cluster has no such partition" in err
+
+
+def test_a_job_slurm_will_never_start_is_named_and_not_waited_for(tmp_path, capsys, synthetic, monkeypatch):
+    # A request no node can meet, submitted where the fit check cannot see the nodes (sinfo not answering):
+    # sbatch accepts it and Slurm keeps it PENDING (PartitionConfig) for ever.
+    from eagle_batch.launch import slurm_fit
+
+    monkeypatch.setattr(slurm_fit, "read_partitions", lambda timeout_s=30.0: None)
+    run, cfg = make_synthetic_run(tmp_path, "never", 1, cpus_per_task=999)
+    try:
+        rc, out, err = cli(capsys, "extract", cfg, "--wait", "--interval", "0.5")
+        assert rc == 1 and "stopped following: task 0: Slurm will not start it: pending for PartitionConfig" in out, (
+            out,
+            err,
+        )
+        (row,) = status(capsys, run)["tasks"]
+        assert row["state"] == "pending" and row["pending_reason"] == "PartitionConfig"
+        assert f"`eagle-batch cancel {run}`, correct the setting, then `eagle-batch resume {run}`" in row["last_error"]
+    finally:
+        cli(capsys, "cancel", run)
+
+
 def test_sbatch_resources_and_container_wrapping(tmp_path):
     from eagle_batch.config import load_config
     from eagle_batch.launch import make_executor
 
     def script(*overrides):
         cfg = load_config(None, ["run_dir=" + str(tmp_path / "r"), "model.path=/models/m", *overrides])
-        ex = make_executor(cfg, cfg.run_dir, executor="slurm")
+        ex = make_executor(cfg, cfg.run_dir, executor="slurm", check_fits=False)  # partition gpu is not here
         return ex._make_submission_file_text(ex._submitit_command_str, "x")
 
     s = script(
