@@ -13,6 +13,8 @@ scheduler, the launcher or the machine tells a process about itself:
 - `EAGLE_BATCH_CACHE`: where converted models and benchmark inputs are cached (default
   ~/.cache/eagle-batch); the shipped configs read it too, through omegaconf's `oc.env`.
 - `CUDA_VISIBLE_DEVICES`: the GPUs this process may use (the local executor hands them out).
+- `SBATCH_PARTITION`: the partition sbatch submits to when the config names none (sbatch reads it; the
+  check that a request fits its partition must look at the same one).
 - `VLLM_ENABLE_V1_MULTIPROCESSING`, `VLLM_USE_V2_MODEL_RUNNER`, `VLLM_CPU_KVCACHE_SPACE`: vLLM's own
   switches (engine core in a separate process; which model runner; a CPU engine's KV cache), set before an
   engine starts unless the user set them.
@@ -105,6 +107,11 @@ def host_requeue_dir(environ: Mapping[str, str] | None = None) -> Path | None:
 def host_requeue_requested_at_submit(environ: Mapping[str, str] | None = None) -> bool:
     """True when the submitting shell asks for host-side requeues even without a container (tests)."""
     return bool(_env(environ).get(HOST_REQUEUE))
+
+
+def sbatch_partition(environ: Mapping[str, str] | None = None) -> str:
+    """The partition sbatch takes from the environment when none is asked for ("" when none is set)."""
+    return _env(environ).get("SBATCH_PARTITION", "").strip()
 
 
 def cache_dir(environ: Mapping[str, str] | None = None) -> Path:

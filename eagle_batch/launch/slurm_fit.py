@@ -16,6 +16,7 @@ import re
 import subprocess
 from dataclasses import dataclass
 
+from eagle_batch import environment
 from eagle_batch.config import ConfigError
 
 # sbatch options in slurm.additional_sbatch that change what this check compares: it then stays out.
@@ -35,6 +36,8 @@ _OVERRIDES = {
     "t",
     "nodelist",
     "w",
+    "clusters",
+    "M",
 }
 
 
@@ -103,17 +106,22 @@ def read_partitions(timeout_s: float = 30.0) -> dict[str, Partition] | None:
     return parse_sinfo(r.stdout) if r.returncode == 0 else None
 
 
-def request_problems(sc, partitions: dict[str, Partition], sbatch_options: set[str]) -> list[str]:
-    """What in slurm section `sc` cannot be met by `partitions` (one sentence each, with the fix)."""
+def request_problems(
+    sc, partitions: dict[str, Partition], sbatch_options: set[str], env_partition: str = ""
+) -> list[str]:
+    """What in slurm section `sc` cannot be met by `partitions` (one sentence each, with the fix).
+    `env_partition` is SBATCH_PARTITION: where sbatch sends a job whose config names no partition."""
     if not partitions or sbatch_options & _OVERRIDES:
         return []
-    if sc.partition:
-        if sc.partition not in partitions:
+    name = sc.partition or env_partition.split(",")[0]
+    if name:
+        if name not in partitions:
+            key = "slurm.partition" if sc.partition else "SBATCH_PARTITION (the environment)"
             return [
-                f"slurm.partition={sc.partition}: the cluster has no such partition (it has "
+                f"{key}={name}: the cluster has no such partition (it has "
                 f"{', '.join(sorted(partitions))}); set slurm.partition to one of them."
             ]
-        part = partitions[sc.partition]
+        part = partitions[name]
     else:
         part = next((p for p in partitions.values() if p.default), None)
         if part is None:
@@ -161,6 +169,6 @@ def request_problems(sc, partitions: dict[str, Partition], sbatch_options: set[s
 def check_request_fits(sc, sbatch_options: set[str]) -> None:
     """ConfigError when slurm section `sc` asks for what its partition cannot give (see the module doc)."""
     partitions = read_partitions()
-    problems = request_problems(sc, partitions or {}, sbatch_options)
+    problems = request_problems(sc, partitions or {}, sbatch_options, environment.sbatch_partition())
     if problems:
         raise ConfigError(" ".join(problems) + " Nothing was submitted.")

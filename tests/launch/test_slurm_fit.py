@@ -74,3 +74,13 @@ def test_the_check_stays_out_of_what_additional_sbatch_sets_or_sinfo_cannot_say(
     assert request_problems(sc, {}, set()) == []  # no sinfo: sbatch judges
     no_default = parse_sinfo(SINFO.replace("cpu*", "cpu"))
     assert request_problems(replace(SlurmConfig(), gpus_per_node=99), no_default, set()) == []
+
+
+def test_the_partition_sbatch_takes_from_the_environment_is_the_one_checked():
+    sc = replace(SlurmConfig(), gpus_per_node=8, cpus_per_task=96, time_min=60)
+    parts = parse_sinfo(SINFO)
+    assert "in partition cpu no node has" in " ".join(request_problems(sc, parts, set()))  # the default one
+    assert request_problems(sc, parts, set(), env_partition="gpu") == []  # SBATCH_PARTITION=gpu
+    assert "SBATCH_PARTITION (the environment)=h200: the cluster has no such partition" in " ".join(
+        request_problems(sc, parts, set(), env_partition="h200")
+    )
