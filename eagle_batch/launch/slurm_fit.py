@@ -107,10 +107,11 @@ def read_partitions(timeout_s: float = 30.0) -> dict[str, Partition] | None:
 
 
 def request_problems(
-    sc, partitions: dict[str, Partition], sbatch_options: set[str], env_partition: str = ""
+    sc, partitions: dict[str, Partition], sbatch_options: set[str], env_partition: str = "", tasks_per_node: int = 1
 ) -> list[str]:
     """What in slurm section `sc` cannot be met by `partitions` (one sentence each, with the fix).
-    `env_partition` is SBATCH_PARTITION: where sbatch sends a job whose config names no partition."""
+    `env_partition` is SBATCH_PARTITION: where sbatch sends a job whose config names no partition;
+    `tasks_per_node` processes per node each get slurm.cpus_per_task CPUs (training: one rank per GPU)."""
     if not partitions or sbatch_options & _OVERRIDES:
         return []
     name = sc.partition or env_partition.split(",")[0]
@@ -132,25 +133,25 @@ def request_problems(
             f"slurm.time_min={sc.time_min} is more than partition {part.name} allows ({part.max_time_min} min); "
             f"set slurm.time_min={part.max_time_min} or less (a task checkpoints and is requeued at its time limit)."
         )
-    mem_mb = sc.mem_gb * 1024
+    mem_mb, cpus = sc.mem_gb * 1024, sc.cpus_per_task * tasks_per_node
     fits = [
-        n
-        for n in part.nodes
-        if n.cpus >= sc.cpus_per_task and n.gpus >= sc.gpus_per_node and (not mem_mb or n.mem_mb >= mem_mb)
+        n for n in part.nodes if n.cpus >= cpus and n.gpus >= sc.gpus_per_node and (not mem_mb or n.mem_mb >= mem_mb)
     ]
     if len(fits) >= sc.nodes:
         return problems
     largest = max(part.nodes, key=lambda n: (n.gpus, n.cpus, n.mem_mb))
-    asks = [
-        (sc.cpus_per_task, max(n.cpus for n in part.nodes), "slurm.cpus_per_task", "CPUs"),
-        (sc.gpus_per_node, max(n.gpus for n in part.nodes), "slurm.gpus_per_node", "GPUs"),
-        (sc.mem_gb, max(n.mem_mb for n in part.nodes) // 1024, "slurm.mem_gb", "GB of memory"),
-    ]
-    over = [
-        f"{key}={want} (the most any node has: {most} {unit}; set {key}={most} or less)"
-        for want, most, key, unit in asks
-        if want > most
-    ]
+    most_cpus, most_gpus = max(n.cpus for n in part.nodes), max(n.gpus for n in part.nodes)
+    most_gb = max(n.mem_mb for n in part.nodes) // 1024
+    per = f" x {tasks_per_node} ranks per node = {cpus}" if tasks_per_node > 1 else ""
+    asks = [  # (asked, the most a node has, the text, the value that fits)
+        (cpus, most_cpus, f"slurm.cpus_per_task={sc.cpus_per_task}{per} (the most any node has: {most_cpus} CPUs",
+         f"slurm.cpus_per_task={most_cpus // tasks_per_node}"),
+        (sc.gpus_per_node, most_gpus, f"slurm.gpus_per_node={sc.gpus_per_node} (the most any node has: {most_gpus} GPUs",
+         f"slurm.gpus_per_node={most_gpus}"),
+        (sc.mem_gb, most_gb, f"slurm.mem_gb={sc.mem_gb} (the most any node has: {most_gb} GB of memory",
+         f"slurm.mem_gb={most_gb}"),
+    ]  # fmt: skip
+    over = [f"{text}; set {fix} or less)" for want, most, text, fix in asks if want > most]
     if over:
         what = "; ".join(over)
     elif fits:
@@ -159,16 +160,16 @@ def request_problems(
         what = "no single node has all of them at once"
     have = "no node has" if not fits else f"only {len(fits)} node(s) have"
     problems.append(
-        f"in partition {part.name} {have} {sc.cpus_per_task} CPUs, {sc.gpus_per_node} GPUs"
+        f"in partition {part.name} {have} {cpus} CPUs, {sc.gpus_per_node} GPUs"
         f"{f' and {sc.mem_gb} GB of memory' if sc.mem_gb else ''} (the job asks for {sc.nodes} such node(s)): "
         f"{what}. Its largest node is {largest.describe()}; such a job would stay pending forever."
     )
     return problems
 
 
-def check_request_fits(sc, sbatch_options: set[str]) -> None:
+def check_request_fits(sc, sbatch_options: set[str], tasks_per_node: int = 1) -> None:
     """ConfigError when slurm section `sc` asks for what its partition cannot give (see the module doc)."""
     partitions = read_partitions()
-    problems = request_problems(sc, partitions or {}, sbatch_options, environment.sbatch_partition())
+    problems = request_problems(sc, partitions or {}, sbatch_options, environment.sbatch_partition(), tasks_per_node)
     if problems:
         raise ConfigError(" ".join(problems) + " Nothing was submitted.")

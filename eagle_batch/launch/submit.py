@@ -115,12 +115,13 @@ def container_wrapping(cfg, run_dir: Path) -> tuple[str | None, list[str]]:
     raise SubmitError(f"slurm.container.runtime={c.runtime!r} is not one of none, apptainer, pyxis.")
 
 
-def check_slurm_request(cfg, executor: str | None = None) -> None:
+def check_slurm_request(cfg, executor: str | None = None, tasks_per_node: int = 1) -> None:
     """When the run goes to Slurm: ConfigError now if no node of the partition can take its tasks (the
     check make_executor repeats at submission), so a command fails before it plans or writes anything."""
     if (executor or resolve_executor(cfg)) == "slurm":
         sc = cfg.slurm
-        check_request_fits(sc, {k.replace("_", "-") for k in _parse_sbatch_lines(sc.additional_sbatch)})
+        options = {k.replace("_", "-") for k in _parse_sbatch_lines(sc.additional_sbatch)}
+        check_request_fits(sc, options, tasks_per_node)
 
 
 def make_executor(
@@ -131,6 +132,7 @@ def make_executor(
     dependency: str = "",
     executor: str | None = None,
     check_fits: bool = True,
+    tasks_per_node: int = 1,
 ):
     """A submitit SlurmExecutor with the run's resources (local runs go through `launch.local`). With
     `check_fits` a request no node of the partition can meet is a ConfigError here, before any submission
@@ -145,14 +147,15 @@ def make_executor(
     folder = run_dir / S.SLURM_DIR / "%j"
     sc = cfg.slurm
     if check_fits:
-        check_slurm_request(cfg, "slurm")
+        check_slurm_request(cfg, "slurm", tasks_per_node)
     python, srun_args = container_wrapping(cfg, run_dir)
     ex = submitit.SlurmExecutor(folder=folder, max_num_timeout=sc.max_num_timeout, python=python)
     params: dict[str, Any] = dict(
         job_name=job_name or f"eb-{kind}-{run_dir.name}",
         time=sc.time_min,
         nodes=sc.nodes,
-        ntasks_per_node=1,  # one process per array task; vLLM starts its own TP workers
+        # Extraction: one process per array task (vLLM starts its own TP workers); training: one rank per GPU.
+        ntasks_per_node=tasks_per_node,
         cpus_per_task=sc.cpus_per_task,
         array_parallelism=sc.array_parallelism,
         signal_delay_s=sc.signal_delay_s,

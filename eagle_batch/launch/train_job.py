@@ -128,8 +128,8 @@ def submit_training(cfgs: list[RunConfig], after: str | os.PathLike = "") -> tup
     cfg0 = cfgs[0]
     run_dir = Path(after or cfg0.run_dir)
     dependency = afterok_dependency(run_dir) if after else ""
-    ex = make_executor(cfg0, run_dir, kind="train", dependency=dependency, executor="slurm")
-    ex.update_parameters(ntasks_per_node=max(1, int(cfg0.slurm.gpus_per_node)))  # one rank per GPU
+    ranks = max(1, int(cfg0.slurm.gpus_per_node))  # one rank per GPU
+    ex = make_executor(cfg0, run_dir, kind="train", dependency=dependency, executor="slurm", tasks_per_node=ranks)
     with ex.batch():
         jobs = [ex.submit(TrainTask(c, aggregate=bool(after))) for c in cfgs]
     ids = [str(j.job_id) for j in jobs]

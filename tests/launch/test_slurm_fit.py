@@ -84,3 +84,15 @@ def test_the_partition_sbatch_takes_from_the_environment_is_the_one_checked():
     assert "SBATCH_PARTITION (the environment)=h200: the cluster has no such partition" in " ".join(
         request_problems(sc, parts, set(), env_partition="h200")
     )
+
+
+def test_training_ranks_each_get_the_cpus_per_task():
+    # A training job runs one rank per GPU, each with slurm.cpus_per_task CPUs: 8 x 16 = 128 > 96.
+    sc = replace(SlurmConfig(), partition="gpu", gpus_per_node=8, cpus_per_task=16, time_min=60)
+    assert request_problems(sc, parse_sinfo(SINFO), set()) == []
+    (problem,) = request_problems(sc, parse_sinfo(SINFO), set(), tasks_per_node=8)
+    assert "in partition gpu no node has 128 CPUs, 8 GPUs" in problem
+    assert (
+        "slurm.cpus_per_task=16 x 8 ranks per node = 128 (the most any node has: 96 CPUs; set slurm.cpus_per_task=12 or less)"
+        in problem
+    )
