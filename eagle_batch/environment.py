@@ -6,7 +6,7 @@ scheduler, the launcher or the machine tells a process about itself:
 - Slurm (`SLURM_JOB_ID`, `SLURM_ARRAY_JOB_ID`, `SLURM_ARRAY_TASK_ID`, `SLURM_RESTART_COUNT`): which job
   this process is, set by Slurm in every job step.
 - torch.distributed ranks (`RANK`, `WORLD_SIZE`, `LOCAL_RANK`): set by submitit's
-  `TorchDistributedEnvironment`, torchrun, or `launch.train_job.run_local` for its ranks.
+  `TorchDistributedEnvironment`, torchrun, or `launch.local_train.run_local` for its ranks.
 - `EAGLE_BATCH_DIST_INIT`: the file rendezvous `run_local` hands its ranks (a `file://` URL).
 - `EAGLE_BATCH_HOST_REQUEUE`: set by the batch script launch.submit writes for container runtimes; the
   folder where a task inside the container asks the host to requeue its job (no `scontrol` inside).

@@ -233,6 +233,10 @@ class TrainConfig:
     # >0: end the run at this many seconds from its first step, exported like a finished one, even when steps
     # remain (the schedule is cut, not refitted): a hard deadline for a local run.
     max_time_s: float = 0.0
+    # `--local`: crashes (a CUDA fault's abort, a segfault, a rank killed) one training survives; each restarts
+    # every rank from the last checkpoint, with what is left of max_time_s (launch/local_train.py). 0 with
+    # one rank: the trainer runs in the CLI's own process.
+    max_restarts: int = 2
     # lr, optimizer, ttt_*, lm_head_*, norm_*: speculators' EAGLE-3 recipe. On the same states and token budget
     # it trains a better draft than SpecForge's settings (AdamW, 7 TTT steps decayed by 0.8, a random trainable
     # lm_head, no extra norms), and its 3 TTT steps train 1.7x the tokens/s of 7 (decision 0021).

@@ -130,6 +130,7 @@ RANGES: dict[str, Range | Callable[[RunConfig], Range | None]] = {
     "train.epochs": _at_least(0, "0 = train.steps decides"),
     "train.time_budget_s": _at_least(0, "0 = off"),
     "train.max_time_s": _at_least(0, "0 = off"),
+    "train.max_restarts": _at_least(0, "0 = a crash ends the training"),
     "train.lr": POSITIVE,
     "train.min_lr_ratio": Range(0, 1, meaning="the final learning rate as a share of train.lr"),
     "train.warmup_steps": _at_least(0),

@@ -4,7 +4,7 @@
 
 - `job`: what every job does around its work (the checkpoint signal as a flag, requeue, host requeue).
 - `task.ArrayTask`: one task of a run's array; it runs the run's work (`work`: capture, regenerate, ...).
-- `train_job`: training as a Slurm array (`TrainTask`) or here (`run_local`).
+- `train_job`: training as a Slurm array (`TrainTask`); `local_train.run_local`: here, restarted after a crash.
 - `submit`: executors (Slurm through submitit; `local` for one machine), arrays, `afterok` chaining.
 - `state`, `status`: what each task recorded, reconciled with Slurm or the local executor.
 - `cli_*`: the extract, status, resume, cancel and train commands.

@@ -131,7 +131,7 @@ def run(args: argparse.Namespace) -> int:
             + (f" (after {args.after})" if args.after else "")
         )
         return 0
-    from .train_job import run_local
+    from .local_train import run_local
 
     rc = 0
     for c in cfgs:

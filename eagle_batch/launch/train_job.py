@@ -1,4 +1,4 @@
-"""Training as a job: `TrainTask` on Slurm (one array task per sweep entry), `run_local` on this machine.
+"""Training as a Slurm job: `TrainTask` (one array task per sweep entry); on this machine: `launch.local_train`.
 
 `eagle_batch.train` is the library (`train(cfg, should_stop)` trains or resumes one draft and exports it);
 this module decides where it runs:
@@ -7,8 +7,8 @@ this module decides where it runs:
   `slurm.gpus_per_node` ranks per node (`ntasks_per_node` = GPUs; submitit exports the torch.distributed
   environment) on `slurm.nodes` nodes. With `after`, the array depends (`afterok`) on RUN's unfinished
   extraction arrays and its first rank 0 to start aggregates the stores.
-- Here: `run_local(cfg, nproc)`; with nproc > 1 the ranks are processes of this machine meeting through a
-  file rendezvous (gloo on the CPU, NCCL on GPUs).
+- Here: `launch.local_train.run_local(cfg, nproc)`: the ranks as child processes of this machine meeting
+  through a file rendezvous (gloo on the CPU, NCCL on GPUs), restarted after a crash.
 
 Checkpoint/requeue as every eagle-batch job (`launch.job`): SIGUSR2 sets a flag, the trainer checkpoints
 after the current step and returns "stopped", and submitit requeues the task, which resumes from
@@ -18,10 +18,7 @@ RUN/train/<name>/checkpoints/latest.
 from __future__ import annotations
 
 import fcntl
-import json
 import os
-import shutil
-import tempfile
 import time
 from pathlib import Path
 from typing import Any
@@ -87,39 +84,6 @@ class TrainTask(submitit.helpers.Checkpointable):
         if result["status"] == "stopped":
             stop.hand_back()  # submitit: pickle checkpoint() and requeue
         return result
-
-
-def _spawn_rank(rank: int, world: int, cfg: RunConfig, rendezvous: str) -> None:
-    import faulthandler
-
-    faulthandler.enable()  # a C++ abort in a rank (gloo, OpenMP) then prints each Python thread's stack
-    os.environ.update(environment.rank_environment(rank, world, rendezvous))
-    from eagle_batch.train.trainer import shutdown_distributed, train
-
-    try:
-        train(cfg)
-    finally:
-        shutdown_distributed()
-
-
-def run_local(cfg: RunConfig, nproc: int = 1) -> dict:
-    """Train here: one process, or `nproc` DDP ranks; returns the trainer's result."""
-    from eagle_batch.train.trainer import output_dir, train
-
-    if nproc <= 1:
-        return train(cfg)
-    import torch.multiprocessing as mp
-
-    # The ranks meet through a file, not a TCP port: a port picked free here and bound later by rank 0 can
-    # be taken in between by any other process on the machine (Slurm jobs, vLLM engines in the same test
-    # run), and a rank that reaches a stranger's listener fails in native code.
-    folder = tempfile.mkdtemp(prefix="eagle-batch-rendezvous-")
-    try:
-        mp.spawn(_spawn_rank, args=(nproc, cfg, os.path.join(folder, "store")), nprocs=nproc, join=True)
-    finally:
-        shutil.rmtree(folder, ignore_errors=True)
-    p = output_dir(cfg) / "result.json"
-    return json.loads(p.read_text()) if p.is_file() else {"status": "unknown", "out_dir": str(output_dir(cfg))}
 
 
 def submit_training(cfgs: list[RunConfig], after: str | os.PathLike = "") -> tuple[S.Submission, list[str]]:

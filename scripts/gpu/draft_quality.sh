@@ -123,28 +123,21 @@ extract() {
 # (exported) where the evaluation's reserve begins, should it run slower than calibrated
 train() {
   local name=$1 run=$2; shift 2
-  local cap=() rc=0 attempt label left
-  # A training that dies (a crash, not a refused config: exit 2) is started once more: it resumes from its
-  # last checkpoint (every train.checkpoint_every steps) with the same budget, capped by the time left. The
-  # sixth H200 run's orig training died once with CUDA "unspecified launch failure" (exit 134).
-  for attempt in 1 2; do
-    label=train-$name
-    [ "$attempt" = 1 ] || label="train-$name-again"
-    # At least 1 s (train.max_time_s must be >= 0, and 0 is "no limit"): a training started past the evaluation's
-    # reserve still ends after its first step, exported, instead of eating the reserve.
-    if [ "${DEADLINE:-0}" -gt 0 ]; then
-      left=$(( DEADLINE - $(date +%s) - ${EVAL_RESERVE:-420} - 30 ))
-      cap=(train.max_time_s=$(( left > 1 ? left : 1 )))
-    fi
-    if [ "$attempt" = 2 ] && [ ${#cap[@]} -gt 0 ] && [ "${cap[0]#*=}" -le 30 ]; then break; fi
-    # Expandable segments: a step's tensors change size with every batch; fixed segments leave the caching
-    # allocator holding 40-55 GiB per trainer at 32k-token steps (second H200 run), which starved a neighbour.
-    rc=0
-    PYTORCH_CUDA_ALLOC_CONF=${PYTORCH_CUDA_ALLOC_CONF:-expandable_segments:True} \
-      step "$label" eagle-batch train "$cfg" run_dir="$run" train.name="$name" "${budget[@]}" "${cap[@]}" \
-      "${train_extra[@]}" "$@" "${extra[@]}" --local --no-progress || rc=$?
-    [ "$rc" = 0 ] || [ "$rc" = 2 ] && break
-  done
+  local cap=() rc=0 left
+  # At least 1 s (train.max_time_s must be >= 0, and 0 is "no limit"): a training started past the evaluation's
+  # reserve still ends after its first step, exported, instead of eating the reserve.
+  if [ "${DEADLINE:-0}" -gt 0 ]; then
+    left=$(( DEADLINE - $(date +%s) - ${EVAL_RESERVE:-420} - 30 ))
+    cap=(train.max_time_s=$(( left > 1 ? left : 1 )))
+  fi
+  # A training that crashes is started again by `eagle-batch train --local` itself from its last checkpoint
+  # (train.max_restarts; max_time_s counts from the first start): the sixth and eighth H200 runs each lost a
+  # training to CUDA "unspecified launch failure" (exit 134), the eighth twice in one training.
+  # Expandable segments: a step's tensors change size with every batch; fixed segments leave the caching
+  # allocator holding 40-55 GiB per trainer at 32k-token steps (second H200 run), which starved a neighbour.
+  PYTORCH_CUDA_ALLOC_CONF=${PYTORCH_CUDA_ALLOC_CONF:-expandable_segments:True} \
+    step "train-$name" eagle-batch train "$cfg" run_dir="$run" train.name="$name" "${budget[@]}" "${cap[@]}" \
+    train.max_restarts="${TRAIN_RESTARTS:-6}" "${train_extra[@]}" "$@" "${extra[@]}" --local --no-progress || rc=$?
   cp "$run/train/$name/metrics.jsonl" "$out/metrics-$name.jsonl" 2>/dev/null || true
   cp "$run/train/$name/vocab.json" "$out/vocab-$name.json" 2>/dev/null || true  # the draft vocabulary's coverage
   return "$rc"

@@ -133,7 +133,7 @@ def test_ddp_two_ranks_gloo(tmp_path):
     """Two CPU ranks (gloo): same steps on both, gradients averaged, one export, metrics from rank 0."""
     from conftest import tiny_cfg
 
-    from eagle_batch.launch.train_job import run_local
+    from eagle_batch.launch.local_train import run_local
 
     target = write_fake_target(tmp_path / "target")
     run_dir = tmp_path / "run"
