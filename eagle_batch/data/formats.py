@@ -111,10 +111,11 @@ def formats_in(row: dict, data_cfg, answers_needed: bool = True) -> list[str]:
     return [fmt for fmt, names in fields.items() if all(row.get(n) is not None for n in names)]
 
 
-def detect_format(row: dict, data_cfg, answers_needed: bool = True) -> str:
+def detect_formats(row: dict, data_cfg, answers_needed: bool = True) -> list[str]:
+    """`formats_in`, first the one `format: auto` reads the row as; a BadRow naming the field when none."""
     found = formats_in(row, data_cfg, answers_needed)
     if found:
-        return found[0]
+        return found
     for name in (data_cfg.messages_field, data_cfg.conversations_field):
         if name in row:  # there but null: Parquet and Arrow give every row every column
             raise BadRow("not_a_list", f"'{name}' is null, expected a non-empty list of turns")
@@ -290,8 +291,8 @@ def row_to_conversation(row: Any, data_cfg, require_assistant: bool = True) -> C
         raise BadRow("not_an_object", f"row is {type(row).__name__}, not an object")
     fmt, also = data_cfg.format, ()
     if fmt == "auto":
-        fmt = detect_format(row, data_cfg, answers_needed=require_assistant)
-        also = tuple(f for f in formats_in(row, data_cfg, answers_needed=require_assistant) if f != fmt)
+        fmt, *rest = detect_formats(row, data_cfg, answers_needed=require_assistant)
+        also = tuple(rest)
     read_as = fmt
     if fmt == "alpaca":
         row, fmt = _alpaca_row(row, data_cfg), "prompt_response"

@@ -57,7 +57,8 @@ def run(args: argparse.Namespace) -> int:
     cfg = config_from_args(args)
     run_dir = cfg.run_dir
     n = check_before_submit(cfg)
-    check_slurm_request(cfg)
+    which = resolve_executor(cfg)  # once: with `auto` it asks the Slurm controller
+    check_slurm_request(cfg, which)
     train_cfgs = _training_configs(args, cfg) if args.then_train else []
     live = live_tasks(run_dir)
     if live:
@@ -82,7 +83,6 @@ def run(args: argparse.Namespace) -> int:
         print(
             f"task(s) {', '.join(map(str, lost))} finished, but their stores are gone (deleted or moved?): extracting again"
         )
-    which = resolve_executor(cfg)
     sub = submit_tasks(cfg, run_dir, todo, kind="extract", executor=which)
     if which == "local":
         print(local_summary(sub))

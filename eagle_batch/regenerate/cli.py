@@ -137,14 +137,14 @@ def run(args: argparse.Namespace) -> int:
     cfg = config_from_args(args)
     check_config(cfg)
     rcfg = regeneration_config(cfg)
-    check_slurm_request(rcfg)  # before the plan: reading every input row can take a while
+    which = resolve_executor(rcfg)  # once: with `auto` it asks the Slurm controller
+    check_slurm_request(rcfg, which)  # before the plan: reading every input row can take a while
     run_dir = Path(rcfg.run_dir)
     _claim(cfg, rcfg, args.force)
     save_config(rcfg, run_dir)
     n = rcfg.extract.num_tasks
     live = live_tasks(run_dir)
     todo = [t for t in range(n) if t not in live and ((st := read_state(run_dir, t)) is None or st.status != DONE)]
-    which = resolve_executor(rcfg)
     if todo:
         sub = submit_tasks(rcfg, run_dir, todo, kind="extract", executor=which)
         where = local_summary(sub) if which == "local" else f"Slurm array {sub.job_id}"
