@@ -49,7 +49,9 @@
 # EXTRACT_KV_GIB (each capture engine's KV cache in `parallel`; 8), EXTRACT_REGEN_TASKS (capture tasks of the regen states; REGEN_TASKS), EXTRACT_ORIG_TASKS (of the orig states; 1), VERIFY_BESIDE (1: verify runs in the
 # background, beside what follows; 0), TRAIN_TOGETHER (1: in `parallel` calibrate and the orig drafts wait for
 # the regen states, so that every draft's budget is measured and set then; 0), SEEN (1: evaluate also serves the regen
-# draft on PROMPTS first user turns of its own training records, seen-prompts.jsonl; 0).
+# draft on PROMPTS first user turns of its own training records, seen-prompts.jsonl; 0), CALIBRATE (1: profile-train
+# and calibrate set the budget from DEADLINE; 0: every draft trains STEPS x BATCH_TOKENS, and `parallel` skips
+# the orig states when no draft needs them).
 set -euo pipefail
 out=${1:?output folder}
 shift
@@ -384,18 +386,26 @@ EOF
       if [ ${#fp8_trains[@]} -gt 0 ]; then
         (run_stage extract-fp8 && train_when_budgeted "${fp8_trains[@]}") > "$out/branch-fp8.log" 2>&1 &
       fi
+      # CALIBRATE=0 with no draft on the orig states (e.g. DRAFTS=regen BRANCHES=""): the orig states are not
+      # captured, and every draft trains the STEPS x BATCH_TOKENS given (capped by DEADLINE).
+      need_orig=1
+      if [ "${CALIBRATE:-1}" = 0 ] && [ ${#orig_trains[@]} -eq 0 ] && [[ " $branches " != *" spec "* ]]; then
+        need_orig=0
+      fi
       # export-spec (disk and CPU) beside profile-train: the profile's rate is then, if anything, low.
-      if run_stage extract-orig > "$out/branch-orig.log" 2>&1; then
+      if [ "$need_orig" = 0 ]; then
+        touch "$work/budget.done"
+      elif run_stage extract-orig > "$out/branch-orig.log" 2>&1; then
         spec_pid=
         [[ " $branches " == *" spec "* ]] && { (run_stage export-spec) > "$out/branch-export-spec.log" 2>&1 & spec_pid=$!; }
-        run_stage profile-train >> "$out/branch-orig.log" 2>&1 || true
+        [ "${CALIBRATE:-1}" = 0 ] || run_stage profile-train >> "$out/branch-orig.log" 2>&1 || true
         # With TRAIN_TOGETHER the calibration waits too: a trainer's step is bound by the host, and beside the
         # six regenerate engines of the sixth H200 run its 40 steps ran at 58k tok/s against 245k alone, so
         # the budget set from them used a quarter of the window.
         if [ "${TRAIN_TOGETHER:-0}" = 1 ]; then
           while [ ! -f "$work/regen.ready" ]; do sleep 5; done
         fi
-        run_stage calibrate > "$out/branch-calibrate.log" 2>&1 || true
+        [ "${CALIBRATE:-1}" = 0 ] || run_stage calibrate > "$out/branch-calibrate.log" 2>&1 || true
         touch "$work/budget.done"
         if [ -n "$spec_pid" ] && wait "$spec_pid"; then orig_trains+=(train-spec); fi
         train_when_budgeted "${orig_trains[@]}" > /dev/null 2>&1 &
