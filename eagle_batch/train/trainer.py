@@ -42,7 +42,7 @@ from .checkpoint import (
 )
 from .data import BatchPlan, EpochLoader, TrainSamples, build_vocab_map, token_frequencies
 from .distributed import StopFlag, all_reduce_sum, init_distributed, shutdown_distributed
-from .fit import check_checkpoint_fits, check_data_fits_target, note_full_vocab
+from .fit import check_checkpoint_fits, check_data_fits_target, note_emulated_bf16, note_full_vocab
 from .loss import CrossEntropyKernels, plan_to, ttt_loss, ttt_plan
 from .model import Eagle3Draft, draft_config_from_target, export_draft
 from .optim import DraftOptimizer
@@ -230,6 +230,7 @@ def _setup(cfg, dataset, progress_enabled: bool) -> tuple[_Run, TrainProgress, d
     )
     if rank == 0:  # after the data checks: a refused training leaves no empty draft folder behind
         out.mkdir(parents=True, exist_ok=True)
+        note_emulated_bf16(cfg, device.type)
     dcfg, model, head, ckpt, ckpt_path = _build_model(cfg, dataset, aux_ids, last_id, rank, out, device, progress)
     params = [p for p in model.parameters() if p.requires_grad]
     opt = DraftOptimizer(model, tc, total_steps, device)

@@ -100,3 +100,33 @@ def test_the_resume_checkpoint_survives_a_missing_latest_target(tmp_path):
         p.unlink()
     with pytest.raises(ConfigError, match=r"names step-00000030.pt, which no longer exists.*delete"):
         latest_checkpoint(tmp_path)
+
+
+AVX2_ONLY = "processor\t: 0\nflags\t\t: fpu sse2 avx avx2 fma\n"
+AVX512_BF16 = "processor\t: 0\nflags\t\t: fpu avx2 avx512f avx512_bf16\n"
+ARM_BF16 = "processor\t: 0\nFeatures\t: fp asimd sve bf16 i8mm\n"
+
+
+@pytest.mark.parametrize(
+    "cpuinfo, native", [(AVX2_ONLY, False), (AVX512_BF16, True), (ARM_BF16, True), ("model name : x\n", None)]
+)
+def test_native_bf16_is_read_from_the_cpu_flags(cpuinfo, native):
+    from eagle_batch.train.fit import cpu_has_native_bf16
+
+    assert cpu_has_native_bf16(cpuinfo) is native
+
+
+def test_bf16_on_a_cpu_that_emulates_it_is_said_with_the_fix(tmp_path, fake_target, capsys):
+    from eagle_batch.train.fit import note_emulated_bf16
+
+    info = tmp_path / "cpuinfo"
+    for text, precision, device, said in [
+        (AVX2_ONLY, "bf16", "cpu", True),
+        (AVX2_ONLY, "fp32", "cpu", False),
+        (AVX2_ONLY, "bf16", "cuda", False),
+        (AVX512_BF16, "bf16", "cpu", False),
+    ]:
+        info.write_text(text)
+        note_emulated_bf16(tiny_cfg(tmp_path / "run", fake_target, f"train.precision={precision}"), device, str(info))
+        err = capsys.readouterr().err
+        assert ("train.precision=fp32" in err) is said, (text, precision, device, err)
