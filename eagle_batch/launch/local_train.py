@@ -40,6 +40,7 @@ from pathlib import Path
 from eagle_batch import environment
 from eagle_batch.config import RunConfig
 from eagle_batch.errors import UserError
+from eagle_batch.store.durable import write_atomic, write_json_atomic
 
 # Text in a rank's exception that makes its crash worth a restart: the device failed under the step (a
 # CUDA fault reported at a later call, a collective whose peer died), not the data or the code.
@@ -76,9 +77,9 @@ def run_local(cfg: RunConfig, nproc: int = 1) -> dict:
         ended = _attempt(_with_time_left(cfg, started), nproc)
         if isinstance(ended, dict):
             return ended
-        where = _checkpoint_note(out)
         if not ended.restartable:
             raise ended.error
+        where = _checkpoint_note(out)
         if restart == limit:
             raise TrainingCrashed(
                 f"the trainer of {out} crashed {limit + 1} time(s), the last time: {ended.why}. {where}; "
@@ -98,6 +99,9 @@ def _attempt(cfg: RunConfig, nproc: int) -> dict | Crash:
     """One start of every rank; the trainer's result, or how it crashed."""
     import torch.multiprocessing as mp
 
+    # The ranks meet through a file in this folder, not a TCP port: a port picked free here and bound later by
+    # rank 0 can be taken in between by any other process on the machine (Slurm jobs, vLLM engines), and a
+    # rank that reaches a stranger's listener fails in native code.
     folder = tempfile.mkdtemp(prefix="eagle-batch-train-")
     try:
         try:
@@ -122,12 +126,12 @@ def _rank_main(rank: int, world: int, cfg: RunConfig, folder: str) -> None:
     try:
         result = train(cfg)
     except UserError as e:
-        _write_atomic(Path(folder) / f"error-{rank:05d}.pickle", _pickled(e))
+        write_atomic(Path(folder) / f"error-{rank:05d}.pickle", [_pickled(e)], fsync=False)
         sys.exit(_USER_ERROR_EXIT)
     finally:
         shutdown_distributed()
     if rank == 0:
-        _write_atomic(Path(folder) / "result.json", json.dumps(result).encode())
+        write_json_atomic(Path(folder) / "result.json", result, fsync=False)
 
 
 def _pickled(e: UserError) -> bytes:
@@ -178,9 +182,3 @@ def _log_restart(out: Path, restart: int, why: str) -> None:
     if out.is_dir():
         with open(out / "metrics.jsonl", "a") as f:
             f.write(json.dumps({"event": "restart", "restart": restart, "why": why, "time": time.time()}) + "\n")
-
-
-def _write_atomic(path: Path, data: bytes) -> None:
-    tmp = path.with_suffix(path.suffix + ".tmp")
-    tmp.write_bytes(data)
-    os.replace(tmp, path)

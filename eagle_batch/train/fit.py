@@ -1,8 +1,8 @@
 """Does what training is given fit together? The data against the target (model.path), a checkpoint against
 the draft this run builds, train.draft_vocab_size against the target's vocabulary, train.precision against
-the CPU it runs on (a warning). Each mismatch is a
-ConfigError that names the folder, the values and what to do, raised before the first step (without these
-checks the first step fails on a tensor shape, or a checkpoint fails to load, with a traceback)."""
+the CPU it runs on. A mismatch is a ConfigError that names the folder, the values and what to do, raised
+before the first step (without these checks the first step fails on a tensor shape, or a checkpoint fails to
+load, with a traceback); a setting that only costs time or changes what is trained is a warning."""
 
 from __future__ import annotations
 
