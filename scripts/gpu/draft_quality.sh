@@ -51,7 +51,10 @@
 # the regen states, so that every draft's budget is measured and set then; 0), SEEN (1: evaluate also serves the regen
 # draft on PROMPTS first user turns of its own training records, seen-prompts.jsonl; 0), CALIBRATE (1: profile-train
 # and calibrate set the budget from DEADLINE; 0: every draft trains STEPS x BATCH_TOKENS, and `parallel` skips
-# the orig states when no draft needs them).
+# the orig states when no draft needs them), FIT (1 with a DEADLINE: each training's schedule is sized to the
+# time left before the evaluation's reserve, train.time_budget_s, so its learning rate reaches its floor there
+# instead of being cut mid-schedule by train.max_time_s; the steps then follow from the measured rate, not
+# STEPS; 0).
 set -euo pipefail
 out=${1:?output folder}
 shift
@@ -131,6 +134,7 @@ train() {
   if [ "${DEADLINE:-0}" -gt 0 ]; then
     left=$(( DEADLINE - $(date +%s) - ${EVAL_RESERVE:-420} - 30 ))
     cap=(train.max_time_s=$(( left > 1 ? left : 1 )))
+    [ "${FIT:-0}" = 1 ] && cap+=(train.time_budget_s=$(( left > 20 ? left - 10 : 1 )))
   fi
   # A training that crashes is started again by `eagle-batch train --local` itself from its last checkpoint
   # (train.max_restarts; max_time_s counts from the first start): the sixth and eighth H200 runs each lost a
