@@ -19,6 +19,7 @@
 from __future__ import annotations
 
 import collections
+import sys
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
@@ -303,9 +304,31 @@ class EpochLoader:
                 e, i = order.positions.popleft()
                 yield e, i, batch
         finally:
-            shutdown = getattr(it, "_shutdown_workers", None)
-            if shutdown is not None:  # stop the workers now, not when the iterator is collected
-                shutdown()
+            _stop_workers(it)
+
+
+def _stop_workers(it: Any) -> None:
+    """Stop a DataLoader iterator's workers now, not when it is collected.
+
+    A worker that dies while it is being stopped (a native library aborting in the worker's exit) is
+    reported by torch as a RuntimeError from the stop itself; every batch the consumer took had been
+    read whole before, so it is a warning, not the training's failure (which would lose the export of a
+    finished training); torch terminates the other workers either way. A worker that dies while batches are
+    still being read is torch's error at the next batch."""
+    shutdown = getattr(it, "_shutdown_workers", None)
+    if shutdown is None:
+        return
+    try:
+        shutdown()
+    except RuntimeError as e:
+        if "DataLoader worker" not in str(e):
+            raise
+        print(
+            f"[eagle-batch train] warning: {e} (while its data workers were being stopped, after the last batch "
+            "they read was taken; nothing is lost)",
+            file=sys.stderr,
+            flush=True,
+        )
 
 
 # ----------------------------------------------------------------------------------------------------

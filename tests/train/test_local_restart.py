@@ -126,6 +126,9 @@ def test_a_bad_input_in_the_trainer_child_is_one_line_and_not_retried(tmp_path):
     [
         ("torch.AcceleratorError: CUDA error: unspecified launch failure", True),
         ("RuntimeError: NCCL error in: ProcessGroupNCCL.cpp:1, unhandled system error", True),
+        ("RuntimeError: DataLoader worker (pid 5262) is killed by signal: Aborted.", True),
+        ("RuntimeError: DataLoader worker (pid(s) 5262, 5263) exited unexpectedly", True),
+        ("ValueError: Caught ValueError in DataLoader worker process 0.", False),
         ("torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB", False),
         ("ValueError: too many values to unpack", False),
     ],
