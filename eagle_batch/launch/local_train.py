@@ -48,7 +48,7 @@ DEVICE_FAULTS = ("CUDA error", "AcceleratorError", "cudaError", "CUBLAS_STATUS",
 # ... or a data worker died of a signal or vanished (an abort in native code, the OOM killer). A sample that
 # cannot be read is another message: torch re-raises the worker's own exception ("Caught ... in DataLoader
 # worker process"), which names the input and is not retried.
-WORKER_DEATHS = ("DataLoader worker (pid", "is killed by signal", "exited unexpectedly")
+WORKER_DEATHS = ("is killed by signal", "exited unexpectedly")  # after torch's "DataLoader worker (pid ..."
 
 _USER_ERROR_EXIT = 3  # a rank's exit status after it wrote its UserError for the parent
 
@@ -163,7 +163,7 @@ def _crash_of(e) -> Crash:
         return Crash(f"rank {e.error_index} exited with status {e.exit_code}", False, e)
     text = str(e)
     last = next((line for line in reversed(text.splitlines()) if line.strip()), text)
-    worker_died = WORKER_DEATHS[0] in text and any(f in text for f in WORKER_DEATHS[1:])
+    worker_died = "DataLoader worker (pid" in text and any(f in text for f in WORKER_DEATHS)
     restartable = worker_died or any(f in text for f in DEVICE_FAULTS)
     return Crash(f"rank {e.error_index} raised {last.strip()}", restartable, e)
 
