@@ -8,10 +8,11 @@ again from the draft's last checkpoint when one crashes.
   trainer runs in this process.
 - A rank that dies of a crash that says nothing about the input is restarted: killed by a signal (CUDA's
   abort on an asynchronous "unspecified launch failure", a segfault, the OOM killer) or an exception that
-  names a device fault (`DEVICE_FAULTS`) or a data worker's death (`WORKER_DEATHS`). Every rank is started again (torch stops the others when one
-  fails) and resumes from RUN/train/<name>/checkpoints/latest, so at most `train.checkpoint_every` steps
-  are trained twice; the data order is the uninterrupted run's (the trainer's resume rebuilds the epoch
-  plan). Each restart is an `{"event": "restart"}` line in metrics.jsonl and a line on stderr.
+  names a device fault (`DEVICE_FAULTS`) or a data worker's death (`WORKER_DEATHS`). Every rank is started
+  again (torch stops the others when one fails) and resumes from RUN/train/<name>/checkpoints/latest, so at
+  most `train.checkpoint_every` steps are trained twice; the data order is the uninterrupted run's (the
+  trainer's resume rebuilds the epoch plan). Each restart is an `{"event": "restart"}` line in metrics.jsonl
+  and a line on stderr.
 - A UserError in a rank (data of another model, a checkpoint of another shape) comes back to this process
   as itself: one line, no traceback, never retried. Any other exception is a bug: raised, not retried.
 - `train.max_time_s` counts from the first attempt's start: a restart gets what is left (at least 1 s, so a

@@ -134,7 +134,7 @@ train() {
   if [ "${DEADLINE:-0}" -gt 0 ]; then
     left=$(( DEADLINE - $(date +%s) - ${EVAL_RESERVE:-420} - 30 ))
     cap=(train.max_time_s=$(( left > 1 ? left : 1 )))
-    [ "${FIT:-0}" = 1 ] && cap+=(train.time_budget_s=$(( left > 20 ? left - 10 : 1 )))
+    if [ "${FIT:-0}" = 1 ]; then cap+=(train.time_budget_s=$(( left > 20 ? left - 10 : 1 ))); fi
   fi
   # A training that crashes is started again by `eagle-batch train --local` itself from its last checkpoint
   # (train.max_restarts; max_time_s counts from the first start): the sixth and eighth H200 runs each lost a
