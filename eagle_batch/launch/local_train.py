@@ -8,7 +8,7 @@ again from the draft's last checkpoint when one crashes.
   trainer runs in this process.
 - A rank that dies of a crash that says nothing about the input is restarted: killed by a signal (CUDA's
   abort on an asynchronous "unspecified launch failure", a segfault, the OOM killer) or an exception that
-  names a device fault (`DEVICE_FAULTS`) or a data worker's death (`WORKER_DEATHS`). Every rank is started
+  names a device fault (`DEVICE_FAULTS`) or a data worker's death (`train.data.is_worker_death`). Every rank is started
   again (torch stops the others when one fails) and resumes from RUN/train/<name>/checkpoints/latest, so at
   most `train.checkpoint_every` steps are trained twice; the data order is the uninterrupted run's (the
   trainer's resume rebuilds the epoch plan). Each restart is an `{"event": "restart"}` line in metrics.jsonl
@@ -46,10 +46,6 @@ from eagle_batch.store.durable import write_atomic, write_json_atomic
 # Text in a rank's exception that makes its crash worth a restart: the device failed under the step (a
 # CUDA fault reported at a later call, a collective whose peer died), not the data or the code.
 DEVICE_FAULTS = ("CUDA error", "AcceleratorError", "cudaError", "CUBLAS_STATUS", "CUDNN_STATUS", "NCCL error")
-# ... or a data worker died of a signal or vanished (an abort in native code, the OOM killer). A sample that
-# cannot be read is another message: torch re-raises the worker's own exception ("Caught ... in DataLoader
-# worker process"), which names the input and is not retried.
-WORKER_DEATHS = ("is killed by signal", "exited unexpectedly")  # after torch's "DataLoader worker (pid ..."
 
 _USER_ERROR_EXIT = 3  # a rank's exit status after it wrote its UserError for the parent
 
@@ -158,14 +154,16 @@ def _user_error(folder: Path) -> UserError | None:
 def _crash_of(e) -> Crash:
     import torch.multiprocessing as mp
 
+    from eagle_batch.train.data import is_worker_death
+
     if isinstance(e, mp.ProcessExitedException):
         if e.signal_name:
             return Crash(f"rank {e.error_index} was killed by signal {e.signal_name}", True, e)
         return Crash(f"rank {e.error_index} exited with status {e.exit_code}", False, e)
     text = str(e)
     last = next((line for line in reversed(text.splitlines()) if line.strip()), text)
-    worker_died = "DataLoader worker (pid" in text and any(f in text for f in WORKER_DEATHS)
-    restartable = worker_died or any(f in text for f in DEVICE_FAULTS)
+    # A data worker's death is restartable too; a sample it could not read names the input and is not.
+    restartable = is_worker_death(text) or any(f in text for f in DEVICE_FAULTS)
     return Crash(f"rank {e.error_index} raised {last.strip()}", restartable, e)
 
 

@@ -307,6 +307,17 @@ class EpochLoader:
             _stop_workers(it)
 
 
+# The endings of torch's message for a data worker that died of a signal or vanished (an abort in native
+# code, the OOM killer), after "DataLoader worker (pid ...". A sample that cannot be read is another
+# message: torch re-raises the worker's own exception ("Caught ... in DataLoader worker process").
+_WORKER_DEATHS = ("is killed by signal", "exited unexpectedly")
+
+
+def is_worker_death(message: str) -> bool:
+    """Whether an error's text is torch's report of a data worker that died, not of a sample it failed on."""
+    return "DataLoader worker (pid" in message and any(f in message for f in _WORKER_DEATHS)
+
+
 def _stop_workers(it: Any) -> None:
     """Stop a DataLoader iterator's workers now, not when it is collected.
 
@@ -321,7 +332,7 @@ def _stop_workers(it: Any) -> None:
     try:
         shutdown()
     except RuntimeError as e:
-        if "DataLoader worker" not in str(e):
+        if not is_worker_death(str(e)):
             raise
         print(
             f"[eagle-batch train] warning: {e} (while its data workers were being stopped, after the last batch "
