@@ -14,6 +14,14 @@ whatever the job is doing (half-way through a store append or an optimizer step)
 reaches a consistent point first; only then does submitit's handler run (`hand_back`), which pickles the
 job `checkpoint()` returns and requeues it (`scontrol requeue`, at most slurm.max_num_timeout times).
 
+Why the signal is blocked: Slurm sends it to every process of the job step, not only to this one, and
+SIGUSR2's default action ends a process. The processes the work starts (vLLM's engine core and tensor-
+parallel workers, the training ranks and their data workers, multiprocessing's resource tracker) would die
+mid-step and fail the task instead of letting it commit. While StopSignal is entered, SIGUSR2 is blocked in
+this thread, so every thread and process started meanwhile inherits the block and never sees it; a thread
+of StopSignal's own waits for the signal (`sigwait`) and sets the flag, and the work passes the
+request on to its children where they must stop too (`launch.local_train`).
+
 Inside a container without the Slurm client, `scontrol` is not there: the batch script that launch.submit
 writes for container runtimes exports EAGLE_BATCH_HOST_REQUEUE and, after srun returns, requeues the job on
 the host when the task left a request file (`host_requeue_setup`).
@@ -26,6 +34,7 @@ import shlex
 import signal
 import subprocess
 import sys
+import threading
 import traceback
 from pathlib import Path
 
@@ -35,7 +44,8 @@ from eagle_batch import environment
 
 
 class StopSignal:
-    """While entered, SIGUSR2 sets `requested` instead of running submitit's handler (kept in `previous`).
+    """While entered (in the main thread), SIGUSR2 sets `requested` instead of running submitit's handler
+    (kept in `previous`), and is blocked for what the work starts (module docstring).
 
     Callable: `stop()` is the `should_stop` a work function polls."""
 
@@ -43,6 +53,9 @@ class StopSignal:
         self.what = what
         self.requested = False
         self.previous = None
+        self._mask: set[signal.Signals] = set()
+        self._ended = threading.Event()
+        self._waiter: threading.Thread | None = None
 
     def _on_signal(self, signum, frame) -> None:  # a flag only: the work stops at its next safe point
         print(
@@ -52,15 +65,34 @@ class StopSignal:
         )
         self.requested = True
 
+    def _wait_for_signal(self) -> None:
+        # sigwait, not sigtimedwait: CPython's sigtimedwait returns a siginfo when the wait is interrupted
+        # (a SIGSTOP/SIGCONT of the task) past its timeout, which would read as a request. __exit__ wakes it.
+        while True:
+            signal.sigwait({signal.SIGUSR2})
+            if self._ended.is_set():
+                return
+            self._on_signal(signal.SIGUSR2, None)
+
     def __call__(self) -> bool:
         return self.requested
 
     def __enter__(self) -> StopSignal:
         self.previous = signal.getsignal(signal.SIGUSR2)
+        # The handler serves threads that were started before and so do not block the signal.
         signal.signal(signal.SIGUSR2, self._on_signal)
+        self._mask = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGUSR2})
+        self._ended.clear()
+        self._waiter = threading.Thread(target=self._wait_for_signal, name="eagle-batch-stop-signal", daemon=True)
+        self._waiter.start()  # after the block: it inherits it, as sigwait requires
         return self
 
     def __exit__(self, *exc) -> None:
+        self._ended.set()
+        if self._waiter is not None:
+            signal.pthread_kill(self._waiter.ident, signal.SIGUSR2)  # to the waiting thread only: it ends
+            self._waiter.join()
+        signal.pthread_sigmask(signal.SIG_SETMASK, self._mask)
         signal.signal(signal.SIGUSR2, self.previous)
 
     def hand_back(self) -> None:

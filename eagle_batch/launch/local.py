@@ -20,8 +20,9 @@ GPU box. It keeps the promises of the Slurm path:
   next task; every task also starts its engine in a fresh process (GPU memory is freed between tasks).
   The child leads a process group of its own, and when it ends whatever it started (vLLM's engine core and
   workers outlive a killed task, holding the GPU) is ended too, as Slurm ends a job step's processes.
-- **Limits and retries as on Slurm.** `slurm.time_min` is each task's limit: the task gets SIGUSR2
-  `slurm.signal_delay_s` before it, commits and stops, and the slot runs it again from its commits (at
+- **Limits and retries as on Slurm.** `slurm.time_min` is each task's limit: every process of the task
+  (its process group, as Slurm signals every process of a step) gets SIGUSR2 `slurm.signal_delay_s` before
+  it, the task commits and stops, and the slot runs it again from its commits (at
   most `slurm.max_num_timeout` times). A task that raised runs again while it has fewer than
   `slurm.max_attempts` failures. A killed task is not retried: it would most likely be killed again;
   `status` shows it as failed with the signal, and `resume` reruns it.
@@ -359,7 +360,10 @@ def run_slot(
         stopping["signal"] = signum
         p = child["p"]
         if p is not None and p.poll() is None:
-            p.send_signal(signum)
+            if signum == signal.SIGUSR2:
+                _signal_group(p.pid, signum)  # the checkpoint signal, to every process of the task
+            else:
+                p.send_signal(signum)
 
     for s in (signal.SIGTERM, signal.SIGINT, signal.SIGUSR2):  # SIGINT: submitit's LocalJob.cancel()
         signal.signal(s, forward)
@@ -455,7 +459,7 @@ def _run_attempt(
                         f"{limits.signal_delay_s:g} s away: SIGUSR2 (commit and stop)\n".encode()
                     )
                     f.flush()
-                    p.send_signal(signal.SIGUSR2)
+                    _signal_group(p.pid, signal.SIGUSR2)  # as Slurm: every process of the task gets it
                 if end_by is None and (now - started >= limits.time_s or stopping["signal"]):
                     end_by = now + KILL_GRACE_S
                     if not stopping["signal"]:
@@ -465,6 +469,13 @@ def _run_attempt(
         finally:
             child["p"] = None
             _end_group(p.pid)
+
+
+def _signal_group(pgid: int, signum: int) -> None:
+    try:
+        os.killpg(pgid, signum)
+    except ProcessLookupError:  # the task and everything it started have ended
+        pass
 
 
 def _end_group(pgid: int, grace_s: float = 10.0) -> None:

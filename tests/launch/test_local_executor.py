@@ -3,6 +3,8 @@
 - tasks see the GPUs the config asks for (`CUDA_VISIBLE_DEVICES` covers `slurm.gpus_per_node` devices,
   slots side by side when the machine has enough), and a config asking for more is refused up front;
 - `status` counts what the store committed, also when capture appends whole engine steps (append_block);
+- the checkpoint signal before the time limit reaches the task's whole process group, as on Slurm, and
+  ends none of the processes the task started;
 - a task killed with SIGKILL is `failed` (not `running`), with the signal as its error, even while the
   CLI that started it is still its parent (zombies); `resume` reruns exactly it; `extract --wait` returns
   after the kill and `resume --wait` only once the new attempt is done.
@@ -291,6 +293,26 @@ def test_killed_local_task_is_failed_resumable_and_wait_follows_the_new_attempt(
     assert len(open_dataset(run / "stores" / "task-00000.zarr")) == work.N_SAMPLES
 
 
+def test_the_time_limit_signal_reaches_every_process_of_the_task_and_ends_none(tmp_path):
+    """As on Slurm, the checkpoint signal before the limit goes to the task's whole process group; the task's
+    helper process (as vLLM's engine core) survives it: the task commits, runs again and finishes."""
+    run, cfg = make_run(
+        tmp_path, 1, work_fn="tests.slurm.work:engine_process_work", gpus_per_node=0, time_min=1, signal_delay_s=52
+    )
+    (run / "faults" / "sleep_s").write_text("1")  # 12 samples: past the signal at 8 s
+    env = {}
+    assert cli("extract", cfg, env=env).returncode == 0
+    state = run / "state" / "task-00000.json"
+    ended = {"checkpointed", "done", "error"}  # a running attempt's outcome is "running"
+    wait_for(lambda: state.exists() and json.loads(state.read_text())["attempts"][0]["outcome"] in ended, 120, "a stop")
+    (run / "faults" / "sleep_s").write_text("0.1")
+    st = wait_for(lambda: (s := status(run, env))["totals"]["active"] == 0 and s, 120, "the job to end")
+    assert st["totals"]["all_done"], st["tasks"]
+    s = json.loads(state.read_text())
+    assert [a["outcome"] for a in s["attempts"]] == ["checkpointed", "done"], s
+    assert s["failures"] == 0
+
+
 def test_cancel_stops_a_local_job_and_its_tasks_are_resumable(tmp_path):
     run, cfg = make_run(tmp_path, 2, work_fn="tests.slurm.work:synthetic_work", gpus_per_node=0)
     (run / "faults" / "sleep_s").write_text("0.5")
@@ -305,19 +327,16 @@ def test_cancel_stops_a_local_job_and_its_tasks_are_resumable(tmp_path):
     assert "resubmitting 2 task(s): 0, 1" in r.stdout
 
 
-@pytest.mark.vllm
-@pytest.mark.slow
-def test_kill_with_vllm_engine_processes_then_resume_completes(tmp_path, tiny_model):
-    """A task killed while vLLM's engine core and worker run in their own processes: they die with it (they
-    would hold memory, shared memory and ports, and the resumed attempt's engine would fail to start), and
-    `resume` right after the kill reruns the task to completion with the samples committed before kept."""
+def _extract_with_engine_processes(tmp_path: Path, model: Path) -> tuple[Path, dict]:
+    """A one-task extraction of 80 demo chats whose vLLM engine core runs in a process of its own, started
+    on the local executor; -> (run, env)."""
     run = tmp_path / "run"
     cfg = tmp_path / "run.yaml"
     cfg.write_text(
         json.dumps(
             {
                 "run_dir": str(run),
-                "model": {"path": str(tiny_model("llama")), "max_model_len": 512, "dtype": "float32"},
+                "model": {"path": str(model), "max_model_len": 512, "dtype": "float32"},
                 "data": {
                     "inputs": [str(REPO / "eagle_batch" / "demo_data" / "chat.jsonl")],
                     "format": "messages",
@@ -340,14 +359,25 @@ def test_kill_with_vllm_engine_processes_then_resume_completes(tmp_path, tiny_mo
     env = {"VLLM_ENABLE_V1_MULTIPROCESSING": "1"}
     assert cli("prepare", cfg, "--no-progress", "--workers", "1", env=env).returncode == 0
     assert cli("extract", cfg, env=env).returncode == 0
+    return run, env
+
+
+def _engine_processes(task_pid: int) -> list[int]:
+    out = subprocess.run(["pgrep", "-g", str(task_pid)], capture_output=True, text=True).stdout.split()
+    return [int(p) for p in out if int(p) != task_pid]
+
+
+@pytest.mark.vllm
+@pytest.mark.slow
+def test_kill_with_vllm_engine_processes_then_resume_completes(tmp_path, tiny_model):
+    """A task killed while vLLM's engine core and worker run in their own processes: they die with it (they
+    would hold memory, shared memory and ports, and the resumed attempt's engine would fail to start), and
+    `resume` right after the kill reruns the task to completion with the samples committed before kept."""
+    run, env = _extract_with_engine_processes(tmp_path, tiny_model("llama"))
     state = run / "state" / "task-00000.json"
     wait_for(lambda: state.exists() and json.loads(state.read_text())["samples_committed"] >= 3, 300, "commits")
     task_pid = _task_pid(run, 0)
-    engine = [
-        int(p)
-        for p in subprocess.run(["pgrep", "-g", str(task_pid)], capture_output=True, text=True).stdout.split()
-        if int(p) != task_pid
-    ]
+    engine = _engine_processes(task_pid)
     assert engine, "the engine should run in processes of its own (extract.engine_process=background)"
     os.kill(task_pid, signal.SIGKILL)
     row = status(run, env)["tasks"][0]
@@ -361,3 +391,20 @@ def test_kill_with_vllm_engine_processes_then_resume_completes(tmp_path, tiny_mo
     assert row["state"] == "done" and row["samples_committed"] == row["samples_total"] == 80
     r = cli("verify", run, env=env)
     assert r.returncode == 0 and "80 samples verified" in r.stdout, r.stdout + r.stderr
+
+
+@pytest.mark.vllm
+@pytest.mark.slow
+def test_the_checkpoint_signal_to_every_process_of_a_vllm_task_commits_and_the_task_finishes(tmp_path, tiny_model):
+    """Slurm's checkpoint signal reaches every process of the task, vLLM's engine core among them: the engine
+    lives on, so the task finishes its batch, commits, stops (`checkpointed`) and its next attempt finishes."""
+    run, env = _extract_with_engine_processes(tmp_path, tiny_model("llama"))
+    state = run / "state" / "task-00000.json"
+    wait_for(lambda: state.exists() and json.loads(state.read_text())["samples_committed"] >= 3, 300, "commits")
+    task_pid = _task_pid(run, 0)
+    assert _engine_processes(task_pid), "the engine should run in processes of its own"
+    os.killpg(task_pid, signal.SIGUSR2)  # as slurmstepd signals a step
+    st = wait_for(lambda: (s := status(run, env))["totals"]["active"] == 0 and s, 600, "the job to end")
+    s = json.loads(state.read_text())
+    assert [a["outcome"] for a in s["attempts"]] == ["checkpointed", "done"], json.dumps(s["attempts"], indent=1)
+    assert s["failures"] == 0 and st["tasks"][0]["samples_committed"] == 80

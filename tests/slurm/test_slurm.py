@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import json
 import os
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -323,6 +324,26 @@ def test_time_limit_checkpoints_requeues_and_completes(tmp_path, capsys, synthet
     assert restarts == list(range(restarts[0], restarts[0] + len(outcomes)))
     assert s["failures"] == 0
     assert_same_data(run, ref, 1)
+
+
+# ------------------------------------------------ the checkpoint signal reaches every process of the step
+def test_the_checkpoint_signal_ends_none_of_the_processes_a_task_started(tmp_path, capsys, synthetic):
+    """slurmstepd signals every process of the step; the task's helper process (as vLLM's engine core) must
+    survive it, so the task commits, is requeued and finishes without a failed attempt."""
+    run, cfg = make_synthetic_run(tmp_path, "engine", 1, work_fn="tests.slurm.work:engine_process_work")
+    (run / "faults" / "sleep_s").write_text("1")
+    rc, out, err = cli(capsys, "extract", cfg)
+    assert rc == 0, err
+    array = json.loads((run / "slurm" / "submissions.jsonl").read_text().splitlines()[-1])["job_id"]
+    wait_for(lambda: status(capsys, run)["tasks"][0]["samples_committed"] >= 2, 120, "the first commits")
+    subprocess.run(["scancel", "--signal=USR2", array], check=True)
+    wait_for(lambda: status(capsys, run)["tasks"][0]["state"] == "requeued", 120, "the checkpoint requeue")
+    (run / "faults" / "sleep_s").write_text("0.1")
+    st = wait_idle(capsys, run, 150)
+    assert st["totals"]["all_done"], json.dumps(st, indent=1)
+    s = json.loads((run / "state" / "task-00000.json").read_text())
+    assert [a["outcome"] for a in s["attempts"]] == ["checkpointed", "done"], json.dumps(s, indent=1)
+    assert s["failures"] == 0
 
 
 # ----------------------------------------------------------- raising task: gives up, then resume

@@ -126,6 +126,26 @@ def env_probe_work(ctx: TaskContext) -> bool:
     return synthetic_work(ctx)
 
 
+def _engine_process() -> None:
+    time.sleep(3600)
+
+
+def engine_process_work(ctx: TaskContext) -> bool:
+    """synthetic_work beside a process of its own, as vLLM's engine core and workers run beside a task: a
+    task whose engine died cannot finish or commit its batch, so a dead helper fails the attempt."""
+    import multiprocessing
+
+    helper = multiprocessing.get_context("spawn").Process(target=_engine_process, daemon=True)
+    helper.start()
+    try:
+        finished = synthetic_work(ctx)
+        if helper.exitcode is not None:
+            raise RuntimeError(f"the engine process of task {ctx.task_id} died (exit code {helper.exitcode})")
+        return finished
+    finally:
+        helper.kill()
+
+
 def block_work(ctx: TaskContext) -> bool:
     """The synthetic samples appended as the GPU capture path appends them: engine steps as append_block."""
     from eagle_batch.store import StoreSpec, TaskStoreWriter
