@@ -1,7 +1,7 @@
-"""Training on this machine (`eagle-batch train --local`): the trainer's ranks as child processes, started
-again from the draft's last checkpoint when one crashes.
+"""The trainer's ranks as child processes of this process, started again from the draft's last checkpoint
+when one crashes: `eagle-batch train --local`, and a single-node Slurm training task (`launch.train_job`).
 
-`run_local(cfg, nproc)` returns the trainer's result (`eagle_batch.train.train`). Invariants:
+`run_local(cfg, nproc, should_stop)` returns the trainer's result (`eagle_batch.train.train`). Invariants:
 
 - With `train.max_restarts` > 0 or more than one rank, each attempt runs the ranks as spawned children
   (a file rendezvous per attempt: a crashed attempt's rendezvous file is never reused). With neither, the
@@ -19,9 +19,10 @@ again from the draft's last checkpoint when one crashes.
   run restarted past its deadline ends after one step, exported, as an unbroken one would have).
 - After `train.max_restarts` restarts the next crash is a `TrainingCrashed` naming the last checkpoint; a
   later `eagle-batch train` with the same config resumes from it.
-
-Slurm training tasks (`launch.train_job.TrainTask`) are not restarted here: a crashed task fails its array
-task, and submitting the training again resumes it.
+- `should_stop()` (the Slurm task's SIGUSR2 flag, `launch.job.StopSignal`) is polled while the ranks run
+  and, once true, reaches every rank through an event they poll after each step: they checkpoint and
+  return "stopped". The ranks never take SIGUSR2 themselves: started under StopSignal, they inherit its
+  block of the signal Slurm sends to every process of the step.
 """
 
 from __future__ import annotations
@@ -35,6 +36,7 @@ import shutil
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -48,6 +50,7 @@ from eagle_batch.store.durable import write_atomic, write_json_atomic
 DEVICE_FAULTS = ("CUDA error", "AcceleratorError", "cudaError", "CUBLAS_STATUS", "CUDNN_STATUS", "NCCL error")
 
 _USER_ERROR_EXIT = 3  # a rank's exit status after it wrote its UserError for the parent
+_POLL_S = 0.5  # how often the parent looks at should_stop() while the ranks run
 
 
 class TrainingCrashed(UserError):
@@ -64,18 +67,22 @@ class Crash:
     error: Exception  # what torch.multiprocessing raised: re-raised as it is when not restartable (a bug)
 
 
-def run_local(cfg: RunConfig, nproc: int = 1) -> dict:
+def run_local(cfg: RunConfig, nproc: int = 1, should_stop: Callable[[], bool] = lambda: False) -> dict:
     """Train here, restarting after crashes (module docstring); returns the trainer's result."""
+    import multiprocessing
+
     from eagle_batch.train.trainer import output_dir, train
 
     nproc = max(1, int(nproc))
     limit = int(cfg.train.max_restarts)
     if nproc == 1 and limit <= 0:
-        return train(cfg)
+        return train(cfg, should_stop=should_stop)
     out = output_dir(cfg)
     started = time.monotonic()
+    # One event for every attempt: a restart after the stop was asked for stops at its first step.
+    stop_event = multiprocessing.get_context("spawn").Event()
     for restart in range(limit + 1):
-        ended = _attempt(_with_time_left(cfg, started), nproc)
+        ended = _attempt(_with_time_left(cfg, started), nproc, stop_event, should_stop)
         if isinstance(ended, dict):
             return ended
         if not ended.restartable:
@@ -96,7 +103,7 @@ def run_local(cfg: RunConfig, nproc: int = 1) -> dict:
     raise AssertionError("unreachable: the loop returns or raises")
 
 
-def _attempt(cfg: RunConfig, nproc: int) -> dict | Crash:
+def _attempt(cfg: RunConfig, nproc: int, stop_event, should_stop: Callable[[], bool]) -> dict | Crash:
     """One start of every rank; the trainer's result, or how it crashed."""
     import torch.multiprocessing as mp
 
@@ -106,7 +113,12 @@ def _attempt(cfg: RunConfig, nproc: int) -> dict | Crash:
     folder = tempfile.mkdtemp(prefix="eagle-batch-train-")
     try:
         try:
-            mp.start_processes(_rank_main, args=(nproc, cfg, folder), nprocs=nproc, join=True, start_method="spawn")
+            ranks = mp.start_processes(
+                _rank_main, args=(nproc, cfg, folder, stop_event), nprocs=nproc, join=False, start_method="spawn"
+            )
+            while not ranks.join(timeout=_POLL_S):
+                if not stop_event.is_set() and should_stop():
+                    stop_event.set()
         except (mp.ProcessRaisedException, mp.ProcessExitedException) as e:
             user_error = _user_error(Path(folder))
             if user_error is not None:
@@ -118,14 +130,14 @@ def _attempt(cfg: RunConfig, nproc: int) -> dict | Crash:
         shutil.rmtree(folder, ignore_errors=True)
 
 
-def _rank_main(rank: int, world: int, cfg: RunConfig, folder: str) -> None:
+def _rank_main(rank: int, world: int, cfg: RunConfig, folder: str, stop_event) -> None:
     """A rank process: train, hand the result (rank 0) or a UserError back to the parent through `folder`."""
     faulthandler.enable()  # a native abort (CUDA, gloo, OpenMP) then prints each Python thread's stack
     os.environ.update(environment.rank_environment(rank, world, os.path.join(folder, "rendezvous")))
     from eagle_batch.train.trainer import shutdown_distributed, train
 
     try:
-        result = train(cfg)
+        result = train(cfg, should_stop=stop_event.is_set)
     except UserError as e:
         write_atomic(Path(folder) / f"error-{rank:05d}.pickle", [_pickled(e)], fsync=False)
         sys.exit(_USER_ERROR_EXIT)
