@@ -471,11 +471,13 @@ def _run_attempt(
             _end_group(p.pid)
 
 
-def _signal_group(pgid: int, signum: int) -> None:
+def _signal_group(pgid: int, signum: int) -> bool:
+    """Send `signum` to every process of the group; False when none is left (the task and all it started)."""
     try:
         os.killpg(pgid, signum)
-    except ProcessLookupError:  # the task and everything it started have ended
-        pass
+        return True
+    except ProcessLookupError:
+        return False
 
 
 def _end_group(pgid: int, grace_s: float = 10.0) -> None:
@@ -483,14 +485,10 @@ def _end_group(pgid: int, grace_s: float = 10.0) -> None:
     running (they hold the GPU's memory, shared memory and ports), and the next attempt's engine would fail
     to start next to them: SIGTERM, then SIGKILL after `grace_s`, and wait until the group is gone."""
     for sig in (signal.SIGTERM, signal.SIGKILL):
-        try:
-            os.killpg(pgid, sig)
-        except ProcessLookupError:
+        if not _signal_group(pgid, sig):
             return
         deadline = time.monotonic() + grace_s
         while time.monotonic() < deadline:
-            try:
-                os.killpg(pgid, 0)
-            except ProcessLookupError:
+            if not _signal_group(pgid, 0):
                 return
             time.sleep(0.2)

@@ -24,6 +24,7 @@ from __future__ import annotations
 import fcntl
 import os
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -70,8 +71,23 @@ class TrainTask(submitit.helpers.Checkpointable):
         return submitit.helpers.DelayedSubmission(TrainTask(self.cfg, self.aggregate, self.child_ranks))
 
     def __call__(self) -> dict:
-        if self.child_ranks > 0:
-            return self._run_child_ranks()
+        train_here = self._child_ranks_training() if self.child_ranks > 0 else self._srun_rank_training()
+        with StopSignal(f"training {self.cfg.train.name}") as stop:
+            result = train_here(stop)
+        if result["status"] == "stopped":
+            stop.hand_back()  # submitit: pickle checkpoint() and requeue
+        return result
+
+    def _child_ranks_training(self) -> Callable[[StopSignal], dict]:
+        """Aggregate if asked; -> the training of this task's ranks as children of this process."""
+        from .local_train import run_local
+
+        if self.aggregate:
+            _aggregate_once(Path(self.cfg.run_dir))
+        return lambda stop: run_local(self.cfg, self.child_ranks, should_stop=stop)
+
+    def _srun_rank_training(self) -> Callable[[StopSignal], dict]:
+        """Join srun's ranks (rank 0 aggregates if asked); -> this rank's training."""
         from eagle_batch.train.trainer import init_distributed, shutdown_distributed, train
 
         try:
@@ -81,30 +97,19 @@ class TrainTask(submitit.helpers.Checkpointable):
         ranks = environment.dist_ranks()
         if self.aggregate and ranks.rank == 0:
             _aggregate_once(Path(self.cfg.run_dir))
-        with StopSignal(f"training {self.cfg.train.name}") as stop:
+
+        def train_rank(stop: StopSignal) -> dict:
             try:
                 if self.aggregate and ranks.world_size > 1:
                     import torch.distributed as dist
 
                     init_distributed()
                     dist.barrier()  # the other ranks wait for rank 0's aggregate
-                result = train(self.cfg, should_stop=stop)
+                return train(self.cfg, should_stop=stop)
             finally:
                 shutdown_distributed()
-        if result["status"] == "stopped":
-            stop.hand_back()  # submitit: pickle checkpoint() and requeue
-        return result
 
-    def _run_child_ranks(self) -> dict:
-        from .local_train import run_local
-
-        if self.aggregate:
-            _aggregate_once(Path(self.cfg.run_dir))
-        with StopSignal(f"training {self.cfg.train.name}") as stop:
-            result = run_local(self.cfg, self.child_ranks, should_stop=stop)
-        if result["status"] == "stopped":
-            stop.hand_back()
-        return result
+        return train_rank
 
 
 def training_executor(

@@ -42,14 +42,18 @@ def _rank_process(cli_pid: int, not_this: int = 0, timeout: float = 120) -> int:
     raise AssertionError("no trainer child process appeared")
 
 
+def latest_step(out: Path) -> int:
+    """The step of the draft's checkpoints/latest (0 before the first checkpoint)."""
+    latest = out / "checkpoints" / "latest"
+    return int(latest.read_text().strip().split("-")[-1].split(".")[0]) if latest.is_file() else 0
+
+
 def _wait_for_checkpoint(out: Path, after_step: int, proc: subprocess.Popen, timeout: float = 240) -> int:
     deadline = time.time() + timeout
-    latest = out / "checkpoints" / "latest"
     while time.time() < deadline and proc.poll() is None:
-        if latest.is_file():
-            step = int(latest.read_text().strip().split("-")[-1].split(".")[0])
-            if step > after_step:
-                return step
+        step = latest_step(out)
+        if step > after_step:
+            return step
         time.sleep(0.1)
     raise AssertionError(f"no checkpoint past step {after_step} (command ended: {proc.poll()})")
 

@@ -1,7 +1,8 @@
 """A training submitted to the real local Slurm (launch/train_job.py) on one node runs its rank as a child
 of the Slurm task (launch/local_train.py): the checkpoint signal, which Slurm sends to every process of the
-step, kills none of the task's children and reaches the rank, which checkpoints and is requeued, and a rank that crashes is started again inside the same job, both resuming from the last
-checkpoint and finishing at the planned step."""
+step, kills none of the task's children and reaches the rank, which checkpoints and is requeued; a rank
+that crashes is started again inside the same job. Both resume from the last checkpoint, and the training
+finishes at the planned step."""
 
 from __future__ import annotations
 
@@ -16,7 +17,7 @@ from pathlib import Path
 
 import pytest
 from test_cli_export import ROOT, _train_config
-from test_local_restart import _events
+from test_local_restart import _events, latest_step
 
 
 def _environ(pid: int) -> dict[str, str]:
@@ -54,11 +55,6 @@ def _wait(what, check, timeout: float = 300):
     raise AssertionError(f"timed out waiting for {what}")
 
 
-def _latest_step(out: Path) -> int:
-    latest = out / "checkpoints" / "latest"
-    return int(latest.read_text().strip().split("-")[-1].split(".")[0]) if latest.is_file() else 0
-
-
 @pytest.mark.slurm
 def test_a_slurm_training_is_requeued_at_the_signal_and_restarted_after_a_crash(tmp_path):
     steps = 1500  # ~10,000 tok/s on one CPU core: the signal and the crash land mid-run
@@ -76,13 +72,13 @@ def test_a_slurm_training_is_requeued_at_the_signal_and_restarted_after_a_crash(
     try:
         # The checkpoint signal (as before the time limit): every process of the step gets it, the rank too.
         first = _rank_of_job(job)
-        _wait("a first checkpoint", lambda: _latest_step(out) > 0)
+        _wait("a first checkpoint", lambda: latest_step(out) > 0)
         subprocess.run(["scancel", "--signal=USR2", job], check=True)
         _wait("the requeued task's start", lambda: len([e for e in _events(out) if e["event"] == "start"]) == 2)
         # A crash of the requeued task's rank (the abort a CUDA fault ends in), after it has checkpointed.
-        resumed_at = _latest_step(out)
+        resumed_at = latest_step(out)
         second = _rank_of_job(job, not_this=first)
-        _wait("a checkpoint of the requeued task", lambda: _latest_step(out) > resumed_at)
+        _wait("a checkpoint of the requeued task", lambda: latest_step(out) > resumed_at)
         os.kill(second, signal.SIGABRT)
         result = run_dir / "train" / "draft" / "result.json"
         _wait("the training's result", result.is_file, timeout=600)
