@@ -343,7 +343,10 @@ class StoreDataset:  # a map-style dataset for torch's DataLoader (no torch impo
 
     def lengths(self) -> np.ndarray:
         """Token count of every sample (reads only the committed records): for length-bucketed batching."""
-        return np.concatenate([s.lengths for s in self.stores]) if self.stores else np.zeros(0, np.int64)
+        # Each store's first `count` samples: a store still being written may have committed more since.
+        counts = np.diff(self._cum)
+        parts = [s.lengths[: int(c)] for s, c in zip(self.stores, counts)]
+        return np.concatenate(parts) if parts else np.zeros(0, np.int64)
 
     def __getitem__(self, i: int) -> dict[str, Any]:
         return self.get(i)
