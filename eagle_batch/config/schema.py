@@ -270,6 +270,21 @@ class TrainConfig:
     aux_layer_ids: list[int] = field(default_factory=list)
     # Export after training to <output_dir>/export (the folder vLLM serves).
     export: bool = True
+    # Share of the samples (0-1) held out of training and scored at the end (loss, teacher-forced acceptance
+    # length in result.json): picked by a hash of the sample id, so every run over the same data holds out the
+    # same samples (a sweep's drafts and a pipelined run compare on them). 0: none.
+    holdout_fraction: float = 0.0
+    # Pipelined training (`eagle-batch train --follow`): train while extraction still runs, each epoch over the
+    # samples committed when it began (train/follow.py). Trains train.steps steps (the CLI converts
+    # train.epochs over the prepared data into steps).
+    follow: bool = False
+    # train.follow: start once this share (0-1) of the tasks' stores are complete (0: at the first commit).
+    follow_start_fraction: float = 0.0
+    # train.follow: seconds between looks for new commits while waiting for data.
+    follow_poll_s: float = 10.0
+    # train.follow: give up (an error naming the run) after this many seconds without a new commit while
+    # waiting for data; 0 waits without end.
+    follow_timeout_s: float = 3600.0
     # Training data: a task store or an aggregated run directory (default: run_dir).
     data: str = ""
     # Top-1 accuracy against the target's argmax over its full vocabulary (full) or only over the draft

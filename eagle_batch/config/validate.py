@@ -149,6 +149,10 @@ RANGES: dict[str, Range | Callable[[RunConfig], Range | None]] = {
     "train.draft_intermediate_size": _at_least(0, "0 = the target's"),
     "train.draft_num_heads": _at_least(0, "0 = the target's"),
     "train.draft_num_kv_heads": _at_least(0, "0 = the target's"),
+    "train.holdout_fraction": Range(0, 0.5, meaning="the share of samples held out; 0 = none"),
+    "train.follow_start_fraction": Range(0, 1, meaning="the share of task stores complete; 0 = the first commit"),
+    "train.follow_poll_s": POSITIVE,
+    "train.follow_timeout_s": _at_least(0, "0 = wait without end"),
 }
 # The compression levels each codec's library accepts (c-blosc's clevel; zstd's, negative = its fast levels,
 # 0 = its default); codec none compresses nothing, so its level is not checked.

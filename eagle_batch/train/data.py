@@ -46,6 +46,9 @@ class TrainingData(Protocol):
     def token_arrays(self, i: int) -> tuple[np.ndarray, np.ndarray]:
         """(input_ids, loss_mask) of sample i, without its hidden states."""
 
+    def sample_id(self, i: int) -> str:
+        """The id of sample i (train.holdout_fraction picks held-out samples by it)."""
+
 
 def _bf16_bits(x: Any) -> np.ndarray:
     if isinstance(x, torch.Tensor):
@@ -78,6 +81,9 @@ class InMemoryDataset:
     def token_arrays(self, i: int) -> tuple[np.ndarray, np.ndarray]:
         x = self.samples[int(i)]
         return np.asarray(x["input_ids"]), np.asarray(x["loss_mask"], dtype=np.uint8)
+
+    def sample_id(self, i: int) -> str:
+        return str(self.samples[int(i)].get("sample_id", i))
 
 
 class TrainSamples(Dataset):

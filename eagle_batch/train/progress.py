@@ -145,3 +145,13 @@ class Metrics:
             self.f.close()
         if self.tb is not None:
             self.tb.close()
+
+
+def setup_note(rank: int, enabled: bool):
+    """Setup lines before the progress display exists (rank 0, unless progress is off)."""
+
+    def note(msg: str) -> None:
+        if enabled and rank == 0:
+            print(f"train: {msg}", file=sys.stderr, flush=True)
+
+    return note

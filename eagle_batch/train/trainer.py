@@ -40,13 +40,15 @@ from .checkpoint import (
     save_checkpoint,
     set_rng_state,
 )
-from .data import BatchPlan, EpochLoader, TrainSamples, build_vocab_map, token_frequencies
+from .data import EpochLoader, TrainSamples, build_vocab_map, token_frequencies
 from .distributed import StopFlag, all_reduce_sum, init_distributed, shutdown_distributed
 from .fit import check_checkpoint_fits, check_data_fits_target, note_emulated_bf16, note_full_vocab
+from .heldout import evaluate_heldout
+from .inputs import TrainingInputs, follow_state, heldout_of, training_inputs
 from .loss import CrossEntropyKernels, plan_to, ttt_loss, ttt_plan
 from .model import Eagle3Draft, draft_config_from_target, export_draft
 from .optim import DraftOptimizer
-from .progress import Metrics, TrainProgress
+from .progress import Metrics, TrainProgress, setup_note
 from .schedule import TimeBudget, TimeLimit
 from .target import TargetHead, target_head
 
@@ -97,7 +99,7 @@ class _Run:
     device: torch.device
     out: Path
     samples: TrainSamples
-    plan: BatchPlan
+    plan: Any  # rank_batches(epoch, rank), steps_per_epoch(): a BatchPlan, a TrainSubset or a FollowPlan
     total_steps: int
     dcfg: Any
     model: Eagle3Draft
@@ -109,23 +111,7 @@ class _Run:
     epoch: int = 0
     batch_in_epoch: int = 0
     budget_total: int = 0  # the total steps train.time_budget_s set (kept across a resume)
-
-
-def _load_dataset(cfg, dataset: Any) -> Any:
-    tc = cfg.train
-    if dataset is None:
-        from eagle_batch.store import open_dataset
-
-        dataset = open_dataset(tc.data or cfg.run_dir)
-    if len(dataset) == 0:
-        from eagle_batch.store import StoreError
-
-        raise StoreError(
-            f"{tc.data or cfg.run_dir} holds no committed samples: there is nothing to train on. "
-            f"Check `eagle-batch status {cfg.run_dir}` (did extraction run and finish?), then "
-            "`eagle-batch aggregate` again."
-        )
-    return dataset
+    inputs: TrainingInputs | None = None
 
 
 def _check_choices(cfg) -> None:
@@ -216,17 +202,18 @@ def _setup(cfg, dataset, progress_enabled: bool) -> tuple[_Run, TrainProgress, d
         # neighbours' (the H200 profile: ~60 ms of a 0.42 s step in CPU indexing; docs/training.md, "Second
         # H200 run").
         torch.set_num_threads(min(torch.get_num_threads(), TRAINER_CPU_THREADS))
-    dataset = _load_dataset(cfg, dataset)
+    inputs = training_inputs(cfg, dataset, out, rank, world, note=setup_note(rank, progress_enabled))
+    dataset, plan, total_steps = inputs.checks, inputs.plan, inputs.total_steps
     check_data_fits_target(cfg, dataset, str(tc.data or cfg.run_dir))
     aux_ids, last_id = resolve_layers(cfg, list(dataset.layer_ids))
-    samples = TrainSamples(dataset, aux_ids, last_id, tc.max_length)
-    plan = BatchPlan(samples.lengths(), tc.batch_tokens, tc.seed, world)
-    steps_per_epoch = plan.steps_per_epoch()
-    total_steps = tc.epochs * steps_per_epoch if tc.epochs > 0 else tc.steps
+    samples = TrainSamples(inputs.data, aux_ids, last_id, tc.max_length)
     progress = TrainProgress(total_steps, 0, enabled=progress_enabled and rank == 0)
+    checked = TrainSamples(dataset, aux_ids, last_id, tc.max_length).lengths()
     progress.note(
-        f"{len(samples)} samples, {int(samples.lengths().sum()):,} tokens (max_length {tc.max_length}); "
-        f"{steps_per_epoch} steps per epoch of <= {tc.batch_tokens} tokens x {world} rank(s); {total_steps} steps"
+        f"{len(checked)} samples, {int(checked.sum()):,} tokens (max_length {tc.max_length})"
+        + (" committed so far (train.follow: more join at each epoch)" if inputs.follow else "")
+        + f"; {plan.steps_per_epoch()} steps per epoch of <= {tc.batch_tokens} tokens x {world} rank(s); "
+        f"{total_steps} steps"
     )
     if rank == 0:  # after the data checks: a refused training leaves no empty draft folder behind
         out.mkdir(parents=True, exist_ok=True)
@@ -235,7 +222,10 @@ def _setup(cfg, dataset, progress_enabled: bool) -> tuple[_Run, TrainProgress, d
     params = [p for p in model.parameters() if p.requires_grad]
     opt = DraftOptimizer(model, tc, total_steps, device)
     r = _Run(tc, rank, world, device, out, samples, plan, total_steps, dcfg, model, head, params, opt, ckpt_path)
+    r.inputs = inputs
     if ckpt is not None:
+        if inputs.follow is not None and "follow_snapshot" in ckpt:
+            inputs.follow.restore(int(ckpt["epoch"]), ckpt["follow_snapshot"])
         opt.load_state_dict(ckpt["optimizer"], ckpt["scheduler"])
         r.step, r.epoch, r.batch_in_epoch = ckpt["step"], ckpt["epoch"], ckpt["batch_in_epoch"]
         r.budget_total = int(ckpt.get("budget_total", 0))
@@ -276,7 +266,7 @@ def _checkpoint_state(r: _Run) -> dict:
         "rng": {str(i): s for i, s in enumerate(rngs)},
         "draft_config": r.dcfg.to_json(),
         "train_config": asdict(r.tc),
-    }
+    } | follow_state(r.inputs, r.epoch)
 
 
 class _Window:
@@ -448,6 +438,7 @@ def train(
             {
                 "event": "start",
                 "step": r.step,
+                "time": time.time(),
                 "resumed_from": str(r.ckpt_path) if r.ckpt_path else None,
                 "total_steps": r.total_steps,
                 "steps_per_epoch": r.plan.steps_per_epoch(),
@@ -456,15 +447,15 @@ def train(
             }
         )
     del ckpt
+    if r.inputs is not None and r.inputs.follow is not None and r.rank == 0:
+        r.inputs.follow.on_snapshot = lambda rec: metrics.log({"step": r.step, "time": time.time()} | rec)
     try:
         status = _loop(r, ddp, metrics, progress, should_stop, max_steps_this_run, on_step)
     finally:
         progress.close()
     result = {"status": status, "step": r.step, "total_steps": r.total_steps, "out_dir": str(r.out)}
-    if status == "done" and r.rank == 0 and r.tc.export:
-        export_dir = export_draft(r.model, r.out / "export")
-        result["export_dir"] = str(export_dir)
-        (r.out / "result.json").write_text(json.dumps(result, indent=2) + "\n")
+    if status == "done" and r.rank == 0:
+        _finish(r, result, progress, metrics)
     progress.note(
         f"{status} at step {r.step}/{r.total_steps}"
         + (f"; exported {result['export_dir']}" if "export_dir" in result else "")
@@ -474,6 +465,24 @@ def train(
     if r.world > 1:
         torch.distributed.barrier()
     return result
+
+
+def _finish(r: _Run, result: dict, progress: TrainProgress, metrics: Any) -> None:
+    """Rank 0 of a finished training: score the held-out samples, export, write result.json."""
+    ids, lengths = heldout_of(r.inputs) if r.inputs is not None else ((), ())
+    if len(ids):
+        progress.note(f"scoring the draft on {len(ids)} held-out samples")
+        held = evaluate_heldout(r.model, r.head, r.samples, ids, lengths, r.tc, r.device)
+        result["heldout"] = held
+        metrics.log({"event": "heldout", "step": r.step} | held)
+        progress.note(
+            f"held-out: loss {held['loss']:.4f}, teacher-forced acceptance length {held['acceptance_length']:.3f} "
+            f"at k={r.tc.ttt_steps} ({held['samples']} samples)"
+        )
+    if r.tc.export:
+        result["export_dir"] = str(export_draft(r.model, r.out / "export"))
+    if r.tc.export or "heldout" in result:
+        (r.out / "result.json").write_text(json.dumps(result, indent=2) + "\n")
 
 
 class _DDPProxy:

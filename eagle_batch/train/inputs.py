@@ -1,0 +1,113 @@
+"""What a training reads, decided once at start: `training_inputs(cfg, dataset, out, rank, world, note)`.
+
+- After extraction (default): the aggregated run (or `train.data`), all of it at every epoch.
+- Pipelined (`train.follow`): the run's task stores as extraction writes them (train/follow.py); the draft's
+  vocabulary and the data checks see the samples committed when training starts.
+Either way the held-out samples (`train.holdout_fraction`) are left out of every epoch and scored at the end.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from eagle_batch.config.load import ConfigError
+
+from .checkpoint import latest_checkpoint
+from .data import BatchPlan, TrainingData
+from .follow import FollowPlan, TrainSubset, is_heldout
+
+
+@dataclass
+class TrainingInputs:
+    """`checks`: the data the vocabulary and the fit checks read; `data`: what the loader reads (indices as
+    `plan` gives them); `plan`: rank_batches(epoch, rank) / steps_per_epoch(); `follow`: set when pipelined;
+    `heldout`: (indices, lengths) to score at the end (pipelined: taken again at the end)."""
+
+    checks: TrainingData
+    data: TrainingData
+    plan: Any
+    follow: FollowPlan | None
+    heldout: tuple[np.ndarray, np.ndarray]
+    total_steps: int
+
+
+def _total_steps(tc, steps_per_epoch: int) -> int:
+    return tc.epochs * steps_per_epoch if tc.epochs > 0 else tc.steps
+
+
+def load_dataset(cfg, dataset: TrainingData | None) -> TrainingData:
+    """The aggregated run (or train.data), refused when it holds no committed sample."""
+    tc = cfg.train
+    if dataset is None:
+        from eagle_batch.store import open_dataset
+
+        dataset = open_dataset(tc.data or cfg.run_dir)
+    if len(dataset) == 0:
+        from eagle_batch.store import StoreError
+
+        raise StoreError(
+            f"{tc.data or cfg.run_dir} holds no committed samples: there is nothing to train on. "
+            f"Check `eagle-batch status {cfg.run_dir}` (did extraction run and finish?), then "
+            "`eagle-batch aggregate` again."
+        )
+    return dataset
+
+
+def training_inputs(cfg, dataset: TrainingData | None, out: Path, rank: int, world: int, note) -> TrainingInputs:
+    tc = cfg.train
+    if tc.follow:
+        return _followed(cfg, out, rank, world, note)
+    dataset = load_dataset(cfg, dataset)
+    lengths = np.asarray(dataset.lengths(), dtype=np.int64)
+    if tc.max_length:
+        lengths = np.minimum(lengths, tc.max_length)
+    held = np.zeros(len(lengths), dtype=bool)
+    if tc.holdout_fraction > 0:
+        held = np.array([is_heldout(dataset.sample_id(i), tc.holdout_fraction) for i in range(len(lengths))])
+    idx = np.arange(len(lengths), dtype=np.int64)
+    plan: Any = BatchPlan(lengths[~held], tc.batch_tokens, tc.seed, world)
+    if held.any():
+        plan = TrainSubset(plan, idx[~held])
+    return TrainingInputs(
+        dataset, dataset, plan, None, (idx[held], lengths[held]), _total_steps(tc, plan.steps_per_epoch())
+    )
+
+
+def _followed(cfg, out: Path, rank: int, world: int, note) -> TrainingInputs:
+    from eagle_batch.store.follow import RunStores
+
+    tc = cfg.train
+    if tc.epochs > 0 or tc.steps < 1:
+        raise ConfigError(
+            f"train.follow=true trains train.steps steps (got steps={tc.steps}, epochs={tc.epochs}): the dataset "
+            "grows while it trains, so epochs do not fix its length. `eagle-batch train --follow` converts "
+            "train.epochs into steps over the prepared data; set train.steps when calling train() directly."
+        )
+    stores = RunStores(tc.data or cfg.run_dir, cfg.extract.num_tasks)
+    plan = FollowPlan(stores, out, rank, world, tc, note=note)
+    # A fresh training waits here for epoch 0's snapshot; a resumed one plans from its checkpoint's.
+    snap = stores.snapshot() if latest_checkpoint(out) is not None else plan.epoch_snapshot(0)
+    if not snap.num_samples:
+        snap = plan.epoch_snapshot(0)
+    checks = stores.view(snap)
+    return TrainingInputs(checks, stores, plan, plan, (np.zeros(0, np.int64), np.zeros(0, np.int64)), tc.steps)
+
+
+def heldout_of(inputs: TrainingInputs) -> tuple[np.ndarray, np.ndarray]:
+    """The held-out (indices, lengths) to score now: pipelined, those of everything committed by now."""
+    if inputs.follow is None:
+        return inputs.heldout
+    stores = inputs.follow.stores
+    ids, lengths = stores.ids_and_lengths(stores.snapshot())
+    mask = inputs.follow.heldout_mask(ids)
+    return ids[mask], lengths[mask]
+
+
+def follow_state(inputs: TrainingInputs | None, epoch: int) -> dict:
+    """Pipelined: the checkpoint's copy of the snapshot that defines `epoch` (a resume plans it from this)."""
+    follow = inputs.follow if inputs is not None else None
+    return {"follow_snapshot": follow.epoch_snapshot(epoch).to_json()} if follow is not None else {}
