@@ -68,6 +68,13 @@ class PreparedDataset:
         col = pq.read_table(self.dir / SAMPLES, columns=["num_tokens"]).column("num_tokens")
         return int(pc.max(col).as_py() or 0) if len(col) else 0
 
+    def sample_lengths(self) -> tuple[list[str], np.ndarray]:
+        """(sample ids, token counts) of every prepared sample, in plan order (two columns, no token ids)."""
+        import pyarrow.parquet as pq
+
+        t = pq.read_table(self.dir / SAMPLES, columns=["sample_id", "num_tokens"])
+        return t.column("sample_id").to_pylist(), t.column("num_tokens").to_numpy().astype(np.int64)
+
     def task_rows(self, task_id: int) -> list[int]:
         if not 0 <= task_id < self.num_tasks:
             raise IndexError(

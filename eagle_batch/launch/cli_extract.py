@@ -105,10 +105,11 @@ def run(args: argparse.Namespace) -> int:
 def _training_configs(args: argparse.Namespace, cfg) -> list:
     """The task configs of `--then-train`, checked now: a bad train value must stop the command before the
     extraction is queued, not leave it queued with no training after it."""
-    from .cli_train import sweep_configs
+    from .cli_train import followed_steps, sweep_configs, task_ranks
 
     files, overrides = config_sources(args)
-    return sweep_configs(cfg, files, overrides)
+    cfgs = sweep_configs(cfg, files, overrides)
+    return [followed_steps(c, task_ranks(c)) if c.train.follow else c for c in cfgs]
 
 
 def _then_train(args: argparse.Namespace, cfg, train_cfgs: list, array_job: str) -> None:

@@ -29,6 +29,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         default="",
         help="Slurm: start after RUN's extraction arrays succeed (afterok); aggregates first",
     )
+    p.add_argument(
+        "--follow",
+        action="store_true",
+        help="pipelined: train while RUN's extraction still runs, each epoch over the samples committed when it "
+        "began (= train.follow=true; train.epochs become steps over the prepared data)",
+    )
     p.add_argument("--dry-run", action="store_true", help="print the task configurations and exit")
     p.add_argument("--no-progress", action="store_true", help="no progress bar or lines (= train.progress=false)")
 
@@ -97,7 +103,43 @@ def stale_index_note(data_dir: str) -> str:
 def task_configs(args: argparse.Namespace) -> list[RunConfig]:
     files, overrides = config_sources(args)
     overrides += ["train.progress=false"] * args.no_progress
-    return sweep_configs(config_from_args(args, overrides), files, overrides)
+    overrides += ["train.follow=true"] * args.follow
+    cfgs = sweep_configs(config_from_args(args, overrides), files, overrides)
+    return [followed_steps(c, task_ranks(c, args.local, args.nproc)) if c.train.follow else c for c in cfgs]
+
+
+def task_ranks(cfg: RunConfig, local: bool = False, nproc: int = 1) -> int:
+    """The data-parallel ranks of one training task: --nproc here, one per GPU of a Slurm task."""
+    if local or not cfg.slurm.gpus_per_node:
+        return max(1, nproc)
+    return cfg.slurm.gpus_per_node * cfg.slurm.nodes
+
+
+def followed_steps(cfg: RunConfig, world: int) -> RunConfig:
+    """A pipelined task's steps: train.epochs over the prepared data (all of it once extracted, held-out
+    samples left out), so it trains as many steps as the same training after extraction would."""
+    from eagle_batch.data.dataset import PreparedDataset
+    from eagle_batch.train.data import BatchPlan
+    from eagle_batch.train.follow import is_heldout
+
+    tc = cfg.train
+    if tc.epochs <= 0:
+        return cfg
+    import numpy as np
+
+    prepared = PreparedDataset(cfg.run_dir)
+    ids, lengths = prepared.sample_lengths()
+    keep = np.array([not is_heldout(s, tc.holdout_fraction) for s in ids], dtype=bool)
+    lengths = np.minimum(lengths[keep], tc.max_length) if tc.max_length else lengths[keep]
+    per_epoch = BatchPlan(lengths, tc.batch_tokens, tc.seed, world).steps_per_epoch()
+    out = copy.deepcopy(cfg)
+    out.train.steps, out.train.epochs = tc.epochs * per_epoch, 0
+    print(
+        f"eagle-batch train: {tc.name}: --follow trains {out.train.steps} steps ({tc.epochs} epoch(s) of the "
+        f"{int(keep.sum())} prepared samples at {per_epoch} steps each)",
+        file=sys.stderr,
+    )
+    return out
 
 
 def run(args: argparse.Namespace) -> int:
@@ -138,4 +180,12 @@ def run(args: argparse.Namespace) -> int:
         r = run_local(c, args.nproc)
         print(json.dumps(r))
         rc = rc or (0 if r.get("status") == "done" else 1)
+    if len(cfgs) > 1:  # a sweep: its drafts ranked (what `eagle-batch drafts RUN` prints)
+        from pathlib import Path
+
+        from .cli_drafts import draft_rows
+
+        names = {c.train.name for c in cfgs}
+        for i, row in enumerate((r for r in draft_rows(Path(cfgs[0].run_dir)) if r["name"] in names), 1):
+            print(f"rank {i}: " + json.dumps(row), file=sys.stderr)
     return rc

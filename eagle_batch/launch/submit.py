@@ -316,6 +316,24 @@ def afterok_dependency(run_dir: str | os.PathLike) -> str:
     return "afterok:" + ":".join(deps) if deps else ""
 
 
+def first_start_dependency(run_dir: str | os.PathLike) -> str:
+    """Slurm `--dependency` value for "once the first unfinished task of this run's extraction has started"
+    (a pipelined training waits inside for committed samples; "" when every task is done)."""
+    subs = S.read_submissions(Path(run_dir))
+    for t in range(plan_num_tasks(Path(run_dir))):
+        st = S.read_state(Path(run_dir), t)
+        if st is not None and st.status == S.DONE:
+            continue
+        s = S.latest_submission_of(subs, t)
+        if s is None:
+            raise SubmitError(
+                f"task {t} of {run_dir} was never submitted and is not done: run `eagle-batch extract` (or "
+                f"`resume {run_dir}`) before chaining a pipelined training."
+            )
+        return f"after:{s.task_job_id(t)}" if s.executor == "slurm" else ""
+    return ""
+
+
 def pending_arrays(run_dir: Path) -> list[str]:
     """Array job ids whose tasks are not all done (the latest submission of each unfinished task)."""
     subs = S.read_submissions(run_dir)

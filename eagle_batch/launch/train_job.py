@@ -35,7 +35,7 @@ from eagle_batch.config import RunConfig
 
 from . import state as S
 from .job import StopSignal
-from .submit import afterok_dependency, make_executor
+from .submit import afterok_dependency, first_start_dependency, make_executor
 
 
 def _aggregate_once(run_dir: Path) -> None:
@@ -133,10 +133,13 @@ def submit_training(cfgs: list[RunConfig], after: str | os.PathLike = "") -> tup
     returns the submission and each task's job id."""
     cfg0 = cfgs[0]
     run_dir = Path(after or cfg0.run_dir)
-    dependency = afterok_dependency(run_dir) if after else ""
+    # Pipelined (train.follow): start once the extraction does and read its stores as they grow (no aggregate);
+    # otherwise once every extraction task has succeeded, aggregating first.
+    follow = bool(cfg0.train.follow)
+    dependency = "" if not after else first_start_dependency(run_dir) if follow else afterok_dependency(run_dir)
     ex, child_ranks = training_executor(cfg0, run_dir, dependency)
     with ex.batch():
-        jobs = [ex.submit(TrainTask(c, aggregate=bool(after), child_ranks=child_ranks)) for c in cfgs]
+        jobs = [ex.submit(TrainTask(c, aggregate=bool(after) and not follow, child_ranks=child_ranks)) for c in cfgs]
     ids = [str(j.job_id) for j in jobs]
     sub = S.Submission(
         job_id=ids[0].split("_")[0],

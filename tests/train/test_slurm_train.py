@@ -116,3 +116,50 @@ def test_one_node_trains_as_one_task_with_every_ranks_cpus_several_nodes_as_one_
     script = ex._make_submission_file_text(ex._submitit_command_str, "x")
     assert child_ranks == (8 if nodes == 1 else 0)
     assert {line for line in expect if f"#SBATCH {line}\n" in script + "\n"} == expect, script
+
+
+@pytest.mark.slurm
+def test_a_three_task_sweep_on_slurm_trains_three_drafts_from_one_store_and_ranks_them(tmp_path):
+    """`train.sweep` as one Slurm array over one task store: each task trains and exports its own draft,
+    scores it on the same held-out samples, and `eagle-batch drafts RUN` ranks them."""
+    run_dir, conf = _train_config(
+        tmp_path,
+        {
+            "steps": 30,
+            "num_workers": 0,
+            "tensorboard": False,
+            "holdout_fraction": 0.2,
+            "max_restarts": 0,
+            "sweep": [{"train.lr": 1e-4}, {"train.lr": 3e-3}, {"train.lr": 3e-3, "train.ttt_steps": 3}],
+        },
+        slurm={"executor": "slurm", "gpus_per_node": 0, "cpus_per_task": 1, "time_min": 20},
+    )
+    r = subprocess.run(
+        [sys.executable, "-m", "eagle_batch.cli", "train", str(conf)], capture_output=True, text=True, cwd=ROOT
+    )
+    assert r.returncode == 0 and "submitted 3 training task(s)" in r.stdout, r.stdout + r.stderr
+    jobs = re.findall(r"(\d+_\d+)", r.stdout)
+    results = [run_dir / "train" / f"draft-{i}" / "result.json" for i in range(3)]
+    try:
+        _wait("three finished drafts", lambda: all(p.is_file() for p in results), timeout=600)
+    finally:
+        subprocess.run(["scancel", *{j.split("_")[0] for j in jobs}], capture_output=True)
+    held = [json.loads(p.read_text())["heldout"] for p in results]
+    assert len({h["samples"] for h in held}) == 1 and held[0]["samples"] > 0  # the same held-out samples
+    for i in range(3):
+        assert (run_dir / "train" / f"draft-{i}" / "export" / "model.safetensors").is_file()
+    ranked = subprocess.run(
+        [sys.executable, "-m", "eagle_batch.cli", "drafts", str(run_dir), "--json"],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+    )
+    assert ranked.returncode == 0, ranked.stderr
+    rows = [json.loads(x) for x in ranked.stdout.splitlines()]
+    assert sorted(r["name"] for r in rows) == ["draft-0", "draft-1", "draft-2"]
+    accs = [r["heldout_acceptance_length"] for r in rows]
+    assert accs == sorted(accs, reverse=True) and all(a >= 1.0 for a in accs)
+    table = subprocess.run(
+        [sys.executable, "-m", "eagle_batch.cli", "drafts", str(run_dir)], capture_output=True, text=True, cwd=ROOT
+    )
+    assert table.stdout.splitlines()[1].split()[1] == rows[0]["name"], table.stdout
