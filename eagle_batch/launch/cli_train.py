@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import copy
+import io
 import json
 import sys
 
@@ -108,6 +109,30 @@ def task_configs(args: argparse.Namespace) -> list[RunConfig]:
     return [followed_steps(c, task_ranks(c, args.local, args.nproc)) if c.train.follow else c for c in cfgs]
 
 
+def write_loss_token_counts(cfg: RunConfig, prepared) -> None:
+    """The loss-token counts of every prepared sample, in the draft's folder (train.inputs.LOSS_TOKEN_COUNTS):
+    a pipelined draft's vocabulary then comes from all the data, not from the samples committed first."""
+    import numpy as np
+
+    from eagle_batch.config import model_info
+    from eagle_batch.store.durable import write_atomic
+    from eagle_batch.train.inputs import LOSS_TOKEN_COUNTS
+    from eagle_batch.train.trainer import output_dir
+
+    out = output_dir(cfg)
+    if (out / "checkpoints").is_dir():
+        return  # a resume: the vocabulary is in the checkpoint
+    vocab = model_info(cfg.model.path).vocab_size
+    counts = np.zeros(vocab, dtype=np.int64)
+    for t in range(prepared.num_tasks):
+        for s in prepared.task_samples(t):
+            counts += np.bincount(s.input_ids[s.loss_mask.astype(bool)], minlength=vocab)[:vocab]
+    out.mkdir(parents=True, exist_ok=True)
+    buf = io.BytesIO()
+    np.save(buf, counts, allow_pickle=False)
+    write_atomic(out / LOSS_TOKEN_COUNTS, [buf.getvalue()], fsync=False)
+
+
 def task_ranks(cfg: RunConfig, local: bool = False, nproc: int = 1) -> int:
     """The data-parallel ranks of one training task: --nproc here, one per GPU of a Slurm task."""
     if local or not cfg.slurm.gpus_per_node:
@@ -123,11 +148,12 @@ def followed_steps(cfg: RunConfig, world: int) -> RunConfig:
     from eagle_batch.train.follow import is_heldout
 
     tc = cfg.train
-    if tc.epochs <= 0:
-        return cfg
     import numpy as np
 
     prepared = PreparedDataset(cfg.run_dir)
+    write_loss_token_counts(cfg, prepared)
+    if tc.epochs <= 0:
+        return cfg
     ids, lengths = prepared.sample_lengths()
     keep = np.array([not is_heldout(s, tc.holdout_fraction) for s in ids], dtype=bool)
     lengths = np.minimum(lengths[keep], tc.max_length) if tc.max_length else lengths[keep]

@@ -111,3 +111,19 @@ def follow_state(inputs: TrainingInputs | None, epoch: int) -> dict:
     """Pipelined: the checkpoint's copy of the snapshot that defines `epoch` (a resume plans it from this)."""
     follow = inputs.follow if inputs is not None else None
     return {"follow_snapshot": follow.epoch_snapshot(epoch).to_json()} if follow is not None else {}
+
+
+# Written by `eagle-batch train --follow` into the draft's folder before training: the loss-token counts of
+# every prepared sample, so a pipelined draft's vocabulary is chosen from all the data, not the first commits.
+LOSS_TOKEN_COUNTS = "loss_token_counts.npy"
+
+
+def prepared_loss_token_counts(out: Path, vocab_size: int) -> np.ndarray | None:
+    """The counts `train --follow` wrote (None when absent: the vocabulary then comes from the first snapshot)."""
+    p = Path(out) / LOSS_TOKEN_COUNTS
+    if not p.is_file():
+        return None
+    counts = np.load(p, allow_pickle=False)
+    if counts.ndim != 1 or len(counts) != vocab_size:
+        raise ConfigError(f"{p} counts {counts.shape} tokens, not the target's {vocab_size}; delete it and rerun")
+    return counts.astype(np.int64)

@@ -44,7 +44,7 @@ from .data import EpochLoader, TrainSamples, build_vocab_map, token_frequencies
 from .distributed import StopFlag, all_reduce_sum, init_distributed, shutdown_distributed
 from .fit import check_checkpoint_fits, check_data_fits_target, note_emulated_bf16, note_full_vocab
 from .heldout import evaluate_heldout
-from .inputs import TrainingInputs, follow_state, heldout_of, training_inputs
+from .inputs import TrainingInputs, follow_state, heldout_of, prepared_loss_token_counts, training_inputs
 from .loss import CrossEntropyKernels, plan_to, ttt_loss, ttt_plan
 from .model import Eagle3Draft, draft_config_from_target, export_draft
 from .optim import DraftOptimizer
@@ -154,8 +154,10 @@ def _build_model(cfg, dataset, aux_ids, last_id, rank, out, device, progress):
         model.load_state_dict(ckpt["model"])
         progress.note(f"resuming from {ckpt_path} (step {ckpt['step']})")
     else:
-        progress.note(f"draft vocabulary: counting the loss tokens of {len(dataset)} samples")
-        freq = token_frequencies(dataset, dcfg.vocab_size)
+        freq = prepared_loss_token_counts(out, dcfg.vocab_size) if tc.follow else None
+        if freq is None:
+            progress.note(f"draft vocabulary: counting the loss tokens of {len(dataset)} samples")
+            freq = token_frequencies(dataset, dcfg.vocab_size)
         model.set_vocab_map(build_vocab_map(freq, dcfg.draft_vocab_size).to(device))
         if tc.lm_head_init == "target":
             model.init_head_from_target(th["lm_head"], th["norm"])
