@@ -9,7 +9,18 @@ Hidden states come back as bf16 whatever the store's dtype: a float8 store's (fl
 dequantized (store/fp8.py); `raw=True` gives its uint8 codes and float32 row scales instead.
 
 Everything comes from the committed record (`progress.json`), never from array shapes: a shape can
-be ahead of the data after a crash and zarr reads the missing region as zeros. Shard files are read
+be ahead of the data after a crash and zarr reads the missing region as zeros.
+
+Checksum coverage (the invariant every read path relies on): no byte of committed data reaches a caller
+unchecked. The record and the group attributes are sealed JSON (their own crc32c, checked when read:
+record.read_record, format.read_attrs; an aggregated run's dataset.json likewise); each shard's index has
+its crc32c (checked when the shard is opened); each inner chunk's encoded bytes are checked against the
+record's `chunk_crc32c` when `read_rows` reads them, once per chunk read, before decoding (CRC32C runs at
+GB/s a core: bench loader measures the cost against reading unchecked). A store written before records
+listed chunk crcs has each shard file checked whole against the record's crc32c the first time a process
+opens it. Damage raises `DamagedDataError` naming the store, array, shard, chunk and samples, and the
+repair; `damage.DamagedSamples` is how a consumer skips such samples instead (train.on_damaged,
+export-data --on-damaged). Shard files are read
 with `pread` on descriptors opened lazily per process (a DataLoader worker opens its own after fork;
 pickling drops them), and an open descriptor keeps reading the same file even if a live writer
 replaces the tail shard, whose committed prefix is identical anyway.
@@ -24,9 +35,11 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+import crc32c
 import numpy as np
 
-from .errors import ShardError, StoreCorruptError, StoreError, extract_then_aggregate
+from .damage import damaged_error
+from .errors import DamagedDataError, ShardError, StoreCorruptError, StoreError, extract_then_aggregate
 from .format import (
     COMPLETE_NAME,
     DATASET_NAME,
@@ -38,7 +51,7 @@ from .format import (
     task_stores,
 )
 from .fp8 import dequantize, float8
-from .record import committed_samples, read_record, sample_bounds
+from .record import committed_samples, read_record, sample_bounds, shard_table
 from .shard_codec import ShardDecoder
 from .spec import StoreSpec
 
@@ -84,7 +97,9 @@ class TaskStore:
                 f"{self.path / PROGRESS_NAME}: lengths sum to {self._offsets[-1]} but "
                 f"num_tokens is {self.record['num_tokens']}; run `eagle-batch verify`."
             )
-        self._shards: OrderedDict[tuple[str, int], tuple[int, np.ndarray]] = OrderedDict()
+        self._tables = {n: shard_table(self.record, n) for n in self.layouts}
+        self._shards: OrderedDict[tuple[str, int], tuple] = OrderedDict()  # (fd, index, chunk crcs)
+        self._whole_checked: set[tuple[str, int]] = set()
 
     # ----- metadata -----
 
@@ -128,38 +143,83 @@ class TaskStore:
 
     # ----- data -----
 
-    def _shard(self, name: str, k: int) -> tuple[int, np.ndarray]:
+    def _damaged(self, name: str, k: int, c: int, reason: str) -> DamagedDataError:
+        """The error for inner chunk c (-1: the whole shard) of shard k of `name`, naming its samples."""
+        lay = self.layouts[name]
+        t0 = k * lay.shard_tokens + max(c, 0) * lay.chunk_tokens
+        t1 = t0 + (lay.chunk_tokens if c >= 0 else lay.shard_tokens)
+        f = lay.shard_path(self.path, k)
+        return damaged_error(self.path, self._offsets, self.sample_ids, name, f, (t0, t1), k, c, reason)
+
+    def _entry(self, name: str, k: int) -> dict:
+        entry = self._tables[name].get(k)
+        if entry is None:
+            raise self._damaged(name, k, -1, "the committed record has no entry for this shard")
+        return entry
+
+    def _shard(self, name: str, k: int) -> tuple[int, np.ndarray, np.ndarray | None]:
+        """(descriptor, index, crc32c of each inner chunk as encoded) of shard k of `name`, opened once per
+        process while it stays among the MAX_OPEN_SHARDS most recent. A store written before the record
+        listed chunk crcs (None) has its whole shard file checked against the record's crc32c on first open."""
         key = (name, k)
         hit = self._shards.get(key)
         if hit is not None:
             self._shards.move_to_end(key)
             return hit
         lay = self.layouts[name]
+        entry = self._entry(name, k)
         f = lay.shard_path(self.path, k)
         try:
             fd = os.open(f, os.O_RDONLY)
         except FileNotFoundError:
-            raise StoreCorruptError(
-                f"{f} is missing but the committed record covers it; run `eagle-batch verify {self.path}`."
-            ) from None
+            raise self._damaged(name, k, -1, "the shard file is missing but the committed record covers it") from None
         size = os.fstat(fd).st_size
         n = lay.index_nbytes()
+        crcs = entry.get("chunk_crc32c")
         try:
             if size < n:
-                raise ShardError(str(f), f"file is shorter ({size} bytes) than its shard index")
+                raise ShardError(str(f), f"the file is shorter ({size} bytes) than its shard index")
+            if crcs is None and key not in self._whole_checked:
+                data = os.pread(fd, size, 0)
+                if size != entry["nbytes"] or crc32c.crc32c(data) != entry["crc32c"]:
+                    raise ShardError(str(f), "the file's crc32c differs from the committed record")
+                self._whole_checked.add(key)
             index = self._decoders[name].index(os.pread(fd, n, size - n), str(f))
         except ShardError as e:
             os.close(fd)
-            raise StoreCorruptError(f"{e}; run `eagle-batch verify {self.path}`.") from None
-        self._shards[key] = (fd, index)
+            raise self._damaged(name, k, -1, e.detail) from None
+        hit = (fd, index, None if crcs is None else np.asarray(crcs, dtype=np.uint64))
+        self._shards[key] = hit
         if len(self._shards) > MAX_OPEN_SHARDS:
-            old_fd, _ = self._shards.popitem(last=False)[1]
+            old_fd = self._shards.popitem(last=False)[1][0]
             os.close(old_fd)
-        return fd, index
+        return hit
+
+    def _chunk_crc_ok(self, name: str, k: int, c: int, crc: int) -> bool:
+        """Whether a chunk whose crc32c (`crc`) differs from this reader's record is whole all the same. Only a
+        store still being written can say yes: its writer may have re-encoded the tail chunk of the tail shard
+        with rows appended since (the committed rows unchanged) or committed a new record since this reader
+        read its own. Then the shard file as this reader's descriptor sees it must hold exactly the committed
+        rows its record lists (decoded whole once, against the record's raw crc32c). A finished store's
+        record never changes: a mismatch there is damage."""
+        if self.is_complete:
+            return False
+        entry = self._tables[name][k]
+        fd, index, _ = self._shards[(name, k)]
+        data = os.pread(fd, os.fstat(fd).st_size, 0)
+        try:
+            rows = self._decoders[name].rows(data, int(entry["tokens"]), "")
+        except ShardError:
+            return False
+        if crc32c.crc32c(rows) != int(entry["raw_crc32c"]):
+            return False
+        self._shards[(name, k)] = (fd, index, None)  # this descriptor's file is checked whole
+        return True
 
     def read_rows(self, name: str, start: int, stop: int, layers: Sequence[int] | None = None) -> np.ndarray:
         """Rows [start, stop) of a token array as stored (hidden_states: uint16 bits), optionally some layers
-        (positions along axis 1)."""
+        (positions along axis 1). Each inner chunk is checked against its crc32c in the committed record as it
+        is read, before it is decoded (the module docstring's invariant); damage raises DamagedDataError."""
         self._ensure()
         if not 0 <= start <= stop <= self.num_tokens:
             raise IndexError(
@@ -177,15 +237,12 @@ class TaskStore:
             k = t // S
             s0 = k * S
             e = min(stop, s0 + S)
-            fd, index = self._shard(name, k)
+            fd, index, crcs = self._shard(name, k)
             c0, c1 = (t - s0) // C, (e - 1 - s0) // C
             try:  # the shard's path is built on the error path only (this loop runs per chunk read)
                 sel = dec.covered(index, c0, c1, "")
-            except ShardError:
-                raise StoreCorruptError(
-                    f"{lay.shard_path(self.path, k)}: an inner chunk the committed record covers is absent; "
-                    f"run `eagle-batch verify {self.path}`."
-                ) from None
+            except ShardError as err:
+                raise self._damaged(name, k, c0, err.detail) from None
             first, last_end = int(sel[0, 0]), int(sel[-1, 0] + sel[-1, 1])
             contiguous = bool((sel[1:, 0] == sel[:-1, 0] + sel[:-1, 1]).all())
             blob = os.pread(fd, last_end - first, first) if contiguous else None
@@ -193,15 +250,16 @@ class TaskStore:
                 off, nb = int(sel[j, 0]), int(sel[j, 1])
                 enc = blob[off - first : off - first + nb] if contiguous else os.pread(fd, nb, off)
                 if len(enc) != nb:
-                    raise StoreCorruptError(
-                        f"{lay.shard_path(self.path, k)} is truncated; run `eagle-batch verify {self.path}`."
-                    )
+                    raise self._damaged(name, k, c, "the shard file is truncated")
+                if crcs is not None:
+                    crc = crc32c.crc32c(enc)
+                    if (c >= len(crcs) or crc != int(crcs[c])) and not self._chunk_crc_ok(name, k, c, crc):
+                        raise self._damaged(name, k, c, "its crc32c differs from the committed record")
+                    crcs = self._shards[(name, k)][2]
                 try:
                     chunk = dec.chunk(enc, c, "")
                 except ShardError as err:
-                    raise StoreCorruptError(
-                        f"{lay.shard_path(self.path, k)}: {err.detail}; run `eagle-batch verify {self.path}`."
-                    ) from None
+                    raise self._damaged(name, k, c, err.detail) from None
                 cs = s0 + c * C  # first token of this chunk
                 r0, r1 = max(t, cs), min(e, cs + C)
                 part = chunk[r0 - cs : r1 - cs]
@@ -264,7 +322,7 @@ class TaskStore:
         return self.get(i)
 
     def close(self) -> None:
-        for fd, _ in getattr(self, "_shards", {}).values():
+        for fd, *_ in getattr(self, "_shards", {}).values():
             os.close(fd)
         if hasattr(self, "_shards"):
             self._shards.clear()
