@@ -18,7 +18,9 @@ import numpy as np
 
 from eagle_batch.errors import UserError
 from eagle_batch.store import StoreDataset
+from eagle_batch.store.damage import DamagedSamples
 from eagle_batch.store.durable import makedirs_durable, partial_name, publish
+from eagle_batch.store.errors import DamagedDataError
 from eagle_batch.store.format import PARTIAL_SUFFIX
 
 from .layers import PeerLayers
@@ -108,8 +110,15 @@ def export(
     fsync: bool = True,
     each: Each = lambda it: it,
     each_token: Each = lambda it: it,
+    on_damaged: str = "fail",
 ) -> ExportResult:
-    """Write `ds` (a dataset of the run, any layers) as `peer`'s files under `out`; resumes an export there."""
+    """Write `ds` (a dataset of the run, any layers) as `peer`'s files under `out`; resumes an export there.
+
+    A sample whose stored data fail their checksum stops the export (`on_damaged="fail"`, the reader's
+    DamagedDataError), or (`"skip"`) is left out with a warning line, every other sample is written, and the
+    export ends with a UserError counting and naming them: it is incomplete (a peer's index lists every
+    sample) until they are repaired and export-data is run again into `out`, which writes only what is missing."""
+    damaged = DamagedSamples(on_damaged, "eagle-batch export-data")
     view = ds.with_layers(peer.layers.ids)
     n = len(view)
     # The source's identity too: a rerun over other data with the same ids and count must not skip samples.
@@ -127,9 +136,20 @@ def export(
             if done.get(i) == sid and (out / rel).is_file():
                 skipped += 1
                 continue
-            _write_one(out, rel, peer, view.get_arrays(i), fsync)
+            try:
+                x = view.get_arrays(i)
+            except DamagedDataError as e:
+                damaged.handle(e, sid)
+                continue
+            _write_one(out, rel, peer, x, fsync)
             manifest.mark(i, sid)
             written += 1
+        if damaged.skipped:
+            raise UserError(
+                f"{damaged.summary()}. {out} holds the other {written + skipped} samples but is incomplete (no "
+                f"index was written): after the repair, run the same export-data into {out} again; it writes only "
+                "the missing samples."
+            )
         fingerprint = hashlib.sha256(repr(sorted(identity.items())).encode()).hexdigest()[:16]
         summary = peer.finish(out, view, fingerprint, fsync, each_token)
         manifest.complete(peer_layer_ids=peer.peer_layer_ids(), **summary)

@@ -51,8 +51,21 @@ class DamagedDataError(StoreCorruptError):
         self.sample_ids = list(sample_ids)
         self.reason = reason or message
 
+        self.sample_id = ""  # the sample whose read met the damage (for_sample)
+
+    def for_sample(self, sample_id: str) -> "DamagedDataError":
+        """This error as met by a read of sample `sample_id`."""
+        err = DamagedDataError(str(self), self.store, self.array, self.shard, self.chunk, self.sample_ids, self.reason)
+        err.sample_id = sample_id
+        return err
+
     def __reduce__(self):  # crosses from a DataLoader worker to the trainer whole
-        return type(self), (str(self), self.store, self.array, self.shard, self.chunk, self.sample_ids, self.reason)
+        args = (str(self), self.store, self.array, self.shard, self.chunk, self.sample_ids, self.reason)
+        return _rebuild_damaged, (args, self.sample_id)
+
+
+def _rebuild_damaged(args: tuple, sample_id: str) -> DamagedDataError:
+    return DamagedDataError(*args).for_sample(sample_id)
 
 
 class ShardError(ValueError):

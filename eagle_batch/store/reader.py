@@ -279,14 +279,17 @@ class TaskStore:
         if not 0 <= i < n:
             raise IndexError(f"sample {i} out of range: {self.path} has {n} committed samples")
         a, b = int(self._offsets[i]), int(self._offsets[i + 1])
-        out = {
-            "input_ids": self.read_rows("input_ids", a, b),
-            "loss_mask": self.read_rows("loss_mask", a, b),
-            "hidden_states": self.read_rows("hidden_states", a, b, layers),
-            "sample_id": self.sample_ids[i],
-        }
-        if SCALE_ARRAY in self.layouts:
-            scales = self.read_rows(SCALE_ARRAY, a, b, layers)
+        try:
+            out = {
+                "input_ids": self.read_rows("input_ids", a, b),
+                "loss_mask": self.read_rows("loss_mask", a, b),
+                "hidden_states": self.read_rows("hidden_states", a, b, layers),
+                "sample_id": self.sample_ids[i],
+            }
+            scales = self.read_rows(SCALE_ARRAY, a, b, layers) if SCALE_ARRAY in self.layouts else None
+        except DamagedDataError as e:
+            raise e.for_sample(self.sample_ids[i]) from None
+        if scales is not None:
             if raw:
                 out[SCALE_ARRAY] = scales
             else:
@@ -297,7 +300,10 @@ class TaskStore:
         """(input_ids, loss_mask) of sample i, without reading its hidden states."""
         self._ensure()
         a, b = int(self._offsets[i]), int(self._offsets[i + 1])
-        return self.read_rows("input_ids", a, b), self.read_rows("loss_mask", a, b)
+        try:
+            return self.read_rows("input_ids", a, b), self.read_rows("loss_mask", a, b)
+        except DamagedDataError as e:
+            raise e.for_sample(self.sample_ids[i]) from None
 
     def get(self, i: int, layers: Sequence[int] | None = None, raw: bool = False) -> dict[str, Any]:
         """Sample i as torch tensors: hidden_states bf16; with `raw`, a float8 store's codes as

@@ -32,6 +32,8 @@ from typing import Any
 import numpy as np
 import torch
 
+from eagle_batch.store.damage import DamagedSamples
+
 from .checkpoint import (
     check_resume_settings,
     draft_settings,
@@ -169,7 +171,7 @@ def _build_model(cfg, dataset, aux_ids, last_id, rank, out, device, progress):
         progress.note(f"resuming from {ckpt_path} (step {ckpt['step']})")
     else:
         progress.note(f"draft vocabulary: counting the loss tokens of {len(dataset)} samples")
-        freq = token_frequencies(dataset, dcfg.vocab_size)
+        freq = token_frequencies(dataset, dcfg.vocab_size, damaged=DamagedSamples(tc.on_damaged, "eagle-batch train"))
         model.set_vocab_map(build_vocab_map(freq, dcfg.draft_vocab_size).to(device))
         if tc.lm_head_init == "target":
             model.init_head_from_target(th["lm_head"], th["norm"])
@@ -219,7 +221,7 @@ def _setup(cfg, dataset, progress_enabled: bool) -> tuple[_Run, TrainProgress, d
     dataset = _load_dataset(cfg, dataset)
     check_data_fits_target(cfg, dataset, str(tc.data or cfg.run_dir))
     aux_ids, last_id = resolve_layers(cfg, list(dataset.layer_ids))
-    samples = TrainSamples(dataset, aux_ids, last_id, tc.max_length)
+    samples = TrainSamples(dataset, aux_ids, last_id, tc.max_length, tc.on_damaged)
     plan = BatchPlan(samples.lengths(), tc.batch_tokens, tc.seed, world)
     steps_per_epoch = plan.steps_per_epoch()
     total_steps = tc.epochs * steps_per_epoch if tc.epochs > 0 else tc.steps
