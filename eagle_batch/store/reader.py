@@ -73,14 +73,28 @@ __all__ = [
 class TaskStore:
     """Read-only view of one task store's committed samples. Picklable; opens files lazily per process."""
 
-    def __init__(self, path: str | os.PathLike, *, metas: dict | None = None, attrs: dict | None = None):
+    def __init__(
+        self,
+        path: str | os.PathLike,
+        *,
+        metas: dict | None = None,
+        attrs: dict | None = None,
+        check_chunks: bool = True,
+    ):
         self.path = Path(path)
         self._metas = metas  # consolidated array metadata from dataset.json, if any
         self._attrs = attrs
+        self.check_chunks = check_chunks  # False only to measure the checks' cost (bench loader)
         self._pid = None
 
     def __getstate__(self) -> dict:
-        return {"path": self.path, "_metas": self._metas, "_attrs": self._attrs, "_pid": None}
+        return {
+            "path": self.path,
+            "_metas": self._metas,
+            "_attrs": self._attrs,
+            "check_chunks": self.check_chunks,
+            "_pid": None,
+        }
 
     def _ensure(self) -> None:
         if self._pid == os.getpid():
@@ -179,7 +193,7 @@ class TaskStore:
         try:
             if size < n:
                 raise ShardError(str(f), f"the file is shorter ({size} bytes) than its shard index")
-            if crcs is None and key not in self._whole_checked:
+            if crcs is None and self.check_chunks and key not in self._whole_checked:
                 data = os.pread(fd, size, 0)
                 if size != entry["nbytes"] or crc32c.crc32c(data) != entry["crc32c"]:
                     raise ShardError(str(f), "the file's crc32c differs from the committed record")
@@ -188,7 +202,7 @@ class TaskStore:
         except ShardError as e:
             os.close(fd)
             raise self._damaged(name, k, -1, e.detail) from None
-        hit = (fd, index, None if crcs is None else np.asarray(crcs, dtype=np.uint64))
+        hit = (fd, index, None if crcs is None or not self.check_chunks else np.asarray(crcs, dtype=np.uint64))
         self._shards[key] = hit
         if len(self._shards) > MAX_OPEN_SHARDS:
             old_fd = self._shards.popitem(last=False)[1][0]
@@ -434,8 +448,12 @@ class StoreDataset:  # a map-style dataset for torch's DataLoader (no torch impo
         return self.stores[s].sample_ids[j]
 
 
-def open_dataset(path: str | os.PathLike, layer_ids: Sequence[int] | None = None) -> StoreDataset:
-    """A task store (`.../task-00000.zarr`) or an aggregated run directory (`RUN/dataset.json`)."""
+def open_dataset(
+    path: str | os.PathLike, layer_ids: Sequence[int] | None = None, *, check_chunks: bool = True
+) -> StoreDataset:
+    """A task store (`.../task-00000.zarr`) or an aggregated run directory (`RUN/dataset.json`).
+    `check_chunks=False` reads chunks without their crc32c check: only for measuring what the check costs
+    (`eagle-batch bench loader`); every command reads with it."""
     p = Path(path)
     if p.is_file() and p.name == DATASET_NAME:
         p = p.parent
@@ -453,12 +471,13 @@ def open_dataset(path: str | os.PathLike, layer_ids: Sequence[int] | None = None
                     p / entry["path"],
                     metas=entry.get("arrays") or index.get("arrays") or None,
                     attrs=index.get("attributes"),
+                    check_chunks=check_chunks,
                 )
             )
             counts.append(int(entry["num_samples"]))
         return StoreDataset(stores, counts, layer_ids)
     if (p / PROGRESS_NAME).is_file():
-        return StoreDataset([TaskStore(p)], None, layer_ids)
+        return StoreDataset([TaskStore(p, check_chunks=check_chunks)], None, layer_ids)
     extract = extract_then_aggregate(p)
     if (p / "stores").is_dir():
         stores = task_stores(p)
