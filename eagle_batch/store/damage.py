@@ -9,12 +9,14 @@ sample out with one warning line per sample and a total at the end (`summary()`)
 
 from __future__ import annotations
 
+import os
 import sys
 from pathlib import Path
 
+import crc32c
 import numpy as np
 
-from .errors import DamagedDataError
+from .errors import DamagedDataError, ShardError
 
 ON_DAMAGED = ("fail", "skip")  # train.on_damaged, export-data --on-damaged
 
@@ -64,6 +66,19 @@ def damaged_error(
         f"{repair_advice(store)}."
     )
     return DamagedDataError(message, str(store), array, shard, chunk, ids, f"{array} {where} of {store}: {reason}")
+
+
+def live_tail_intact(decoder, fd: int, entry: dict) -> bool:
+    """Whether the shard file open as `fd` holds exactly the committed rows its record `entry` lists (decoded
+    whole, against the raw crc32c). A store still being written may have re-encoded the tail chunk of its
+    tail shard with rows appended since (the committed rows unchanged), or committed a new record since a
+    reader read its own: then a chunk's crc32c differs from the reader's record while its rows are whole."""
+    data = os.pread(fd, os.fstat(fd).st_size, 0)
+    try:
+        rows = decoder.rows(data, int(entry["tokens"]), "")
+    except ShardError:
+        return False
+    return crc32c.crc32c(rows) == int(entry["raw_crc32c"])
 
 
 class DamagedSamples:

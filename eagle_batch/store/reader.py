@@ -38,7 +38,7 @@ from typing import Any
 import crc32c
 import numpy as np
 
-from .damage import damaged_error
+from .damage import damaged_error, live_tail_intact
 from .errors import DamagedDataError, ShardError, StoreCorruptError, StoreError, extract_then_aggregate
 from .format import (
     COMPLETE_NAME,
@@ -88,13 +88,7 @@ class TaskStore:
         self._pid = None
 
     def __getstate__(self) -> dict:
-        return {
-            "path": self.path,
-            "_metas": self._metas,
-            "_attrs": self._attrs,
-            "check_chunks": self.check_chunks,
-            "_pid": None,
-        }
+        return {**{k: self.__dict__[k] for k in ("path", "_metas", "_attrs", "check_chunks")}, "_pid": None}
 
     def _ensure(self) -> None:
         if self._pid == os.getpid():
@@ -209,23 +203,13 @@ class TaskStore:
             os.close(old_fd)
         return hit
 
-    def _chunk_crc_ok(self, name: str, k: int, c: int, crc: int) -> bool:
-        """Whether a chunk whose crc32c (`crc`) differs from this reader's record is whole all the same. Only a
-        store still being written can say yes: its writer may have re-encoded the tail chunk of the tail shard
-        with rows appended since (the committed rows unchanged) or committed a new record since this reader
-        read its own. Then the shard file as this reader's descriptor sees it must hold exactly the committed
-        rows its record lists (decoded whole once, against the record's raw crc32c). A finished store's
-        record never changes: a mismatch there is damage."""
+    def _chunk_crc_ok(self, name: str, k: int) -> bool:
+        """Whether shard k of a store still being written is whole although a chunk's crc32c differs from this
+        reader's record (damage.live_tail_intact); a finished store's record never changes: that is damage."""
         if self.is_complete:
             return False
-        entry = self._tables[name][k]
         fd, index, _ = self._shards[(name, k)]
-        data = os.pread(fd, os.fstat(fd).st_size, 0)
-        try:
-            rows = self._decoders[name].rows(data, int(entry["tokens"]), "")
-        except ShardError:
-            return False
-        if crc32c.crc32c(rows) != int(entry["raw_crc32c"]):
+        if not live_tail_intact(self._decoders[name], fd, self._tables[name][k]):
             return False
         self._shards[(name, k)] = (fd, index, None)  # this descriptor's file is checked whole
         return True
@@ -267,7 +251,7 @@ class TaskStore:
                     raise self._damaged(name, k, c, "the shard file is truncated")
                 if crcs is not None:
                     crc = crc32c.crc32c(enc)
-                    if (c >= len(crcs) or crc != int(crcs[c])) and not self._chunk_crc_ok(name, k, c, crc):
+                    if (c >= len(crcs) or crc != int(crcs[c])) and not self._chunk_crc_ok(name, k):
                         raise self._damaged(name, k, c, "its crc32c differs from the committed record")
                     crcs = self._shards[(name, k)][2]
                 try:
