@@ -2,7 +2,8 @@
 
 One sample at a time from `open_dataset` (only the layers the peer needs, decoded chunk by chunk), each
 written to a temporary name, fsynced and renamed, then recorded in OUT's manifest (manifest.py). A rerun
-skips every sample recorded with the same id whose file exists; the peer's closing files (a dataset index,
+skips every sample recorded with the same id and source digest (the stored bytes it was written from)
+whose file exists, and rewrites the others (a repaired shard's samples); the peer's closing files (a dataset index,
 token counts) are rewritten from the token arrays alone, which is cheap. Nothing holds more than one sample.
 """
 
@@ -22,6 +23,7 @@ from eagle_batch.store.damage import DamagedSamples
 from eagle_batch.store.durable import makedirs_durable, partial_name, publish
 from eagle_batch.store.errors import DamagedDataError
 from eagle_batch.store.format import PARTIAL_SUFFIX
+from eagle_batch.store.provenance import write_sources
 
 from .layers import PeerLayers
 from .manifest import ExportManifest
@@ -131,9 +133,9 @@ def export(
     written = skipped = 0
     try:
         for i in each(range(n)):
-            sid = view.sample_id(i)
+            sid, src = view.sample_id(i), view.sample_digest(i)
             rel = peer.sample_path(i)
-            if done.get(i) == sid and (out / rel).is_file():
+            if done.get(i) == (sid, src) and (out / rel).is_file():  # written from these very bytes
                 skipped += 1
                 continue
             try:
@@ -142,7 +144,7 @@ def export(
                 damaged.handle(e, sid)
                 continue
             _write_one(out, rel, peer, x, fsync)
-            manifest.mark(i, sid)
+            manifest.mark(i, sid, src)
             written += 1
         if damaged.skipped:
             raise UserError(
@@ -152,7 +154,11 @@ def export(
             )
         fingerprint = hashlib.sha256(repr(sorted(identity.items())).encode()).hexdigest()[:16]
         summary = peer.finish(out, view, fingerprint, fsync, each_token)
-        manifest.complete(peer_layer_ids=peer.peer_layer_ids(), **summary)
+        sources = view.sources()
+        write_sources(
+            out, sources, f"eagle-batch export-data {source} {out} --format {peer.name} (rewrites what changed)"
+        )
+        manifest.complete(peer_layer_ids=peer.peer_layer_ids(), sources=sources, **summary)
     finally:
         manifest.close()
     return ExportResult(out, n, written, skipped, {"peer_layer_ids": peer.peer_layer_ids(), **summary})

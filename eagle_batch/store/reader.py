@@ -1,4 +1,4 @@
-"""Read task stores and aggregated runs: `open_dataset(path)`.
+"""Read task stores and aggregated runs: what `open_dataset(path)` (source.py) returns.
 
     ds = open_dataset(RUN)                       # RUN/dataset.json (see aggregate) or one task store
     len(ds); x = ds[0]                           # {"input_ids", "loss_mask", "hidden_states", "sample_id"}
@@ -39,19 +39,18 @@ import crc32c
 import numpy as np
 
 from .damage import damaged_error, live_tail_intact
-from .errors import DamagedDataError, ShardError, StoreCorruptError, StoreError, extract_then_aggregate
+from .errors import DamagedDataError, ShardError, StoreCorruptError, StoreError
 from .format import (
     COMPLETE_NAME,
     DATASET_NAME,
     PROGRESS_NAME,
     SCALE_ARRAY,
-    load_json,
     read_attrs,
     read_layouts,
-    task_stores,
 )
 from .fp8 import dequantize, float8
-from .record import committed_samples, read_record, sample_bounds, shard_table
+from .provenance import record_digest
+from .record import read_record, sample_bounds, shard_table
 from .shard_codec import ShardDecoder
 from .spec import StoreSpec
 
@@ -63,7 +62,6 @@ __all__ = [
     "MAX_OPEN_SHARDS",
     "StoreDataset",
     "TaskStore",
-    "open_dataset",
     "read_attrs",
     "read_layouts",
     "read_record",
@@ -325,6 +323,26 @@ class TaskStore:
     def __getitem__(self, i: int) -> dict[str, Any]:
         return self.get(i)
 
+    def sample_digest(self, i: int) -> str:
+        """crc32c over the record's crc32c of every inner chunk (a store without chunk crcs: every shard) that
+        holds sample i's tokens, in every array: it changes when any stored byte of the sample does (a
+        repair), without reading the data."""
+        self._ensure()
+        a, b = int(self._offsets[i]), int(self._offsets[i + 1])
+        crc = 0
+        for name in sorted(self.layouts):
+            S, C = self.layouts[name].shard_tokens, self.layouts[name].chunk_tokens
+            for k in range(a // S, (b - 1) // S + 1):
+                e = self._tables[name].get(k) or {}
+                crcs = e.get("chunk_crc32c")
+                part = (
+                    crcs[max(a - k * S, 0) // C : (min(b, (k + 1) * S) - 1 - k * S) // C + 1]
+                    if crcs
+                    else [e.get("crc32c")]
+                )
+                crc = crc32c.crc32c(repr((name, k, part)).encode(), crc)
+        return f"{crc:08x}"
+
     def close(self) -> None:
         for fd, *_ in getattr(self, "_shards", {}).values():
             os.close(fd)
@@ -431,58 +449,15 @@ class StoreDataset:  # a map-style dataset for torch's DataLoader (no torch impo
         s, j = self.locate(int(i))
         return self.stores[s].sample_ids[j]
 
+    def sample_digest(self, i: int) -> str:
+        """What sample i's stored bytes are, from the committed record alone (TaskStore.sample_digest)."""
+        s, j = self.locate(int(i))
+        return self.stores[s].sample_digest(j)
 
-def open_dataset(
-    path: str | os.PathLike, layer_ids: Sequence[int] | None = None, *, check_chunks: bool = True
-) -> StoreDataset:
-    """A task store (`.../task-00000.zarr`) or an aggregated run directory (`RUN/dataset.json`).
-    `check_chunks=False` reads chunks without their crc32c check: only for measuring what the check costs
-    (`eagle-batch bench loader`); every command reads with it."""
-    p = Path(path)
-    if p.is_file() and p.name == DATASET_NAME:
-        p = p.parent
-    if (p / DATASET_NAME).is_file():
-        index = load_json(p / DATASET_NAME, "the aggregate index; rerun `eagle-batch aggregate`")
-        stores, counts = [], []
-        for entry in index["stores"]:
-            if not (p / entry["path"]).is_dir():
-                raise StoreError(
-                    f"{p / DATASET_NAME} lists {entry['path']}, which no longer exists (deleted or moved?): "
-                    f"`eagle-batch resume {p}` extracts its task again; then rerun `eagle-batch aggregate {p}`."
-                )
-            stores.append(
-                TaskStore(
-                    p / entry["path"],
-                    metas=entry.get("arrays") or index.get("arrays") or None,
-                    attrs=index.get("attributes"),
-                    check_chunks=check_chunks,
-                )
-            )
-            counts.append(int(entry["num_samples"]))
-        return StoreDataset(stores, counts, layer_ids)
-    if (p / PROGRESS_NAME).is_file():
-        return StoreDataset([TaskStore(p, check_chunks=check_chunks)], None, layer_ids)
-    extract = extract_then_aggregate(p)
-    if (p / "stores").is_dir():
-        stores = task_stores(p)
-        if not stores:
-            raise StoreError(f"{p} is a run directory whose stores/ holds no task store yet: {extract}.")
-        # Not "run aggregate" when there is nothing to aggregate: aggregate refuses an index over nothing.
-        if not any(committed_samples(s) for s in stores):
-            raise StoreError(
-                f"{p} holds no committed samples (its {len(stores)} task store(s) are empty; no {DATASET_NAME}): "
-                f"nothing was extracted. Check `eagle-batch status {p}` (did extraction run and finish? was the "
-                f"prepared data empty? see {p}/prepared/summary.json)."
-            )
-        raise StoreError(f"{p} is a run directory without {DATASET_NAME}; run `eagle-batch aggregate {p}` first.")
-    if (p / "prepared").is_dir() or (p / "config.yaml").is_file():
-        raise StoreError(
-            f"{p} is a run directory with nothing extracted yet, so not a task store nor an aggregated run "
-            f"(no stores/, no {DATASET_NAME}): {extract}."
-        )
-    if not p.exists():
-        raise StoreError(f"{p} does not exist; give an aggregated run directory or a task store.")
-    raise StoreError(
-        f"{p} is neither a task store (no {PROGRESS_NAME}) nor an aggregated run (no {DATASET_NAME}); give a run "
-        "directory (after `eagle-batch aggregate RUN`) or a task store (RUN/stores/task-00000.zarr)."
-    )
+    def sources(self) -> dict[str, str]:
+        """{store path: digest of the committed record read} of every store (provenance.record_digest)."""
+        out = {}
+        for s in self.stores:
+            s._ensure()
+            out[str(s.path)] = record_digest(s.record)
+        return out

@@ -64,8 +64,7 @@ def read_record(store: str | os.PathLike) -> dict:
             f"{p} (the store's committed record) is damaged: {problem}. Nothing in {Path(store)} can be trusted "
             "without it: delete that store and run `eagle-batch resume RUN` to extract its task again."
         )
-    r.pop(SEAL_KEY, None)
-    return r
+    return r  # with its seal (provenance.record_digest); a writer's Progress drops it
 
 
 def committed_samples(store: Path) -> int:
@@ -141,6 +140,7 @@ class Progress:
     since, which the next record will list (a tail shard's rewrite replaces its older entry)."""
 
     def __init__(self, record: dict):
+        record.pop(SEAL_KEY, None)  # sealed anew by each write
         self.record = record
         self.sample_ids: list[str] = list(record["sample_ids"])
         self.lengths: list[int] = list(record["lengths"])

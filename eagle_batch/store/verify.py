@@ -33,6 +33,7 @@ from .format import (
     task_stores,
 )
 from .fp8 import float8_for_encoding, special_codes
+from .provenance import current_digest
 from .record import (
     committed_samples_of_shard,
     expected_shards,
@@ -140,6 +141,13 @@ def _verify_dataset_index(run: Path) -> list[Problem]:
             )
             out.append(Problem(str(p), "index", msg))
             continue
+        now = current_digest(p)
+        if entry.get("record") and now != entry["record"]:
+            msg = (
+                f"{DATASET_NAME} was made from its record at {entry['record']}, it is now at {now} (repaired or "
+                f"resumed since): the view is stale; rerun `eagle-batch aggregate {run}`"
+            )
+            out.append(Problem(str(p), "stale", msg))
         if done.get("num_samples") != entry.get("num_samples") or done.get("num_tokens") != entry.get("num_tokens"):
             out.append(
                 Problem(

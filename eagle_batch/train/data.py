@@ -49,6 +49,9 @@ class TrainingData(Protocol):
     def token_arrays(self, i: int) -> tuple[np.ndarray, np.ndarray]:
         """(input_ids, loss_mask) of sample i, without its hidden states."""
 
+    def sources(self) -> dict[str, str]:
+        """{store path: digest of its committed record} of the stores read (a trained draft records them)."""
+
 
 def _bf16_bits(x: Any) -> np.ndarray:
     if isinstance(x, torch.Tensor):
@@ -81,6 +84,9 @@ class InMemoryDataset:
     def token_arrays(self, i: int) -> tuple[np.ndarray, np.ndarray]:
         x = self.samples[int(i)]
         return np.asarray(x["input_ids"]), np.asarray(x["loss_mask"], dtype=np.uint8)
+
+    def sources(self) -> dict[str, str]:
+        return {}  # held in memory: no store
 
 
 class TrainSamples(Dataset):

@@ -33,6 +33,7 @@ import numpy as np
 import torch
 
 from eagle_batch.store.damage import DamagedSamples
+from eagle_batch.store.provenance import write_sources
 
 from .checkpoint import (
     check_resume_settings,
@@ -278,6 +279,7 @@ def _checkpoint_state(r: _Run) -> dict:
         "rng": {str(i): s for i, s in enumerate(rngs)},
         "draft_config": r.dcfg.to_json(),
         "train_config": asdict(r.tc),
+        "sources": r.samples.ds.sources(),  # the committed records of the stores read (store/provenance.py)
     }
 
 
@@ -465,6 +467,7 @@ def train(
     result = {"status": status, "step": r.step, "total_steps": r.total_steps, "out_dir": str(r.out)}
     if status == "done" and r.rank == 0 and r.tc.export:
         export_dir = export_draft(r.model, r.out / "export")
+        write_sources(export_dir, r.samples.ds.sources(), f"eagle-batch train CONFIG (train.name={r.tc.name})")
         result["export_dir"] = str(export_dir)
         (r.out / "result.json").write_text(json.dumps(result, indent=2) + "\n")
     progress.note(

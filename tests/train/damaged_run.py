@@ -18,19 +18,16 @@ from helpers import random_samples
 STORE = {"chunk_tokens": 16, "shard_tokens": 64, "fsync": False}
 
 
-def write_store(path: Path, n: int, seed: int) -> None:
+def write_store(path: Path, n: int, seed: int, salt: int = 0) -> None:
+    """A finished task store of `n` samples with ids t{seed}-r{i}; `salt` changes the states, not the ids."""
     from eagle_batch.config.schema import StoreConfig
     from eagle_batch.store import StoreSpec, TaskStoreWriter
 
     spec = StoreSpec(layer_ids=TINY_LAYERS, hidden_size=TINY["hidden"], num_hidden_layers=TINY["layers"])
     w = TaskStoreWriter.open(path, spec, StoreConfig(**STORE))
     for s in random_samples(n, TINY_LAYERS, TINY["hidden"], TINY["vocab"], seed=seed):
-        w.append(
-            f"t{seed}-{s['sample_id']}",
-            s["input_ids"].numpy().astype(np.int32),
-            s["loss_mask"].numpy(),
-            s["hidden_states"],
-        )
+        hs = s["hidden_states"] if not salt else s["hidden_states"] * (1 + salt / 100)
+        w.append(f"t{seed}-{s['sample_id']}", s["input_ids"].numpy().astype(np.int32), s["loss_mask"].numpy(), hs)
     w.commit()
     w.finalize()
     w.close()
