@@ -20,6 +20,7 @@ import crc32c
 import numpy as np
 
 from .aggregate import previous_index
+from .crc import seal_problem
 from .errors import ShardError, StoreError, extract_then_aggregate
 from .format import (
     COMPLETE_NAME,
@@ -123,6 +124,9 @@ def _verify_dataset_index(run: Path) -> list[Problem]:
         index = json.loads((run / DATASET_NAME).read_text())
     except ValueError as e:
         return [Problem(str(run / DATASET_NAME), "index", f"not valid JSON ({e}); rerun `eagle-batch aggregate {run}`")]
+    damaged = seal_problem(index) if isinstance(index, dict) else "it is not a JSON object"
+    if damaged:
+        return [Problem(str(run / DATASET_NAME), "index", f"damaged: {damaged}; rerun `eagle-batch aggregate {run}`")]
     for entry in index.get("stores", []):
         p = run / entry["path"]
         if not p.is_dir():
