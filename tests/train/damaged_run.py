@@ -43,7 +43,8 @@ def build_run(tmp: Path, samples_per_task: int = 12) -> tuple[Path, Path]:
     aggregate(run, fsync=False)
     conf = tmp / "train.yaml"
     train = {"steps": 3, "batch_tokens": 256, "draft_vocab_size": 64, "ttt_steps": 2, "precision": "fp32"}
-    train |= {"num_workers": 1, "prefetch_factor": 2, "tensorboard": False, "log_every": 1, "max_restarts": 0}
+    # default max_restarts: `train --local` runs the trainer in a child rank, whose data loader has a worker
+    train |= {"num_workers": 1, "prefetch_factor": 2, "tensorboard": False, "log_every": 1}
     conf.write_text(json.dumps({"run_dir": str(run), "model": {"path": str(target)}, "train": train}))
     return run, conf
 
