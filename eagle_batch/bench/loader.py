@@ -13,7 +13,10 @@ Layers [2, N//2, N-3, N] of a 61-layer target by default.
 Loader: `TrainSamples` over `open_dataset(store)` -> `BatchPlan` (token budget, length buckets) ->
 DataLoader with W workers and prefetch, exactly the trainer's path. Page cache is dropped for the
 store's files before each measurement (posix_fadvise DONTNEED; approximate on shared machines).
-Reported: samples/s, tokens/s, MB/s (raw bf16 hidden-state bytes delivered), per worker count.
+Reported: samples/s, tokens/s, MB/s (raw bf16 hidden-state bytes delivered), per worker count, each
+measured with the reader's chunk checksums on and off, alternating, `--repeats` times; `checksum_ratio`
+(per worker count) = tokens/s with checksums / without, what verifying every chunk read costs
+(checksum_pairs says which statistics).
 
 Step sim (`--step-sim`): the EAGLE-3 draft of the given width (heads = hidden/128, 8 KV heads,
 intermediate ~2.7x, draft vocab 32000, target vocab 129280) trains with TTT on the batches (bf16
@@ -53,6 +56,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         help="comma-separated DataLoader worker counts to measure",
     )
     p.add_argument("--prefetch", type=int_at_least(1), default=4)
+    p.add_argument(
+        "--repeats",
+        type=int_at_least(1),
+        default=3,
+        help="measurements per worker count with chunk checksums on, and as many off (alternating); "
+        "checksum_ratio is the median tokens/s on over off",
+    )
     p.add_argument("--batch-tokens", type=int_at_least(1), default=16384)
     p.add_argument("--batches", type=int_at_least(0), default=0, help="batches per measurement (0: one epoch)")
     p.add_argument("--codec", default="blosc-zstd", choices=["blosc-zstd", "zstd", "none"])
@@ -142,26 +152,33 @@ def _drop_cache(path: Path) -> None:
                 pass
 
 
-def _samples(store: Path, num_layers: int):
+def _samples(store: Path, num_layers: int, check_chunks: bool = True):
     from eagle_batch.store import open_dataset
     from eagle_batch.train.data import TrainSamples
 
     ids = _layer_ids(num_layers)
-    return TrainSamples(open_dataset(store), ids[:3], ids[3])
+    return TrainSamples(open_dataset(store, check_chunks=check_chunks), ids[:3], ids[3])
 
 
 def measure_loader(
-    store: Path, num_layers: int, workers: int, batch_tokens: int, prefetch: int, max_batches: int, seed: int
+    store: Path,
+    num_layers: int,
+    workers: int,
+    batch_tokens: int,
+    prefetch: int,
+    max_batches: int,
+    seed: int,
+    checksums: bool = True,
 ) -> dict:
     from eagle_batch.train.data import BatchPlan, make_loader
 
-    ts = _samples(store, num_layers)
+    ts = _samples(store, num_layers, checksums)
     plan = BatchPlan(ts.lengths(), batch_tokens, seed, 1)
     _drop_cache(store)
     loader = make_loader(ts, plan, 0, 0, num_workers=workers, prefetch_factor=prefetch)
     n_s = n_t = n_b = 0
     raw = 0
-    t0 = time.perf_counter()
+    t0, c0 = time.perf_counter(), time.process_time()
     first = None
     for batch in loader:
         if first is None:
@@ -172,9 +189,13 @@ def measure_loader(
         raw += int(batch["lengths"].sum()) * (batch["aux"].shape[-1] + batch["last"].shape[-1]) * 2
         if max_batches and n_b >= max_batches:
             break
-    el = time.perf_counter() - t0
+    el, cpu = time.perf_counter() - t0, time.process_time() - c0
     return {
         "workers": workers,
+        "checksums": checksums,
+        # with 0 workers every read runs in this process: its CPU seconds, which a busy machine stretches less
+        # than wall time (None with workers, whose CPU time this process does not see)
+        "cpu_s": cpu if workers == 0 else None,
         "batches": n_b,
         "samples": n_s,
         "tokens": n_t,
@@ -183,6 +204,62 @@ def measure_loader(
         "tokens_s": n_t / el,
         "mb_s": raw / 1e6 / el,
         "first_batch_s": first,
+    }
+
+
+def checksum_pairs(store: Path, args) -> tuple[list[dict], dict]:
+    """Every worker count measured `--repeats` times with the chunk checksums on and off, alternating (so
+    a neighbour's load falls on both alike): (every measurement, {workers: ratios of on over off}).
+
+    Ratios: `wall_median` / `wall_best` (tokens/s: the median, and the best run of each, which a busy shared
+    machine disturbs least) and, with 0 workers (every read in this process), `cpu_median` / `cpu_best`
+    (tokens per CPU second of this process, which neighbours stretch far less than wall time)."""
+    runs: list[dict] = []
+    ratio: dict = {}
+    for w in args.workers:
+        wall: dict[bool, list[float]] = {True: [], False: []}
+        cpu: dict[bool, list[float]] = {True: [], False: []}
+        for r in range(args.repeats):
+            for on in (True, False) if r % 2 == 0 else (False, True):
+                m = measure_loader(
+                    store, args.num_layers, w, args.batch_tokens, args.prefetch, args.batches, args.seed, on
+                )
+                runs.append(m)
+                wall[on].append(m["tokens_s"])
+                if m["cpu_s"]:
+                    cpu[on].append(m["tokens"] / m["cpu_s"])
+        got = {"wall": wall, "cpu": cpu} if cpu[True] and cpu[False] else {"wall": wall}
+        ratio[str(w)] = {
+            f"{kind}_{name}": float(stat(v[True]) / stat(v[False]))
+            for kind, v in got.items()
+            for name, stat in (("median", np.median), ("best", max))
+        }
+        if w == 0:
+            ratio[str(w)] |= crc_share(store, float(np.median([m["cpu_s"] for m in runs if not m["checksums"]])))
+    return runs, ratio
+
+
+def crc_share(store: Path, loader_cpu_s: float) -> dict:
+    """The checks' cost computed from its parts: CPU seconds of crc32c over every shard file of the store
+    (every encoded chunk an epoch reads, once; best of 5, from the page cache) against the CPU seconds of an
+    epoch read with 0 workers and no checks. `estimated_ratio` = 1 / (1 + share): throughput with the
+    checks over without, as far as a busy machine's noise cannot reach it."""
+    import crc32c
+
+    blobs = [f.read_bytes() for f in store.rglob("*") if f.is_file() and f.relative_to(store).parts[1:2] == ("c",)]
+    best = float("inf")
+    for _ in range(5):
+        t = time.process_time()
+        for b in blobs:
+            crc32c.crc32c(b)
+        best = min(best, time.process_time() - t)
+    share = best / loader_cpu_s
+    return {
+        "crc_bytes": sum(len(b) for b in blobs),
+        "crc_cpu_s": best,
+        "loader_cpu_s": loader_cpu_s,
+        "crc_share": share,
+        "estimated_ratio": 1 / (1 + share),
     }
 
 
@@ -312,10 +389,7 @@ def run(args: argparse.Namespace) -> int:
             )
         else:
             result["store"] = {"reused": str(store)}
-        result["loader"] = [
-            measure_loader(store, args.num_layers, w, args.batch_tokens, args.prefetch, args.batches, args.seed)
-            for w in args.workers
-        ]
+        result["loader"], result["checksum_ratio"] = checksum_pairs(store, args)
         if args.step_sim:
             result["step_sim"] = step_sim(store, args)
     finally:

@@ -287,6 +287,11 @@ class TrainConfig:
     follow_timeout_s: float = 3600.0
     # Training data: a task store or an aggregated run directory (default: run_dir).
     data: str = ""
+    # A sample whose stored data fail their checksum (every chunk read is checked against the crc32c its store
+    # committed): fail (default: stop with one message naming the store, array, chunk and samples, and the
+    # repair `eagle-batch resume RUN --repair`) | skip (leave each such sample out: a warning line per sample
+    # and a total at the end).
+    on_damaged: str = "fail"
     # Top-1 accuracy against the target's argmax over its full vocabulary (full) or only over the draft
     # vocabulary (draft: skips V x H target logits per token; an upper bound; for CPU runs).
     accuracy_vs: str = "full"

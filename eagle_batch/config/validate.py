@@ -33,6 +33,7 @@ SECTIONS = ("model", "data", "extract", "store", "slurm", "train", "regenerate")
 ENUMS = {
     "data.format": ("auto", "messages", "sharegpt", "prompt_response", "alpaca"),
     "data.on_bad_row": ("skip", "error"),
+    "train.on_damaged": ("fail", "skip"),
     "data.non_prefix_stable": ("error", "per_turn"),
     "data.empty_assistant_turns": ("mask", "skip", "keep"),
     "regenerate.turns": ("all", "last"),

@@ -31,6 +31,14 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         metavar="N",
         help="the target's number of decoder layers N, for stores that do not record it",
     )
+    p.add_argument(
+        "--on-damaged",
+        choices=("fail", "skip"),
+        default="fail",
+        help="a sample whose stored data fail their checksum: fail (default: stop, naming the store, chunk and "
+        "samples) or skip (write every other sample, name each skipped one; the export stays incomplete "
+        "until they are repaired with `eagle-batch resume RUN --repair` and export-data is run again)",
+    )
     p.add_argument("--no-fsync", action="store_true", help="do not fsync each file (faster; not crash-safe)")
     p.add_argument("--no-progress", action="store_true", help="no progress bar (there is none outside a terminal)")
     p.add_argument("--json", action="store_true", help="print a JSON summary instead of text")
@@ -114,6 +122,7 @@ def run(args: argparse.Namespace) -> int:
         fsync=not args.no_fsync,
         each=functools.partial(bar, desc=f"export {args.format}"),
         each_token=functools.partial(bar, desc="index"),
+        on_damaged=args.on_damaged,
     )
     summary = {
         "out": str(result.out),

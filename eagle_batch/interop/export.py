@@ -2,7 +2,8 @@
 
 One sample at a time from `open_dataset` (only the layers the peer needs, decoded chunk by chunk), each
 written to a temporary name, fsynced and renamed, then recorded in OUT's manifest (manifest.py). A rerun
-skips every sample recorded with the same id whose file exists; the peer's closing files (a dataset index,
+skips every sample recorded with the same id and source digest (the stored bytes it was written from)
+whose file exists, and rewrites the others (a repaired shard's samples); the peer's closing files (a dataset index,
 token counts) are rewritten from the token arrays alone, which is cheap. Nothing holds more than one sample.
 """
 
@@ -18,8 +19,11 @@ import numpy as np
 
 from eagle_batch.errors import UserError
 from eagle_batch.store import StoreDataset
+from eagle_batch.store.damage import DamagedSamples
 from eagle_batch.store.durable import makedirs_durable, partial_name, publish
+from eagle_batch.store.errors import DamagedDataError
 from eagle_batch.store.format import PARTIAL_SUFFIX
+from eagle_batch.store.provenance import write_sources
 
 from .layers import PeerLayers
 from .manifest import ExportManifest
@@ -108,8 +112,15 @@ def export(
     fsync: bool = True,
     each: Each = lambda it: it,
     each_token: Each = lambda it: it,
+    on_damaged: str = "fail",
 ) -> ExportResult:
-    """Write `ds` (a dataset of the run, any layers) as `peer`'s files under `out`; resumes an export there."""
+    """Write `ds` (a dataset of the run, any layers) as `peer`'s files under `out`; resumes an export there.
+
+    A sample whose stored data fail their checksum stops the export (`on_damaged="fail"`, the reader's
+    DamagedDataError), or (`"skip"`) is left out with a warning line, every other sample is written, and the
+    export ends with a UserError counting and naming them: it is incomplete (a peer's index lists every
+    sample) until they are repaired and export-data is run again into `out`, which writes only what is missing."""
+    damaged = DamagedSamples(on_damaged, "eagle-batch export-data")
     view = ds.with_layers(peer.layers.ids)
     n = len(view)
     # The source's identity too: a rerun over other data with the same ids and count must not skip samples.
@@ -122,17 +133,32 @@ def export(
     written = skipped = 0
     try:
         for i in each(range(n)):
-            sid = view.sample_id(i)
+            sid, src = view.sample_id(i), view.sample_digest(i)
             rel = peer.sample_path(i)
-            if done.get(i) == sid and (out / rel).is_file():
+            if done.get(i) == (sid, src) and (out / rel).is_file():  # written from these very bytes
                 skipped += 1
                 continue
-            _write_one(out, rel, peer, view.get_arrays(i), fsync)
-            manifest.mark(i, sid)
+            try:
+                x = view.get_arrays(i)
+            except DamagedDataError as e:
+                damaged.handle(e, sid)
+                continue
+            _write_one(out, rel, peer, x, fsync)
+            manifest.mark(i, sid, src)
             written += 1
+        if damaged.skipped:
+            raise UserError(
+                f"{damaged.summary()}. {out} holds the other {written + skipped} samples but is incomplete (no "
+                f"index was written): after the repair, run the same export-data into {out} again; it writes only "
+                "the missing samples."
+            )
         fingerprint = hashlib.sha256(repr(sorted(identity.items())).encode()).hexdigest()[:16]
         summary = peer.finish(out, view, fingerprint, fsync, each_token)
-        manifest.complete(peer_layer_ids=peer.peer_layer_ids(), **summary)
+        sources = view.sources()
+        write_sources(
+            out, sources, f"eagle-batch export-data {source} {out} --format {peer.name} (rewrites what changed)"
+        )
+        manifest.complete(peer_layer_ids=peer.peer_layer_ids(), sources=sources, **summary)
     finally:
         manifest.close()
     return ExportResult(out, n, written, skipped, {"peer_layer_ids": peer.peer_layer_ids(), **summary})

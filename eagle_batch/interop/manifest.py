@@ -2,7 +2,12 @@
 
     OUT/eagle-batch-export.json   {"format": "eagle-batch-export", "format_version": 1, "peer", "source",
                                    "identity": {...}, "num_samples", "complete": bool, ...}
-    OUT/eagle-batch-export.done   one JSON line per finished sample: {"i": index, "id": sample_id}
+    OUT/eagle-batch-export.done   one JSON line per finished sample: {"i": index, "id": sample_id, "src": digest}
+
+`src` is the digest of the stored bytes the sample's file was written from (StoreDataset.sample_digest):
+a rerun rewrites every file whose source changed since (a repaired shard), not only the missing ones. The
+complete manifest lists the committed record of every source store (`sources`, provenance.py), which
+`eagle-batch verify OUT` compares with the stores as they are now.
 
 A line is appended (and fsynced) only after the sample's file is renamed into place and its directory
 fsynced, so a listed sample's file is whole. A kill can leave a torn last line, which is dropped on
@@ -64,8 +69,9 @@ class ExportManifest:
         write_json_atomic(path, header, fsync=fsync)
         return cls(out, header, fsync)
 
-    def done(self) -> dict[int, str]:
-        """index -> sample id of every sample recorded as finished (a torn last line is cut off)."""
+    def done(self) -> dict[int, tuple[str, str | None]]:
+        """index -> (sample id, source digest) of every sample recorded as finished (a torn last line is cut
+        off; a line written before digests were recorded has None)."""
         path = self.out / DONE_NAME
         if not path.is_file():
             return {}
@@ -74,16 +80,16 @@ class ExportManifest:
         if len(whole) != len(raw):  # a kill mid-line: appending after it would glue two records together
             with open(path, "r+b") as f:
                 f.truncate(len(whole))
-        out: dict[int, str] = {}
+        out: dict[int, tuple[str, str | None]] = {}
         for line in whole.decode().splitlines():
             rec = json.loads(line)
-            out[int(rec["i"])] = str(rec["id"])
+            out[int(rec["i"])] = (str(rec["id"]), rec.get("src"))
         return out
 
-    def mark(self, index: int, sample_id: str) -> None:
+    def mark(self, index: int, sample_id: str, source_digest: str) -> None:
         if self._done_f is None:
             self._done_f = open(self.out / DONE_NAME, "ab")
-        self._done_f.write(json.dumps({"i": index, "id": sample_id}).encode() + b"\n")
+        self._done_f.write(json.dumps({"i": index, "id": sample_id, "src": source_digest}).encode() + b"\n")
         self._done_f.flush()
         if self.fsync:
             os.fsync(self._done_f.fileno())

@@ -1,7 +1,7 @@
 """The hidden-state store: one Zarr v3 task store per array task, crash-safe commits, readers.
 
 - `TaskStoreWriter.open(path, spec, store_cfg)`: the single writer of a task store (writer.py).
-- `open_dataset(path)`: samples of a task store or an aggregated run (reader.py).
+- `open_dataset(path)`: samples of a task store or an aggregated run (source.py, reader.py).
 - `aggregate(run_dir)`: RUN/dataset.json over the complete task stores (aggregate.py).
 - `verify(path) -> list[Problem]`: checksums, offsets, dtypes, values, metadata (verify.py).
 - `StoreWriterProtocol`: what the capture needs from a writer (protocol.py).
@@ -17,8 +17,9 @@ from .aggregate import aggregate  # noqa: E402
 from .errors import StoreCorruptError, StoreError, StoreLockedError, StoreMismatchError
 from .format import LAYER_SEMANTICS
 from .protocol import StoreWriterProtocol
-from .reader import StoreDataset, TaskStore, open_dataset, read_record
+from .reader import StoreDataset, TaskStore, read_record
 from .record import committed_samples_of_shard
+from .source import open_dataset
 from .spec import StoreSpec
 from .verify import verify  # noqa: E402
 from .writer import TaskStoreWriter, hidden_states_to_uint16

@@ -1,14 +1,15 @@
 """aggregate(run_dir): RUN/dataset.json, a zero-copy index over the complete task stores of a run.
 
 Nothing is copied: the index lists each complete store (relative path, samples, tokens, where its
-samples start globally) plus consolidated metadata (the common group attributes and each store's
+samples start globally, the digest of the committed record it was made from: provenance.py) plus consolidated metadata (the common group attributes and each store's
 array metadata), so `open_dataset(RUN)` knows every length without opening a store and a reader
 opens each store's files only when it first reads from it. Array metadata is stored once (without
 shapes, which readers never use) unless a store differs. Incomplete stores are listed separately
 with their committed sample counts. Stores must agree on layer ids, hidden size, dtype, model and
 config hash; a mismatch names both stores.
 
-Every check comes before the one write: a damaged store file, no complete store, or complete stores that
+The index is sealed (crc.sealed: the crc32c of its own content; open_dataset checks it). Every check comes
+before the one write: a damaged store file, no complete store, or complete stores that
 hold no sample raise a StoreError and leave an existing dataset.json as it was (an index over nothing
 would let `train` start on nothing, and replacing a good index with it would lose the only view of the run).
 """
@@ -21,10 +22,12 @@ from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
+from .crc import sealed
 from .durable import write_json_atomic
 from .errors import StoreCorruptError, StoreError, StoreMismatchError, extract_then_aggregate
 from .format import COMPLETE_NAME, DATASET_NAME, read_attrs, task_stores, token_arrays
-from .record import committed_samples
+from .provenance import record_digest
+from .record import committed_samples, read_record
 from .spec import StoreSpec
 
 INDEX_FORMAT = "eagle-batch-dataset"
@@ -111,7 +114,7 @@ def aggregate(run_dir, *, fsync: bool = True, each: Callable[[list[Path]], Itera
             continue
         done = _store_json(store / COMPLETE_NAME, run, "the marker finalize() writes")
         root_meta = _store_json(store / "zarr.json", run, "the store's root group metadata")
-        attrs = root_meta.get("attributes", {}).get("eagle_batch") or read_attrs(store)  # read_attrs names the problem
+        attrs = read_attrs(store)  # names the problem, a damaged seal included
         if common is None:
             common, first = attrs, store
         else:
@@ -144,6 +147,7 @@ def aggregate(run_dir, *, fsync: bool = True, each: Callable[[list[Path]], Itera
             "num_tokens": n_tokens,
             "sample_start": samples,
             "token_start": tokens,
+            "record": _record_digest(store, run, n_samples),
         }
         if layout != common_layout:  # e.g. a store written with another codec: keep its own metadata
             entry["arrays"] = layout
@@ -162,8 +166,20 @@ def aggregate(run_dir, *, fsync: bool = True, each: Callable[[list[Path]], Itera
         "stores": entries,
         "incomplete": incomplete,
     }
-    write_json_atomic(run / DATASET_NAME, index, fsync)
+    write_json_atomic(run / DATASET_NAME, sealed(index), fsync)
     return index
+
+
+def _record_digest(store: Path, run: Path, n_samples: int) -> str:
+    """The digest of the store's committed record (its seal checked), which must hold `n_samples`."""
+    record = read_record(store)
+    if record["num_samples"] != n_samples:
+        raise StoreCorruptError(
+            f"{store}: its complete marker says {n_samples} samples, its committed record "
+            f"{record['num_samples']}; run `eagle-batch verify {run}`, then `eagle-batch resume {run}`. "
+            "Nothing was written."
+        )
+    return record_digest(record)
 
 
 def _check_not_empty(run: Path, root: Path, stores: list[Path], entries: list[dict], incomplete: list[dict]) -> None:

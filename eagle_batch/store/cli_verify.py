@@ -10,7 +10,12 @@ from pathlib import Path
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("path", help="a task store (RUN/stores/task-00000.zarr) or a run directory")
+    p.add_argument(
+        "path",
+        help="a task store (RUN/stores/task-00000.zarr), a run directory (its stores, its dataset.json and its "
+        "trained drafts' provenance), or a derived output (an export-data folder, a draft's export folder): "
+        "is it stale relative to the stores it was made from?",
+    )
     p.add_argument(
         "--no-values",
         action="store_true",
@@ -24,9 +29,14 @@ def run(args: argparse.Namespace) -> int:
     from eagle_batch.progress import progress
 
     from .errors import StoreError
+    from .provenance import SOURCES_NAME, derived_outputs, stale_report
     from .record import committed_samples
     from .verify import store_paths, verify
 
+    stale = [line for out in derived_outputs(Path(args.path)) if (line := stale_report(out))]
+    if (Path(args.path) / SOURCES_NAME).is_file():  # a derived output (a draft, an export), not a run
+        print("\n".join(stale) or f"OK: {args.path} is current with the stores it was made from")
+        return 1 if stale else 0
     try:
         stores = store_paths(Path(args.path))
         bar = functools.partial(progress, desc="verify", unit="store", enabled=not args.no_progress)
@@ -43,12 +53,15 @@ def run(args: argparse.Namespace) -> int:
                     "stores": len(stores),
                     "ok": not problems,
                     "problems": [p.to_dict() for p in problems],
+                    "stale": stale,
                 }
             )
         )
     else:
         for p in problems:
             print(p)
+        for line in stale:
+            print(line)
         if problems:
             damaged = sorted({p.store for p in problems})
             print(
@@ -67,4 +80,4 @@ def run(args: argparse.Namespace) -> int:
             )
         else:
             print(f"OK: {len(stores)} store(s), {samples} samples verified")
-    return 1 if problems or samples == 0 else 0
+    return 1 if problems or stale or samples == 0 else 0

@@ -37,6 +37,37 @@ class StoreCorruptError(StoreError):
     """Committed data is missing or damaged."""
 
 
+class DamagedDataError(StoreCorruptError):
+    """Committed rows a reader refused (a chunk whose crc32c differs from the committed record, a shard that
+    is missing, truncated or does not decode). `str()` is the one message for the user: the store, the array,
+    the shard and chunk, the samples it holds and the repair. `sample_ids` are the samples that cannot be read;
+    `reason` says what is wrong in a few words (a skipped sample's warning)."""
+
+    def __init__(
+        self, message: str, store: str = "", array: str = "", shard: int = -1, chunk: int = -1, sample_ids=(), reason=""
+    ):
+        super().__init__(message)
+        self.store, self.array, self.shard, self.chunk = store, array, shard, chunk
+        self.sample_ids = list(sample_ids)
+        self.reason = reason or message
+
+        self.sample_id = ""  # the sample whose read met the damage (for_sample)
+
+    def for_sample(self, sample_id: str) -> "DamagedDataError":
+        """This error as met by a read of sample `sample_id`."""
+        err = DamagedDataError(str(self), self.store, self.array, self.shard, self.chunk, self.sample_ids, self.reason)
+        err.sample_id = sample_id
+        return err
+
+    def __reduce__(self):  # crosses from a DataLoader worker to the trainer whole
+        args = (str(self), self.store, self.array, self.shard, self.chunk, self.sample_ids, self.reason)
+        return _rebuild_damaged, (args, self.sample_id)
+
+
+def _rebuild_damaged(args: tuple, sample_id: str) -> DamagedDataError:
+    return DamagedDataError(*args).for_sample(sample_id)
+
+
 class ShardError(ValueError):
     """A shard file that cannot be decoded. `str()` names the file; `detail` says what is wrong without it."""
 

@@ -27,6 +27,7 @@ import numpy as np
 
 from .errors import StoreError
 from .format import COMPLETE_NAME, PROGRESS_NAME, read_attrs
+from .provenance import record_digest
 from .reader import StoreDataset, TaskStore
 from .record import read_record
 from .spec import StoreSpec
@@ -100,6 +101,7 @@ class RunStores:
         self._checked: set[int] = set()
         self._open: dict[int, TaskStore] = {}
         self._latest: CommitSnapshot | None = None
+        self._digests: dict[int, str] = {}  # task id -> digest of the record its last snapshot read
 
     def __getstate__(self) -> dict:
         state = dict(self.__dict__)
@@ -119,10 +121,12 @@ class RunStores:
             path = self.store_path(t)
             if not (path / PROGRESS_NAME).is_file():
                 continue
-            n = int(read_record(path)["num_samples"])
+            record = read_record(path)
+            n = int(record["num_samples"])
             if n:
                 self._check_spec(t)
                 counts[t] = n
+                self._digests[t] = record_digest(record)
             complete += (path / COMPLETE_NAME).is_file()
         self._latest = CommitSnapshot(counts, complete, self.num_tasks, time.time())
         return self._latest
@@ -204,6 +208,10 @@ class RunStores:
     def token_arrays(self, gid: int) -> tuple[np.ndarray, np.ndarray]:
         st, j = self._store(gid)
         return st.token_arrays(j)
+
+    def sources(self) -> dict[str, str]:
+        """{store path: digest of the committed record the latest snapshot read} (store/provenance.py)."""
+        return {str(self.store_path(t)): d for t, d in sorted(self._digests.items())}
 
     def sample_id(self, gid: int) -> str:
         st, j = self._store(gid)

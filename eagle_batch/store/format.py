@@ -21,6 +21,7 @@ from typing import Any, ClassVar
 import ml_dtypes
 import numpy as np
 
+from .crc import seal_problem
 from .errors import StoreCorruptError, StoreError
 
 FORMAT_NAME = "eagle-batch-task-store"
@@ -328,6 +329,12 @@ def read_attrs(store: str | os.PathLike) -> dict:
         raise StoreError(
             f"{p}: format_version {attrs['format_version']} is newer than this eagle-batch reads "
             f"({FORMAT_VERSION}); upgrade eagle-batch to read it."
+        )
+    problem = seal_problem(attrs)
+    if problem:
+        raise StoreCorruptError(
+            f"{p}: the store's attributes (layer ids, hidden size, model) are damaged: {problem}. Delete "
+            f"{Path(store)} and run `eagle-batch resume RUN` to extract its task again."
         )
     return attrs
 

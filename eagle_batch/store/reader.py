@@ -1,4 +1,4 @@
-"""Read task stores and aggregated runs: `open_dataset(path)`.
+"""Read task stores and aggregated runs: what `open_dataset(path)` (source.py) returns.
 
     ds = open_dataset(RUN)                       # RUN/dataset.json (see aggregate) or one task store
     len(ds); x = ds[0]                           # {"input_ids", "loss_mask", "hidden_states", "sample_id"}
@@ -9,7 +9,18 @@ Hidden states come back as bf16 whatever the store's dtype: a float8 store's (fl
 dequantized (store/fp8.py); `raw=True` gives its uint8 codes and float32 row scales instead.
 
 Everything comes from the committed record (`progress.json`), never from array shapes: a shape can
-be ahead of the data after a crash and zarr reads the missing region as zeros. Shard files are read
+be ahead of the data after a crash and zarr reads the missing region as zeros.
+
+Checksum coverage (the invariant every read path relies on): no byte of committed data reaches a caller
+unchecked. The record and the group attributes are sealed JSON (their own crc32c, checked when read:
+record.read_record, format.read_attrs; an aggregated run's dataset.json likewise); each shard's index has
+its crc32c (checked when the shard is opened); each inner chunk's encoded bytes are checked against the
+record's `chunk_crc32c` when `read_rows` reads them, once per chunk read, before decoding (CRC32C runs at
+GB/s a core: bench loader measures the cost against reading unchecked). A store written before records
+listed chunk crcs has each shard file checked whole against the record's crc32c the first time a process
+opens it. Damage raises `DamagedDataError` naming the store, array, shard, chunk and samples, and the
+repair; `damage.DamagedSamples` is how a consumer skips such samples instead (train.on_damaged,
+export-data --on-damaged). Shard files are read
 with `pread` on descriptors opened lazily per process (a DataLoader worker opens its own after fork;
 pickling drops them), and an open descriptor keeps reading the same file even if a live writer
 replaces the tail shard, whose committed prefix is identical anyway.
@@ -24,21 +35,22 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+import crc32c
 import numpy as np
 
-from .errors import ShardError, StoreCorruptError, StoreError, extract_then_aggregate
+from .damage import damaged_error, live_tail_intact
+from .errors import DamagedDataError, ShardError, StoreCorruptError, StoreError
 from .format import (
     COMPLETE_NAME,
     DATASET_NAME,
     PROGRESS_NAME,
     SCALE_ARRAY,
-    load_json,
     read_attrs,
     read_layouts,
-    task_stores,
 )
 from .fp8 import dequantize, float8
-from .record import committed_samples, read_record, sample_bounds
+from .provenance import record_digest
+from .record import read_record, sample_bounds, shard_table
 from .shard_codec import ShardDecoder
 from .spec import StoreSpec
 
@@ -50,7 +62,6 @@ __all__ = [
     "MAX_OPEN_SHARDS",
     "StoreDataset",
     "TaskStore",
-    "open_dataset",
     "read_attrs",
     "read_layouts",
     "read_record",
@@ -60,14 +71,22 @@ __all__ = [
 class TaskStore:
     """Read-only view of one task store's committed samples. Picklable; opens files lazily per process."""
 
-    def __init__(self, path: str | os.PathLike, *, metas: dict | None = None, attrs: dict | None = None):
+    def __init__(
+        self,
+        path: str | os.PathLike,
+        *,
+        metas: dict | None = None,
+        attrs: dict | None = None,
+        check_chunks: bool = True,
+    ):
         self.path = Path(path)
         self._metas = metas  # consolidated array metadata from dataset.json, if any
         self._attrs = attrs
+        self.check_chunks = check_chunks  # False only to measure the checks' cost (bench loader)
         self._pid = None
 
     def __getstate__(self) -> dict:
-        return {"path": self.path, "_metas": self._metas, "_attrs": self._attrs, "_pid": None}
+        return {**{k: self.__dict__[k] for k in ("path", "_metas", "_attrs", "check_chunks")}, "_pid": None}
 
     def _ensure(self) -> None:
         if self._pid == os.getpid():
@@ -84,7 +103,9 @@ class TaskStore:
                 f"{self.path / PROGRESS_NAME}: lengths sum to {self._offsets[-1]} but "
                 f"num_tokens is {self.record['num_tokens']}; run `eagle-batch verify`."
             )
-        self._shards: OrderedDict[tuple[str, int], tuple[int, np.ndarray]] = OrderedDict()
+        self._tables = {n: shard_table(self.record, n) for n in self.layouts}
+        self._shards: OrderedDict[tuple[str, int], tuple] = OrderedDict()  # (fd, index, chunk crcs)
+        self._whole_checked: set[tuple[str, int]] = set()
 
     # ----- metadata -----
 
@@ -128,38 +149,73 @@ class TaskStore:
 
     # ----- data -----
 
-    def _shard(self, name: str, k: int) -> tuple[int, np.ndarray]:
+    def _damaged(self, name: str, k: int, c: int, reason: str) -> DamagedDataError:
+        """The error for inner chunk c (-1: the whole shard) of shard k of `name`, naming its samples."""
+        lay = self.layouts[name]
+        t0 = k * lay.shard_tokens + max(c, 0) * lay.chunk_tokens
+        t1 = t0 + (lay.chunk_tokens if c >= 0 else lay.shard_tokens)
+        f = lay.shard_path(self.path, k)
+        return damaged_error(self.path, self._offsets, self.sample_ids, name, f, (t0, t1), k, c, reason)
+
+    def _entry(self, name: str, k: int) -> dict:
+        entry = self._tables[name].get(k)
+        if entry is None:
+            raise self._damaged(name, k, -1, "the committed record has no entry for this shard")
+        return entry
+
+    def _shard(self, name: str, k: int) -> tuple[int, np.ndarray, np.ndarray | None]:
+        """(descriptor, index, crc32c of each inner chunk as encoded) of shard k of `name`, opened once per
+        process while it stays among the MAX_OPEN_SHARDS most recent. A store written before the record
+        listed chunk crcs (None) has its whole shard file checked against the record's crc32c on first open."""
         key = (name, k)
         hit = self._shards.get(key)
         if hit is not None:
             self._shards.move_to_end(key)
             return hit
         lay = self.layouts[name]
+        entry = self._entry(name, k)
         f = lay.shard_path(self.path, k)
         try:
             fd = os.open(f, os.O_RDONLY)
         except FileNotFoundError:
-            raise StoreCorruptError(
-                f"{f} is missing but the committed record covers it; run `eagle-batch verify {self.path}`."
-            ) from None
+            raise self._damaged(name, k, -1, "the shard file is missing but the committed record covers it") from None
         size = os.fstat(fd).st_size
         n = lay.index_nbytes()
+        crcs = entry.get("chunk_crc32c")
         try:
             if size < n:
-                raise ShardError(str(f), f"file is shorter ({size} bytes) than its shard index")
+                raise ShardError(str(f), f"the file is shorter ({size} bytes) than its shard index")
+            if crcs is None and self.check_chunks and key not in self._whole_checked:
+                data = os.pread(fd, size, 0)
+                if size != entry["nbytes"] or crc32c.crc32c(data) != entry["crc32c"]:
+                    raise ShardError(str(f), "the file's crc32c differs from the committed record")
+                self._whole_checked.add(key)
             index = self._decoders[name].index(os.pread(fd, n, size - n), str(f))
         except ShardError as e:
             os.close(fd)
-            raise StoreCorruptError(f"{e}; run `eagle-batch verify {self.path}`.") from None
-        self._shards[key] = (fd, index)
+            raise self._damaged(name, k, -1, e.detail) from None
+        hit = (fd, index, None if crcs is None or not self.check_chunks else np.asarray(crcs, dtype=np.uint64))
+        self._shards[key] = hit
         if len(self._shards) > MAX_OPEN_SHARDS:
-            old_fd, _ = self._shards.popitem(last=False)[1]
+            old_fd = self._shards.popitem(last=False)[1][0]
             os.close(old_fd)
-        return fd, index
+        return hit
+
+    def _chunk_crc_ok(self, name: str, k: int) -> bool:
+        """Whether shard k of a store still being written is whole although a chunk's crc32c differs from this
+        reader's record (damage.live_tail_intact); a finished store's record never changes: that is damage."""
+        if self.is_complete:
+            return False
+        fd, index, _ = self._shards[(name, k)]
+        if not live_tail_intact(self._decoders[name], fd, self._tables[name][k]):
+            return False
+        self._shards[(name, k)] = (fd, index, None)  # this descriptor's file is checked whole
+        return True
 
     def read_rows(self, name: str, start: int, stop: int, layers: Sequence[int] | None = None) -> np.ndarray:
         """Rows [start, stop) of a token array as stored (hidden_states: uint16 bits), optionally some layers
-        (positions along axis 1)."""
+        (positions along axis 1). Each inner chunk is checked against its crc32c in the committed record as it
+        is read, before it is decoded (the module docstring's invariant); damage raises DamagedDataError."""
         self._ensure()
         if not 0 <= start <= stop <= self.num_tokens:
             raise IndexError(
@@ -177,15 +233,12 @@ class TaskStore:
             k = t // S
             s0 = k * S
             e = min(stop, s0 + S)
-            fd, index = self._shard(name, k)
+            fd, index, crcs = self._shard(name, k)
             c0, c1 = (t - s0) // C, (e - 1 - s0) // C
             try:  # the shard's path is built on the error path only (this loop runs per chunk read)
                 sel = dec.covered(index, c0, c1, "")
-            except ShardError:
-                raise StoreCorruptError(
-                    f"{lay.shard_path(self.path, k)}: an inner chunk the committed record covers is absent; "
-                    f"run `eagle-batch verify {self.path}`."
-                ) from None
+            except ShardError as err:
+                raise self._damaged(name, k, c0, err.detail) from None
             first, last_end = int(sel[0, 0]), int(sel[-1, 0] + sel[-1, 1])
             contiguous = bool((sel[1:, 0] == sel[:-1, 0] + sel[:-1, 1]).all())
             blob = os.pread(fd, last_end - first, first) if contiguous else None
@@ -193,15 +246,16 @@ class TaskStore:
                 off, nb = int(sel[j, 0]), int(sel[j, 1])
                 enc = blob[off - first : off - first + nb] if contiguous else os.pread(fd, nb, off)
                 if len(enc) != nb:
-                    raise StoreCorruptError(
-                        f"{lay.shard_path(self.path, k)} is truncated; run `eagle-batch verify {self.path}`."
-                    )
+                    raise self._damaged(name, k, c, "the shard file is truncated")
+                if crcs is not None:
+                    crc = crc32c.crc32c(enc)
+                    if (c >= len(crcs) or crc != int(crcs[c])) and not self._chunk_crc_ok(name, k):
+                        raise self._damaged(name, k, c, "its crc32c differs from the committed record")
+                    crcs = self._shards[(name, k)][2]
                 try:
                     chunk = dec.chunk(enc, c, "")
                 except ShardError as err:
-                    raise StoreCorruptError(
-                        f"{lay.shard_path(self.path, k)}: {err.detail}; run `eagle-batch verify {self.path}`."
-                    ) from None
+                    raise self._damaged(name, k, c, err.detail) from None
                 cs = s0 + c * C  # first token of this chunk
                 r0, r1 = max(t, cs), min(e, cs + C)
                 part = chunk[r0 - cs : r1 - cs]
@@ -221,14 +275,17 @@ class TaskStore:
         if not 0 <= i < n:
             raise IndexError(f"sample {i} out of range: {self.path} has {n} committed samples")
         a, b = int(self._offsets[i]), int(self._offsets[i + 1])
-        out = {
-            "input_ids": self.read_rows("input_ids", a, b),
-            "loss_mask": self.read_rows("loss_mask", a, b),
-            "hidden_states": self.read_rows("hidden_states", a, b, layers),
-            "sample_id": self.sample_ids[i],
-        }
-        if SCALE_ARRAY in self.layouts:
-            scales = self.read_rows(SCALE_ARRAY, a, b, layers)
+        try:
+            out = {
+                "input_ids": self.read_rows("input_ids", a, b),
+                "loss_mask": self.read_rows("loss_mask", a, b),
+                "hidden_states": self.read_rows("hidden_states", a, b, layers),
+                "sample_id": self.sample_ids[i],
+            }
+            scales = self.read_rows(SCALE_ARRAY, a, b, layers) if SCALE_ARRAY in self.layouts else None
+        except DamagedDataError as e:
+            raise e.for_sample(self.sample_ids[i]) from None
+        if scales is not None:
             if raw:
                 out[SCALE_ARRAY] = scales
             else:
@@ -239,7 +296,10 @@ class TaskStore:
         """(input_ids, loss_mask) of sample i, without reading its hidden states."""
         self._ensure()
         a, b = int(self._offsets[i]), int(self._offsets[i + 1])
-        return self.read_rows("input_ids", a, b), self.read_rows("loss_mask", a, b)
+        try:
+            return self.read_rows("input_ids", a, b), self.read_rows("loss_mask", a, b)
+        except DamagedDataError as e:
+            raise e.for_sample(self.sample_ids[i]) from None
 
     def get(self, i: int, layers: Sequence[int] | None = None, raw: bool = False) -> dict[str, Any]:
         """Sample i as torch tensors: hidden_states bf16; with `raw`, a float8 store's codes as
@@ -263,8 +323,28 @@ class TaskStore:
     def __getitem__(self, i: int) -> dict[str, Any]:
         return self.get(i)
 
+    def sample_digest(self, i: int) -> str:
+        """crc32c over the record's crc32c of every inner chunk (a store without chunk crcs: every shard) that
+        holds sample i's tokens, in every array: it changes when any stored byte of the sample does (a
+        repair), without reading the data."""
+        self._ensure()
+        a, b = int(self._offsets[i]), int(self._offsets[i + 1])
+        crc = 0
+        for name in sorted(self.layouts):
+            S, C = self.layouts[name].shard_tokens, self.layouts[name].chunk_tokens
+            for k in range(a // S, (b - 1) // S + 1):
+                e = self._tables[name].get(k) or {}
+                crcs = e.get("chunk_crc32c")
+                part = (
+                    crcs[max(a - k * S, 0) // C : (min(b, (k + 1) * S) - 1 - k * S) // C + 1]
+                    if crcs
+                    else [e.get("crc32c")]
+                )
+                crc = crc32c.crc32c(repr((name, k, part)).encode(), crc)
+        return f"{crc:08x}"
+
     def close(self) -> None:
-        for fd, _ in getattr(self, "_shards", {}).values():
+        for fd, *_ in getattr(self, "_shards", {}).values():
             os.close(fd)
         if hasattr(self, "_shards"):
             self._shards.clear()
@@ -372,53 +452,15 @@ class StoreDataset:  # a map-style dataset for torch's DataLoader (no torch impo
         s, j = self.locate(int(i))
         return self.stores[s].sample_ids[j]
 
+    def sample_digest(self, i: int) -> str:
+        """What sample i's stored bytes are, from the committed record alone (TaskStore.sample_digest)."""
+        s, j = self.locate(int(i))
+        return self.stores[s].sample_digest(j)
 
-def open_dataset(path: str | os.PathLike, layer_ids: Sequence[int] | None = None) -> StoreDataset:
-    """A task store (`.../task-00000.zarr`) or an aggregated run directory (`RUN/dataset.json`)."""
-    p = Path(path)
-    if p.is_file() and p.name == DATASET_NAME:
-        p = p.parent
-    if (p / DATASET_NAME).is_file():
-        index = load_json(p / DATASET_NAME, "the aggregate index; rerun `eagle-batch aggregate`")
-        stores, counts = [], []
-        for entry in index["stores"]:
-            if not (p / entry["path"]).is_dir():
-                raise StoreError(
-                    f"{p / DATASET_NAME} lists {entry['path']}, which no longer exists (deleted or moved?): "
-                    f"`eagle-batch resume {p}` extracts its task again; then rerun `eagle-batch aggregate {p}`."
-                )
-            stores.append(
-                TaskStore(
-                    p / entry["path"],
-                    metas=entry.get("arrays") or index.get("arrays") or None,
-                    attrs=index.get("attributes"),
-                )
-            )
-            counts.append(int(entry["num_samples"]))
-        return StoreDataset(stores, counts, layer_ids)
-    if (p / PROGRESS_NAME).is_file():
-        return StoreDataset([TaskStore(p)], None, layer_ids)
-    extract = extract_then_aggregate(p)
-    if (p / "stores").is_dir():
-        stores = task_stores(p)
-        if not stores:
-            raise StoreError(f"{p} is a run directory whose stores/ holds no task store yet: {extract}.")
-        # Not "run aggregate" when there is nothing to aggregate: aggregate refuses an index over nothing.
-        if not any(committed_samples(s) for s in stores):
-            raise StoreError(
-                f"{p} holds no committed samples (its {len(stores)} task store(s) are empty; no {DATASET_NAME}): "
-                f"nothing was extracted. Check `eagle-batch status {p}` (did extraction run and finish? was the "
-                f"prepared data empty? see {p}/prepared/summary.json)."
-            )
-        raise StoreError(f"{p} is a run directory without {DATASET_NAME}; run `eagle-batch aggregate {p}` first.")
-    if (p / "prepared").is_dir() or (p / "config.yaml").is_file():
-        raise StoreError(
-            f"{p} is a run directory with nothing extracted yet, so not a task store nor an aggregated run "
-            f"(no stores/, no {DATASET_NAME}): {extract}."
-        )
-    if not p.exists():
-        raise StoreError(f"{p} does not exist; give an aggregated run directory or a task store.")
-    raise StoreError(
-        f"{p} is neither a task store (no {PROGRESS_NAME}) nor an aggregated run (no {DATASET_NAME}); give a run "
-        "directory (after `eagle-batch aggregate RUN`) or a task store (RUN/stores/task-00000.zarr)."
-    )
+    def sources(self) -> dict[str, str]:
+        """{store path: digest of the committed record read} of every store (provenance.record_digest)."""
+        out = {}
+        for s in self.stores:
+            s._ensure()
+            out[str(s.path)] = record_digest(s.record)
+        return out

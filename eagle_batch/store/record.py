@@ -19,8 +19,9 @@ from pathlib import Path
 
 import numpy as np
 
+from .crc import SEAL_KEY, seal_problem, sealed
 from .durable import write_json_atomic
-from .errors import StoreError
+from .errors import StoreCorruptError, StoreError
 from .format import FORMAT_NAME, PROGRESS_NAME, ArrayLayout, format_version_for, load_json, token_arrays
 
 
@@ -39,12 +40,31 @@ def empty_record(dtype: str) -> dict:
     }
 
 
+RECORD_KEYS = frozenset(
+    ("format", "format_version", "commit", "committed_at", "num_samples", "num_tokens", "sample_ids", "lengths")
+    + ("shards", SEAL_KEY)
+)
+
+
+def write_record(store: Path, record: dict, fsync: bool) -> None:
+    """Replace `progress.json` atomically with `record`, sealed (crc.sealed): the commit point."""
+    write_json_atomic(store / PROGRESS_NAME, sealed(record), fsync)
+
+
 def read_record(store: str | os.PathLike) -> dict:
+    """The committed record, its seal checked: a damaged record raises StoreCorruptError naming the file."""
     p = Path(store) / PROGRESS_NAME
     r = load_json(p, "not an eagle-batch task store (or it was never created); check the path")
-    if r.get("format") != FORMAT_NAME:
-        raise StoreError(f"{p}: format {r.get('format')!r} is not {FORMAT_NAME!r}; not an eagle-batch task store")
-    return r
+    if not isinstance(r, dict) or r.get("format") != FORMAT_NAME:
+        got = r.get("format") if isinstance(r, dict) else type(r).__name__
+        raise StoreError(f"{p}: format {got!r} is not {FORMAT_NAME!r}; not an eagle-batch task store")
+    problem = seal_problem(r, RECORD_KEYS)
+    if problem:
+        raise StoreCorruptError(
+            f"{p} (the store's committed record) is damaged: {problem}. Nothing in {Path(store)} can be trusted "
+            "without it: delete that store and run `eagle-batch resume RUN` to extract its task again."
+        )
+    return r  # with its seal (provenance.record_digest); a writer's Progress drops it
 
 
 def committed_samples(store: Path) -> int:
@@ -120,6 +140,7 @@ class Progress:
     since, which the next record will list (a tail shard's rewrite replaces its older entry)."""
 
     def __init__(self, record: dict):
+        record.pop(SEAL_KEY, None)  # sealed anew by each write
         self.record = record
         self.sample_ids: list[str] = list(record["sample_ids"])
         self.lengths: list[int] = list(record["lengths"])
@@ -173,6 +194,6 @@ class Progress:
                 lengths=list(self.lengths),
             )
         r["shards"] = {n: [table[k] for k in sorted(table)] for n, table in self.tables.items()}
-        write_json_atomic(store / PROGRESS_NAME, r, fsync)
+        write_record(store, r, fsync)
         if new_commit:
             self._committed_ids = None

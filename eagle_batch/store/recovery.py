@@ -26,6 +26,7 @@ from typing import Any
 import crc32c
 import numpy as np
 
+from .crc import sealed
 from .durable import makedirs_durable, write_json_atomic
 from .errors import ShardError, StoreCorruptError, StoreError, StoreMismatchError
 from .finalize import unfinalize
@@ -42,7 +43,15 @@ from .format import (
     read_attrs,
     read_layouts,
 )
-from .record import Progress, empty_record, read_record, sample_bounds, uncovered_shards, write_shapes
+from .record import (
+    Progress,
+    empty_record,
+    read_record,
+    sample_bounds,
+    uncovered_shards,
+    write_record,
+    write_shapes,
+)
 from .shard_codec import ShardDecoder, padded_chunks, write_shard
 from .spec import StoreSpec
 from .stream import chunk_encoder
@@ -84,13 +93,13 @@ def _create(path: Path, spec: StoreSpec, cfg: Any, chunk: int, fsync: bool) -> t
         if child.name != LOCK_NAME:
             shutil.rmtree(child) if child.is_dir() and not child.is_symlink() else child.unlink()
     version = format_version_for(spec.dtype)
-    attrs = {"eagle_batch": {"format": FORMAT_NAME, "format_version": version, **spec.attributes()}}
+    attrs = {"eagle_batch": sealed({"format": FORMAT_NAME, "format_version": version, **spec.attributes()})}
     write_json_atomic(path / "zarr.json", {"zarr_format": 3, "node_type": "group", "attributes": attrs}, fsync)
     for name, lay in layouts.items():
         makedirs_durable(path / name, fsync)
         write_json_atomic(path / name / "zarr.json", lay.zarr_json(0), fsync)
     record = empty_record(spec.dtype)
-    write_json_atomic(path / PROGRESS_NAME, record, fsync)  # last: marks the store as created
+    write_record(path, record, fsync)  # last: marks the store as created
     return layouts, Progress(record)
 
 

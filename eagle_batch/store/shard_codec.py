@@ -57,24 +57,27 @@ def write_shard(
 ) -> dict:
     """Write shard k of `lay` atomically (durable.write_atomic) and return its entry for the record.
 
-    `pieces`: one per inner chunk in row order, its encoded bytes or a tuple of buffers written back to back
-    (a raw blosc frame: header, rows). `piece_crcs`: each piece's crc32c where already known (None: read
-    here), so the file's crc32c is combined without another pass over the bytes. `raw_crc`: crc32c of the
-    shard's first `tokens` raw rows. `dirty_dirs`: leave the directory fsyncs to the next commit (the set
-    collects the directories), else fsync them now."""
+        `pieces`: one per inner chunk in row order, its encoded bytes or a tuple of buffers written back to back
+        (a raw blosc frame: header, rows). `piece_crcs`: each piece's crc32c where already known (None: read
+        here), so the file's crc32c is combined without another pass over the bytes. `raw_crc`: crc32c of the
+        shard's first `tokens` raw rows. The entry also lists each inner chunk's crc32c as encoded
+    (`chunk_crc32c`, in chunk order): what a reader checks each chunk it decodes against. `dirty_dirs`: leave the directory fsyncs to the next commit (the set
+        collects the directories), else fsync them now."""
     index = np.full((lay.chunks_per_shard, 2), EMPTY, dtype="<u8")
     off = 0
     crc = 0
     flat: list = []
+    chunk_crcs: list[int] = []
     for c, piece in enumerate(pieces):
         parts = piece if isinstance(piece, tuple) else (piece,)
         size = sum(memoryview(b).nbytes for b in parts)
         known = piece_crcs[c] if piece_crcs is not None else None
         if known is None:
+            known = 0
             for b in parts:
-                crc = crc32c.crc32c(b, crc)
-        else:  # the file's crc over this piece without reading it again
-            crc = crc32c_combine(crc, known, size)
+                known = crc32c.crc32c(b, known)
+        chunk_crcs.append(int(known))
+        crc = crc32c_combine(crc, known, size)  # the file's crc over this piece without reading it again
         index[c] = (off, size)
         off += size
         flat.extend(parts)
@@ -85,7 +88,14 @@ def write_shard(
     write_atomic(f, [*flat, idx], fsync=fsync, sync_dir=dirty_dirs is None)
     if dirty_dirs is not None:
         dirty_dirs.add(f.parent)
-    return {"index": k, "tokens": tokens, "nbytes": off + len(idx), "crc32c": crc, "raw_crc32c": int(raw_crc)}
+    return {
+        "index": k,
+        "tokens": tokens,
+        "nbytes": off + len(idx),
+        "crc32c": crc,
+        "raw_crc32c": int(raw_crc),
+        "chunk_crc32c": chunk_crcs,
+    }
 
 
 def padded_chunks(lay: ArrayLayout, rows: np.ndarray) -> Iterator[np.ndarray]:

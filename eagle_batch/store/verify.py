@@ -20,6 +20,7 @@ import crc32c
 import numpy as np
 
 from .aggregate import previous_index
+from .crc import seal_problem
 from .errors import ShardError, StoreError, extract_then_aggregate
 from .format import (
     COMPLETE_NAME,
@@ -33,6 +34,7 @@ from .format import (
     task_stores,
 )
 from .fp8 import float8_for_encoding, special_codes
+from .provenance import current_digest
 from .record import (
     committed_samples_of_shard,
     expected_shards,
@@ -122,6 +124,9 @@ def _verify_dataset_index(run: Path) -> list[Problem]:
         index = json.loads((run / DATASET_NAME).read_text())
     except ValueError as e:
         return [Problem(str(run / DATASET_NAME), "index", f"not valid JSON ({e}); rerun `eagle-batch aggregate {run}`")]
+    damaged = seal_problem(index) if isinstance(index, dict) else "it is not a JSON object"
+    if damaged:
+        return [Problem(str(run / DATASET_NAME), "index", f"damaged: {damaged}; rerun `eagle-batch aggregate {run}`")]
     for entry in index.get("stores", []):
         p = run / entry["path"]
         if not p.is_dir():
@@ -140,6 +145,13 @@ def _verify_dataset_index(run: Path) -> list[Problem]:
             )
             out.append(Problem(str(p), "index", msg))
             continue
+        now = current_digest(p)
+        if entry.get("record") and now != entry["record"]:
+            msg = (
+                f"{DATASET_NAME} was made from its record at {entry['record']}, it is now at {now} (repaired or "
+                f"resumed since): the view is stale; rerun `eagle-batch aggregate {run}`"
+            )
+            out.append(Problem(str(p), "stale", msg))
         if done.get("num_samples") != entry.get("num_samples") or done.get("num_tokens") != entry.get("num_tokens"):
             out.append(
                 Problem(

@@ -28,6 +28,9 @@ import numpy as np
 import torch
 from torch.utils.data import DataLoader, Dataset
 
+from eagle_batch.store.damage import DamagedSamples
+from eagle_batch.store.errors import DamagedDataError
+
 
 class TrainingData(Protocol):
     """What training reads: `eagle_batch.store.open_dataset`'s StoreDataset, or InMemoryDataset."""
@@ -48,6 +51,9 @@ class TrainingData(Protocol):
 
     def sample_id(self, i: int) -> str:
         """The id of sample i (train.holdout_fraction picks held-out samples by it)."""
+
+    def sources(self) -> dict[str, str]:
+        """{store path: digest of its committed record} of the stores read (a trained draft records them)."""
 
 
 def _bf16_bits(x: Any) -> np.ndarray:
@@ -85,10 +91,25 @@ class InMemoryDataset:
     def sample_id(self, i: int) -> str:
         return str(self.samples[int(i)].get("sample_id", i))
 
+    def sources(self) -> dict[str, str]:
+        return {}  # held in memory: no store
+
 
 class TrainSamples(Dataset):
-    def __init__(self, ds: TrainingData, aux_layer_ids: Sequence[int], last_layer_id: int, max_length: int = 0):
+    """`on_damaged` (train.on_damaged): a sample whose stored data fail their checksum comes back as
+    {"damaged": DamagedDataError, "index": i}, which collate sets aside and the loader (main process) fails
+    on or skips: an error raised in a DataLoader worker would reach the user wrapped in its traceback."""
+
+    def __init__(
+        self,
+        ds: TrainingData,
+        aux_layer_ids: Sequence[int],
+        last_layer_id: int,
+        max_length: int = 0,
+        on_damaged: str = "fail",
+    ):
         self.ds = ds
+        self.on_damaged = on_damaged
         stored = list(ds.layer_ids)
         want = list(aux_layer_ids) + [int(last_layer_id)]
         missing = [x for x in want if x not in stored]
@@ -117,7 +138,10 @@ class TrainSamples(Dataset):
 
     def __getitem__(self, i: int) -> dict:
         # hidden states arrive as uint16 bits and are viewed as bf16 without a copy
-        x = self.ds.get_arrays(int(i))
+        try:
+            x = self.ds.get_arrays(int(i))
+        except DamagedDataError as e:
+            return {"damaged": e, "index": int(i)}
         hs = torch.from_numpy(np.ascontiguousarray(x["hidden_states"])).view(torch.bfloat16)
         ids = torch.from_numpy(np.asarray(x["input_ids"]).astype(np.int64))
         lm = torch.from_numpy(np.asarray(x["loss_mask"], dtype=np.uint8))
@@ -136,7 +160,14 @@ class TrainSamples(Dataset):
 
 
 def collate(samples: list[dict]) -> dict:
-    """Right-pad to the longest sample; padding has loss_mask 0 and input id 0."""
+    """Right-pad to the longest sample; padding has loss_mask 0 and input id 0. Damaged samples (TrainSamples)
+    are left out and listed under "damaged" (only that key when the whole batch is damaged)."""
+    damaged = [s["damaged"] for s in samples if "damaged" in s]
+    if damaged:
+        samples = [s for s in samples if "damaged" not in s]
+        if not samples:
+            return {"damaged": damaged}
+        return {**collate(samples), "damaged": damaged}
     b = len(samples)
     t = max(s["input_ids"].shape[0] for s in samples)
     ha, hl = samples[0]["aux"].shape[-1], samples[0]["last"].shape[-1]
@@ -292,6 +323,7 @@ class EpochLoader:
     ):
         self.samples, self.plan, self.rank = samples, plan, rank
         self.num_workers, self.prefetch_factor, self.pin_memory = num_workers, prefetch_factor, pin_memory
+        self.damaged = DamagedSamples(samples.on_damaged, "eagle-batch train")
 
     def stream(self, epoch: int = 0, skip: int = 0) -> Iterator[tuple[int, int, dict]]:
         """(epoch, index of the batch in its epoch, batch) from batch `skip` of `epoch` on, without end."""
@@ -308,9 +340,14 @@ class EpochLoader:
         try:
             for batch in it:
                 e, i = order.positions.popleft()
-                yield e, i, batch
+                for err in batch.pop("damaged", ()):
+                    self.damaged.handle(err, err.sample_id)  # fail: raises here, in the main process
+                if "input_ids" in batch:  # else every sample of the batch was damaged and skipped
+                    yield e, i, batch
         finally:
             _stop_workers(it)
+            if self.damaged.skipped:
+                print(self.damaged.summary(), file=sys.stderr, flush=True)
 
 
 # The endings of torch's message for a data worker that died of a signal or vanished (an abort in native
@@ -352,13 +389,19 @@ def _stop_workers(it: Any) -> None:
 # Draft vocabulary
 
 
-def token_frequencies(ds: TrainingData, vocab_size: int, max_samples: int = 0) -> np.ndarray:
+def token_frequencies(
+    ds: TrainingData, vocab_size: int, max_samples: int = 0, damaged: DamagedSamples | None = None
+) -> np.ndarray:
     """Counts of the tokens the draft must predict (loss_mask == 1) over the training data (reads only
-    input_ids and loss_mask, no hidden states)."""
+    input_ids and loss_mask, no hidden states). A damaged sample fails, or is skipped by `damaged`."""
     counts = np.zeros(vocab_size, dtype=np.int64)
     n = len(ds) if not max_samples else min(len(ds), max_samples)
     for i in range(n):
-        ids, lm = ds.token_arrays(i)
+        try:
+            ids, lm = ds.token_arrays(i)
+        except DamagedDataError as e:
+            (damaged or DamagedSamples()).handle(e, e.sample_id)
+            continue
         ids = np.asarray(ids, dtype=np.int64).reshape(-1)
         lm = np.asarray(lm).reshape(-1).astype(bool)
         np.add.at(counts, ids[lm], 1)

@@ -21,6 +21,30 @@ from .data import BatchPlan, TrainingData
 from .follow import FollowPlan, TrainSubset, is_heldout
 
 
+def resolve_layers(cfg, stored_layer_ids: list[int]) -> tuple[list[int], int]:
+    """(aux layer ids in ascending order, last layer id N): aux = stored ids other than N, or
+    train.aux_layer_ids.
+
+    Ascending because that is the order in which vLLM hands the aux states to the draft's fc, whatever the
+    order of `eagle_aux_hidden_state_layer_ids` (0.32 sorts the set; 0.26 appends each as its layer loop
+    passes it): fc trained on another order would see its input blocks swapped at serving time."""
+    from eagle_batch.config import ConfigError, model_info
+
+    n = model_info(cfg.model.path).num_hidden_layers
+    aux = list(cfg.train.aux_layer_ids) if cfg.train.aux_layer_ids else [i for i in stored_layer_ids if i != n]
+    if n not in stored_layer_ids:
+        raise ConfigError(
+            f"the training data has layers {stored_layer_ids} but not the last layer {n} "
+            "(its states give the training targets); re-extract with it in model.layer_ids."
+        )
+    if len(set(aux)) != len(aux) or n in aux:
+        raise ConfigError(
+            f"train.aux_layer_ids={aux}: list each layer once and leave out the last layer {n} (its state "
+            "gives the targets; vLLM never feeds it to the draft)"
+        )
+    return sorted(aux), n
+
+
 @dataclass
 class TrainingInputs:
     """`checks`: the data the vocabulary and the fit checks read; `data`: what the loader reads (indices as

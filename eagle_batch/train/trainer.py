@@ -32,6 +32,9 @@ from typing import Any
 import numpy as np
 import torch
 
+from eagle_batch.store.damage import DamagedSamples
+from eagle_batch.store.provenance import write_sources
+
 from .checkpoint import (
     check_resume_settings,
     draft_settings,
@@ -44,7 +47,14 @@ from .data import EpochLoader, TrainSamples, build_vocab_map, token_frequencies
 from .distributed import StopFlag, all_reduce_sum, init_distributed, shutdown_distributed
 from .fit import check_checkpoint_fits, check_data_fits_target, note_emulated_bf16, note_full_vocab
 from .heldout import evaluate_heldout
-from .inputs import TrainingInputs, follow_state, heldout_of, prepared_loss_token_counts, training_inputs
+from .inputs import (
+    TrainingInputs,
+    follow_state,
+    heldout_of,
+    prepared_loss_token_counts,
+    resolve_layers,
+    training_inputs,
+)
 from .loss import CrossEntropyKernels, plan_to, ttt_loss, ttt_plan
 from .model import Eagle3Draft, draft_config_from_target, export_draft
 from .optim import DraftOptimizer
@@ -63,30 +73,6 @@ TRAINER_CPU_THREADS = 4
 
 def output_dir(cfg) -> Path:
     return Path(cfg.train.output_dir) if cfg.train.output_dir else Path(cfg.run_dir) / "train" / cfg.train.name
-
-
-def resolve_layers(cfg, stored_layer_ids: list[int]) -> tuple[list[int], int]:
-    """(aux layer ids in ascending order, last layer id N): aux = stored ids other than N, or
-    train.aux_layer_ids.
-
-    Ascending because that is the order in which vLLM hands the aux states to the draft's fc, whatever the
-    order of `eagle_aux_hidden_state_layer_ids` (0.32 sorts the set; 0.26 appends each as its layer loop
-    passes it): fc trained on another order would see its input blocks swapped at serving time."""
-    from eagle_batch.config import ConfigError, model_info
-
-    n = model_info(cfg.model.path).num_hidden_layers
-    aux = list(cfg.train.aux_layer_ids) if cfg.train.aux_layer_ids else [i for i in stored_layer_ids if i != n]
-    if n not in stored_layer_ids:
-        raise ConfigError(
-            f"the training data has layers {stored_layer_ids} but not the last layer {n} "
-            "(its states give the training targets); re-extract with it in model.layer_ids."
-        )
-    if len(set(aux)) != len(aux) or n in aux:
-        raise ConfigError(
-            f"train.aux_layer_ids={aux}: list each layer once and leave out the last layer {n} (its state "
-            "gives the targets; vLLM never feeds it to the draft)"
-        )
-    return sorted(aux), n
 
 
 @dataclass
@@ -157,7 +143,9 @@ def _build_model(cfg, dataset, aux_ids, last_id, rank, out, device, progress):
         freq = prepared_loss_token_counts(out, dcfg.vocab_size) if tc.follow else None
         if freq is None:
             progress.note(f"draft vocabulary: counting the loss tokens of {len(dataset)} samples")
-            freq = token_frequencies(dataset, dcfg.vocab_size)
+            freq = token_frequencies(
+                dataset, dcfg.vocab_size, damaged=DamagedSamples(tc.on_damaged, "eagle-batch train")
+            )
         model.set_vocab_map(build_vocab_map(freq, dcfg.draft_vocab_size).to(device))
         if tc.lm_head_init == "target":
             model.init_head_from_target(th["lm_head"], th["norm"])
@@ -208,7 +196,7 @@ def _setup(cfg, dataset, progress_enabled: bool) -> tuple[_Run, TrainProgress, d
     dataset, plan, total_steps = inputs.checks, inputs.plan, inputs.total_steps
     check_data_fits_target(cfg, dataset, str(tc.data or cfg.run_dir))
     aux_ids, last_id = resolve_layers(cfg, list(dataset.layer_ids))
-    samples = TrainSamples(inputs.data, aux_ids, last_id, tc.max_length)
+    samples = TrainSamples(inputs.data, aux_ids, last_id, tc.max_length, tc.on_damaged)
     progress = TrainProgress(total_steps, 0, enabled=progress_enabled and rank == 0)
     checked = TrainSamples(dataset, aux_ids, last_id, tc.max_length).lengths()
     progress.note(
@@ -268,6 +256,7 @@ def _checkpoint_state(r: _Run) -> dict:
         "rng": {str(i): s for i, s in enumerate(rngs)},
         "draft_config": r.dcfg.to_json(),
         "train_config": asdict(r.tc),
+        "sources": r.samples.ds.sources(),  # the committed records of the stores read (store/provenance.py)
     } | follow_state(r.inputs, r.epoch)
 
 
@@ -482,7 +471,9 @@ def _finish(r: _Run, result: dict, progress: TrainProgress, metrics: Any) -> Non
             f"at k={r.tc.ttt_steps} ({held['samples']} samples)"
         )
     if r.tc.export:
-        result["export_dir"] = str(export_draft(r.model, r.out / "export"))
+        export_dir = export_draft(r.model, r.out / "export")
+        write_sources(export_dir, r.samples.ds.sources(), f"eagle-batch train CONFIG (train.name={r.tc.name})")
+        result["export_dir"] = str(export_dir)
     if r.tc.export or "heldout" in result:
         (r.out / "result.json").write_text(json.dumps(result, indent=2) + "\n")
 

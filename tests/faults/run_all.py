@@ -35,6 +35,8 @@ sys.path.insert(0, str(Path(__file__).parent))
 
 import faultlib as F  # noqa: E402
 
+from eagle_batch.store.crc import sealed  # noqa: E402
+
 
 def log(msg: str) -> None:
     print(msg, flush=True)
@@ -160,7 +162,7 @@ def corrupt_trials(base: Path, ref_run: Path, trials: int, rng) -> dict:
             extra = int(rng.integers(1, 100))
             r["lengths"][-1] += extra
             r["num_tokens"] += extra
-            p.write_text(json.dumps(r))
+            p.write_text(json.dumps(sealed(r)))  # sealed: a record a writer bug left, not a flipped byte
             want = ("hidden_states", None, "record")
             keep = len(rec["lengths"]) - 1
         probs = verify(run)

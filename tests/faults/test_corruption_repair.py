@@ -18,6 +18,8 @@ import faultlib as F
 import numpy as np
 import pytest
 
+from eagle_batch.store.crc import sealed
+
 N_TASKS = 5
 
 
@@ -62,7 +64,7 @@ def corrupt(run):
     r = json.loads(p.read_text())
     r["lengths"][-1] += 40
     r["num_tokens"] += 40
-    p.write_text(json.dumps(r))
+    p.write_text(json.dumps(sealed(r)))  # a consistent record (sealed) that claims tokens the data lack
     keep[4] = r["num_samples"] - 1  # the last sample's claimed tokens are not in the data
     return keep
 

@@ -9,6 +9,7 @@ import pytest
 from store_testlib import make_sample
 
 from eagle_batch.store import TaskStoreWriter, read_record, verify
+from eagle_batch.store.crc import sealed
 
 
 @pytest.fixture
@@ -69,7 +70,7 @@ def test_record_pointing_past_the_data(store):
     r = json.loads((store / "progress.json").read_text())
     r["lengths"][-1] += 40
     r["num_tokens"] += 40
-    (store / "progress.json").write_text(json.dumps(r))
+    (store / "progress.json").write_text(json.dumps(sealed(r)))  # as a writer would seal it
     kinds = {(p.kind, p.array) for p in verify(store)}
     assert ("record", "hidden_states") in kinds  # the shard table does not cover the claimed tokens
 
@@ -132,7 +133,7 @@ def test_writer_refuses_record_pointing_past_the_data(store, spec, small_cfg):
     r["sample_ids"].append("ghost")
     r["num_samples"] += 1
     r["num_tokens"] += 50
-    (store / "progress.json").write_text(json.dumps(r))
+    (store / "progress.json").write_text(json.dumps(sealed(r)))  # as a writer would seal it
     (store / "complete").unlink()
     with pytest.raises(StoreCorruptError, match="does not cover"):
         TaskStoreWriter.open(store, spec, small_cfg)
