@@ -103,11 +103,13 @@ def main(argv: list[str] | None = None) -> int:
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # no second error at interpreter exit
         return 0
     except OSError as e:
-        if e.errno not in _ENVIRONMENT_ERRNOS or not e.filename:
+        # A full disk is the environment even where the failing write names no file (a write to an open file).
+        if e.errno not in _ENVIRONMENT_ERRNOS or not (e.filename or e.errno in (errno.ENOSPC, errno.EDQUOT)):
             raise
         # A folder or file the user named that cannot be read or written: the path, the reason, what to do.
         hint = _ENVIRONMENT_HINTS.get(e.errno, "")
-        print(f"eagle-batch {args.command}: {e.filename}: {e.strerror}{'; ' + hint if hint else ''}", file=sys.stderr)
+        where = f"{e.filename}: " if e.filename else ""
+        print(f"eagle-batch {args.command}: {where}{e.strerror}{'; ' + hint if hint else ''}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:
         return 130

@@ -8,6 +8,7 @@ raises on unknown keys and wrong types and we re-raise with the dotted key path 
 
 from __future__ import annotations
 
+import copy
 import hashlib
 import json
 import os
@@ -26,6 +27,11 @@ from .schema import RunConfig
 RESOLVED_NAME = "config.yaml"
 # The sections that determine the extracted data: their fingerprint identifies a run (config_hash).
 DATA_SECTIONS = ("model", "data", "extract", "store")
+# Keys of those sections that change how one command runs, never what is extracted: left out of the
+# fingerprint, so a run extracted or resumed with another value is the same run (extract.check_disk=false, the
+# disk check's own advice, must not make `extract` call the folder another run), and not saved in
+# RUN/config.yaml (they apply to the command they are given to: a later `resume` checks the disk again).
+COMMAND_KEYS = {"extract": ("check_disk",)}
 # What a regeneration's plan depends on: the conversations (data), who answers them (model) and how
 # (regenerate); extract and store settings do not change what it writes.
 REGENERATE_SECTIONS = ("model", "data", "regenerate")
@@ -177,8 +183,18 @@ def config_hash(cfg: RunConfig, sections: Sequence[str] = DATA_SECTIONS) -> str:
     Fields at their schema default are left out: a release that adds a field whose default keeps the
     old behaviour leaves the fingerprint of every existing run (stored in its task stores, compared on
     resume) unchanged, so an upgrade never turns a resumable run into a mismatch."""
-    d, defaults = config_dict(cfg), config_dict(RunConfig())
-    return fingerprint({k: d[k] for k in sections}, {k: defaults[k] for k in sections})
+    d, defaults = data_dict(cfg, sections), data_dict(RunConfig(), sections)
+    return fingerprint(d, defaults)
+
+
+def data_dict(cfg: RunConfig, sections: Sequence[str] = DATA_SECTIONS) -> dict:
+    """{section: values} of `sections` without COMMAND_KEYS: what identifies the data a run produces."""
+    d = config_dict(cfg)
+    out = {k: dict(d[k]) for k in sections}
+    for section, keys in COMMAND_KEYS.items():
+        for key in keys:
+            out.get(section, {}).pop(key, None)
+    return out
 
 
 def fingerprint(values: dict, defaults: dict) -> str:
@@ -202,7 +218,11 @@ _MISSING = object()
 
 
 def save_config(cfg: RunConfig, run_dir: str | os.PathLike, name: str = RESOLVED_NAME) -> Path:
-    """Write the resolved config into the run directory (atomically)."""
+    """Write the resolved config into the run directory (atomically), COMMAND_KEYS at their defaults."""
+    cfg, default = copy.deepcopy(cfg), RunConfig()
+    for section, keys in COMMAND_KEYS.items():
+        for key in keys:
+            setattr(getattr(cfg, section), key, getattr(getattr(default, section), key))
     run_dir = Path(run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
     out = run_dir / name

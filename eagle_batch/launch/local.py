@@ -386,7 +386,10 @@ def _run_task(
     timeouts = 0
     while True:
         rc = _run_attempt(run_dir, sub, f"{job_id}_{t}", t, devices, limits, child, stopping)
-        _write_json(_exit_path(sub, t), {"rc": rc, "signal": -rc if rc < 0 else 0, "ended": time.time()})
+        try:
+            _write_json(_exit_path(sub, t), {"rc": rc, "signal": -rc if rc < 0 else 0, "ended": time.time()})
+        except OSError:  # a full disk: the task's own state file (written from its reserve) says what happened
+            pass
         st = S.read_state(run_dir, t)
         if st is None or stopping["signal"] or rc < 0:
             return st.status if st is not None else "not started"

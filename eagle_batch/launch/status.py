@@ -12,6 +12,7 @@ hit its time limit or was killed (a killed process writes nothing). Task states:
     cancelled      scancel'ed; resumable
     timeout        killed at its time limit without requeue; resumable
     gave_up        failed on slurm.max_attempts attempts; resumable once fixed
+    no_space       stopped on a full disk (its error says where and at which sample); resumable once freed
     unknown        Slurm has no record of its job (e.g. a pending array task cancelled alone); resumable
     damaged        `resume --repair` found problems in its store and the repair has not run yet; resumable
     lost           done, but its store was deleted or moved by hand since; resumable (extracted again)
@@ -31,7 +32,7 @@ from .local import cancelled, claimed, exit_message, submission_alive, task_exit
 from .slurm_query import is_live, job_states, never_starts, pending_reasons
 
 FINISHED_OK = {"done"}
-RESUMABLE = {"not_submitted", "failed", "cancelled", "timeout", "gave_up", "unknown", "damaged", "lost"}
+RESUMABLE = {"not_submitted", "failed", "cancelled", "timeout", "gave_up", "no_space", "unknown", "damaged", "lost"}
 ACTIVE = {"pending", "requeued", "running"}
 
 
@@ -137,7 +138,7 @@ def task_rows(run_dir: str | os.PathLike, num_tasks: int) -> list[TaskRow]:
             last_error = f"{S.store_path(run_dir, t)} no longer exists (deleted or moved?); `resume` extracts it again"
         elif local and state == "failed" and local.error:
             last_error = local.error  # what the slot saw: a kill, or a job that ended before the task ran
-        elif state in ("failed", "gave_up") and st and st.last_error and st.last_error_log:
+        elif state in ("failed", "gave_up", "no_space") and st and st.last_error and st.last_error_log:
             log = in_this_run(st.last_error_log, run_dir)  # the log of the attempt that raised
         elif state == "failed" and not last_error:
             last_error = _tail_error(log)  # killed without recording an error (OOM, node failure)
@@ -272,8 +273,8 @@ def _derive(st: S.TaskState | None, sub: S.Submission | None, sstate: str, repai
         if st is not None and st.status in (S.CHECKPOINTED, S.RETRYING) or sstate == "REQUEUED":
             return "requeued"
         return "pending"
-    if st is not None and st.status == S.GAVE_UP:
-        return "gave_up"
+    if st is not None and st.status in (S.GAVE_UP, S.NO_SPACE):
+        return st.status
     if sstate == "CANCELLED":
         return "cancelled"
     if sstate == "TIMEOUT":
