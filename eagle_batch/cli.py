@@ -19,7 +19,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "extract": ("eagle_batch.launch.cli_extract", "submit the hidden-state extraction array"),
     "status": ("eagle_batch.launch.cli_status", "show every task of a run"),
     "resume": ("eagle_batch.launch.cli_resume", "resubmit only unfinished or failed tasks"),
-    "cancel": ("eagle_batch.launch.cli_cancel", "cancel a run's Slurm jobs"),
+    "cancel": ("eagle_batch.launch.cli_cancel", "cancel a run's jobs (Slurm, or the local executor's tasks)"),
     "aggregate": ("eagle_batch.store.cli_aggregate", "build one zero-copy view over all task stores"),
     "verify": ("eagle_batch.store.cli_verify", "re-check checksums, offsets, dtypes and values"),
     "validate": ("eagle_batch.capture.cli_validate", "compare captured states with transformers"),
@@ -60,6 +60,15 @@ _ENVIRONMENT_HINTS = {
 }
 
 
+def _add_no_progress(p: argparse.ArgumentParser) -> None:
+    """Every command takes --no-progress (the README promises it of every long step): those with live output
+    read `args.no_progress`; the others have none to turn off."""
+    try:
+        p.add_argument("--no-progress", action="store_true", help="no live progress line or bar")
+    except argparse.ArgumentError:  # the command defines it with its own help
+        pass
+
+
 def _parse(parser: argparse.ArgumentParser, command: argparse.ArgumentParser | None, argv: list[str]):
     """The chosen command's arguments in any order: `prepare a.yaml --no-progress data.limit=3` as well as
     `prepare a.yaml data.limit=3 --no-progress` (a plain parse reads positionals up to the first flag only).
@@ -89,6 +98,7 @@ def main(argv: list[str] | None = None) -> int:
         p.set_defaults(_module=module, command=name)
         if name == chosen:
             importlib.import_module(module).add_arguments(p)
+            _add_no_progress(p)
             chosen_parser = p
     args = _parse(parser, chosen_parser, argv)
     try:

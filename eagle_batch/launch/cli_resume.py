@@ -76,7 +76,7 @@ def run(args: argparse.Namespace) -> int:
     if args.wait:
         from .follow import follow
 
-        return 0 if follow(args.run_dir, args.interval)["totals"]["all_done"] else 1
+        return 0 if follow(args.run_dir, args.interval, live=not args.no_progress)["totals"]["all_done"] else 1
     return 0
 
 

@@ -298,23 +298,6 @@ def local_summary(sub: S.Submission) -> str:
     )
 
 
-def cancel_local(sub: S.Submission) -> bool:
-    """SIGTERM every live process of a local submission; returns True when one was running."""
-    sub_dir = Path(sub.folder)
-    if not sub_dir.is_dir() or not submission_alive(sub_dir):
-        return False
-    (sub_dir / CANCELLED).write_text(str(time.time()))
-    procs = list(_read_json(sub_dir / SLOTS) or []) + [_read_json(p) or {} for p in sub_dir.glob("slot-*.json")]
-    for p in procs:
-        pid, ticks = int(p.get("pid", 0)), int(p.get("ticks", 0))
-        if proc.alive(pid, ticks):
-            try:
-                os.kill(pid, signal.SIGTERM)
-            except OSError:
-                pass
-    return True
-
-
 # ---------------------------------------------------------------------------------------------- a slot
 @dataclass
 class _SlotLimits:
