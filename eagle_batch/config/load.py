@@ -18,7 +18,7 @@ from pathlib import Path
 
 import yaml
 from omegaconf import DictConfig, OmegaConf
-from omegaconf.errors import MissingMandatoryValue, OmegaConfBaseException
+from omegaconf.errors import MissingMandatoryValue, OmegaConfBaseException, ValidationError
 
 from eagle_batch.errors import UserError
 
@@ -50,11 +50,53 @@ def _format_omegaconf_error(err: OmegaConfBaseException, source: str) -> str:
     key = getattr(err, "full_key", None) or getattr(err, "key", None)
     if isinstance(err, MissingMandatoryValue):
         return f"{source}: key '{key}' is not set; set it in a config file or as an override ({key}=...)."
+    expected = expected_value(str(key)) if key else ""
+    if expected and isinstance(err, ValidationError):
+        # omegaconf's words are about its node types ("AnyNode is not a ListConfig"): say what the key takes.
+        return f"{source}: {key} must be {expected}."
     msg = str(err).splitlines()[0] if str(err) else type(err).__name__
     # omegaconf's own sentence may end in '?' ("Did you mean: 'limit'?"): one mark ends it, not two.
     end = "" if msg.endswith((".", "?", "!")) else "."
     where = f"{source}: key '{key}'" if key else source
     return f"{where}: {msg}{end} Check the key's spelling and type against eagle_batch/config/schema.py."
+
+
+# What a key takes where its type alone says too little (an id convention, a default computed from the model).
+VALUE_HINTS = {
+    "model.layer_ids": "a list of layer ids, e.g. model.layer_ids=[2,16,29,32] (id k = the residual stream after "
+    "k decoder layers, id N = the last layer's output), or null for the EAGLE-3 default [2, N//2, N-3, N]",
+}
+_TYPE_WORDS = {int: "an integer", float: "a number", bool: "true or false", str: "a string"}
+_LIST_WORDS = {int: ("integers", "[1,2]"), float: ("numbers", "[0.5,1.0]"), str: ("strings", "[a,b]")}
+
+
+def expected_value(key: str) -> str:
+    """What `key` (dotted, e.g. model.layer_ids) takes, in plain words; "" for a key not in the schema."""
+    if key in VALUE_HINTS:
+        return VALUE_HINTS[key]
+    import typing
+    from dataclasses import fields, is_dataclass
+
+    cls: object = RunConfig
+    for part in key.split("."):
+        if not (isinstance(cls, type) and is_dataclass(cls)):
+            return ""
+        hints = typing.get_type_hints(cls)
+        if part not in {f.name for f in fields(cls)}:
+            return ""
+        cls = hints[part]
+    args = [a for a in typing.get_args(cls) if a is not type(None)]
+    optional = type(None) in typing.get_args(cls)
+    base = typing.get_origin(cls) or cls
+    if base in (list, tuple) or (args and typing.get_origin(args[0]) in (list, tuple)):
+        inner = typing.get_args(args[0] if optional else cls)
+        plural, example = _LIST_WORDS.get(inner[0] if inner else None, ("values", "[a,b]"))
+        words = f"a list of {plural}, e.g. [{example[1:-1]}]"
+    elif base is dict:
+        words = "a mapping of keys to values, e.g. {a: 1}"
+    else:
+        words = _TYPE_WORDS.get(args[0] if optional else cls, "")
+    return words + (", or null" if optional and words else "")
 
 
 def load_config(
