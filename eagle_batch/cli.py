@@ -19,7 +19,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "extract": ("eagle_batch.launch.cli_extract", "submit the hidden-state extraction array"),
     "status": ("eagle_batch.launch.cli_status", "show every task of a run"),
     "resume": ("eagle_batch.launch.cli_resume", "resubmit only unfinished or failed tasks"),
-    "cancel": ("eagle_batch.launch.cli_cancel", "cancel a run's Slurm jobs"),
+    "cancel": ("eagle_batch.launch.cli_cancel", "cancel a run's jobs (Slurm, or the local executor's tasks)"),
     "aggregate": ("eagle_batch.store.cli_aggregate", "build one zero-copy view over all task stores"),
     "verify": ("eagle_batch.store.cli_verify", "re-check checksums, offsets, dtypes and values"),
     "validate": ("eagle_batch.capture.cli_validate", "compare captured states with transformers"),
@@ -61,6 +61,15 @@ _ENVIRONMENT_HINTS = {
 }
 
 
+def _add_no_progress(p: argparse.ArgumentParser) -> None:
+    """Every command takes --no-progress (the README promises it of every long step): those with live output
+    read `args.no_progress`; the others have none to turn off."""
+    try:
+        p.add_argument("--no-progress", action="store_true", help="no live progress line or bar")
+    except argparse.ArgumentError:  # the command defines it with its own help
+        pass
+
+
 def _parse(parser: argparse.ArgumentParser, command: argparse.ArgumentParser | None, argv: list[str]):
     """The chosen command's arguments in any order: `prepare a.yaml --no-progress data.limit=3` as well as
     `prepare a.yaml data.limit=3 --no-progress` (a plain parse reads positionals up to the first flag only).
@@ -90,6 +99,7 @@ def main(argv: list[str] | None = None) -> int:
         p.set_defaults(_module=module, command=name)
         if name == chosen:
             importlib.import_module(module).add_arguments(p)
+            _add_no_progress(p)
             chosen_parser = p
     args = _parse(parser, chosen_parser, argv)
     try:
@@ -104,11 +114,13 @@ def main(argv: list[str] | None = None) -> int:
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # no second error at interpreter exit
         return 0
     except OSError as e:
-        if e.errno not in _ENVIRONMENT_ERRNOS or not e.filename:
+        # A full disk is the environment even where the failing write names no file (a write to an open file).
+        if e.errno not in _ENVIRONMENT_ERRNOS or not (e.filename or e.errno in (errno.ENOSPC, errno.EDQUOT)):
             raise
         # A folder or file the user named that cannot be read or written: the path, the reason, what to do.
         hint = _ENVIRONMENT_HINTS.get(e.errno, "")
-        print(f"eagle-batch {args.command}: {e.filename}: {e.strerror}{'; ' + hint if hint else ''}", file=sys.stderr)
+        where = f"{e.filename}: " if e.filename else ""
+        print(f"eagle-batch {args.command}: {where}{e.strerror}{'; ' + hint if hint else ''}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:
         return 130

@@ -79,7 +79,7 @@ def run(args: argparse.Namespace) -> int:
     cfg, model_path, extra = _configure(args)
     run_dir = Path(cfg.run_dir)
     prep = _prepare(cfg)
-    which = _extract(cfg)
+    which = _extract(cfg, live=not args.no_progress)
     if which is None or not _aggregate_and_verify(run_dir):
         return 1
     result, acc, baseline = _train_and_serve(args, cfg, model_path, extra)
@@ -121,7 +121,7 @@ def _prepare(cfg) -> dict:
     return prep
 
 
-def _extract(cfg) -> str | None:
+def _extract(cfg, live: bool = True) -> str | None:
     """Submit and follow the extraction array; the executor used, or None when it did not finish."""
     from eagle_batch.launch import submit_tasks
     from eagle_batch.launch.follow import follow
@@ -136,7 +136,7 @@ def _extract(cfg) -> str | None:
         _say(f"extract: no Slurm here ({why}): submitit's LOCAL executor runs the tasks on this machine")
     sub = submit_tasks(cfg, cfg.run_dir, list(range(cfg.extract.num_tasks)), kind="extract", executor=which)
     _say(f"submitted {sub.job_id}; following it")
-    final = follow(cfg.run_dir, interval_s=3.0)
+    final = follow(cfg.run_dir, interval_s=3.0, live=live)
     if not final["totals"]["all_done"]:
         _say(f"extraction did not finish: see `eagle-batch status {cfg.run_dir}`")
         return None

@@ -8,6 +8,7 @@ raises on unknown keys and wrong types and we re-raise with the dotted key path 
 
 from __future__ import annotations
 
+import copy
 import hashlib
 import json
 import os
@@ -17,7 +18,7 @@ from pathlib import Path
 
 import yaml
 from omegaconf import DictConfig, OmegaConf
-from omegaconf.errors import MissingMandatoryValue, OmegaConfBaseException
+from omegaconf.errors import MissingMandatoryValue, OmegaConfBaseException, ValidationError
 
 from eagle_batch.errors import UserError
 
@@ -26,6 +27,11 @@ from .schema import RunConfig
 RESOLVED_NAME = "config.yaml"
 # The sections that determine the extracted data: their fingerprint identifies a run (config_hash).
 DATA_SECTIONS = ("model", "data", "extract", "store")
+# Keys of those sections that change how one command runs, never what is extracted: left out of the
+# fingerprint, so a run extracted or resumed with another value is the same run (extract.check_disk=false, the
+# disk check's own advice, must not make `extract` call the folder another run), and not saved in
+# RUN/config.yaml (they apply to the command they are given to: a later `resume` checks the disk again).
+COMMAND_KEYS = {"extract": ("check_disk",)}
 # What a regeneration's plan depends on: the conversations (data), who answers them (model) and how
 # (regenerate); extract and store settings do not change what it writes.
 REGENERATE_SECTIONS = ("model", "data", "regenerate")
@@ -44,11 +50,53 @@ def _format_omegaconf_error(err: OmegaConfBaseException, source: str) -> str:
     key = getattr(err, "full_key", None) or getattr(err, "key", None)
     if isinstance(err, MissingMandatoryValue):
         return f"{source}: key '{key}' is not set; set it in a config file or as an override ({key}=...)."
+    expected = expected_value(str(key)) if key else ""
+    if expected and isinstance(err, ValidationError):
+        # omegaconf's words are about its node types ("AnyNode is not a ListConfig"): say what the key takes.
+        return f"{source}: {key} must be {expected}."
     msg = str(err).splitlines()[0] if str(err) else type(err).__name__
     # omegaconf's own sentence may end in '?' ("Did you mean: 'limit'?"): one mark ends it, not two.
     end = "" if msg.endswith((".", "?", "!")) else "."
     where = f"{source}: key '{key}'" if key else source
     return f"{where}: {msg}{end} Check the key's spelling and type against eagle_batch/config/schema.py."
+
+
+# What a key takes where its type alone says too little (an id convention, a default computed from the model).
+VALUE_HINTS = {
+    "model.layer_ids": "a list of layer ids, e.g. model.layer_ids=[2,16,29,32] (id k = the residual stream after "
+    "k decoder layers, id N = the last layer's output), or null for the EAGLE-3 default [2, N//2, N-3, N]",
+}
+_TYPE_WORDS = {int: "an integer", float: "a number", bool: "true or false", str: "a string"}
+_LIST_WORDS = {int: ("integers", "[1,2]"), float: ("numbers", "[0.5,1.0]"), str: ("strings", "[a,b]")}
+
+
+def expected_value(key: str) -> str:
+    """What `key` (dotted, e.g. model.layer_ids) takes, in plain words; "" for a key not in the schema."""
+    if key in VALUE_HINTS:
+        return VALUE_HINTS[key]
+    import typing
+    from dataclasses import fields, is_dataclass
+
+    cls: object = RunConfig
+    for part in key.split("."):
+        if not (isinstance(cls, type) and is_dataclass(cls)):
+            return ""
+        hints = typing.get_type_hints(cls)
+        if part not in {f.name for f in fields(cls)}:
+            return ""
+        cls = hints[part]
+    args = [a for a in typing.get_args(cls) if a is not type(None)]
+    optional = type(None) in typing.get_args(cls)
+    base = typing.get_origin(cls) or cls
+    if base in (list, tuple) or (args and typing.get_origin(args[0]) in (list, tuple)):
+        inner = typing.get_args(args[0] if optional else cls)
+        plural, example = _LIST_WORDS.get(inner[0] if inner else None, ("values", "[a,b]"))
+        words = f"a list of {plural}, e.g. [{example[1:-1]}]"
+    elif base is dict:
+        words = "a mapping of keys to values, e.g. {a: 1}"
+    else:
+        words = _TYPE_WORDS.get(args[0] if optional else cls, "")
+    return words + (", or null" if optional and words else "")
 
 
 def load_config(
@@ -177,8 +225,18 @@ def config_hash(cfg: RunConfig, sections: Sequence[str] = DATA_SECTIONS) -> str:
     Fields at their schema default are left out: a release that adds a field whose default keeps the
     old behaviour leaves the fingerprint of every existing run (stored in its task stores, compared on
     resume) unchanged, so an upgrade never turns a resumable run into a mismatch."""
-    d, defaults = config_dict(cfg), config_dict(RunConfig())
-    return fingerprint({k: d[k] for k in sections}, {k: defaults[k] for k in sections})
+    d, defaults = data_dict(cfg, sections), data_dict(RunConfig(), sections)
+    return fingerprint(d, defaults)
+
+
+def data_dict(cfg: RunConfig, sections: Sequence[str] = DATA_SECTIONS) -> dict:
+    """{section: values} of `sections` without COMMAND_KEYS: what identifies the data a run produces."""
+    d = config_dict(cfg)
+    out = {k: dict(d[k]) for k in sections}
+    for section, keys in COMMAND_KEYS.items():
+        for key in keys:
+            out.get(section, {}).pop(key, None)
+    return out
 
 
 def fingerprint(values: dict, defaults: dict) -> str:
@@ -202,7 +260,11 @@ _MISSING = object()
 
 
 def save_config(cfg: RunConfig, run_dir: str | os.PathLike, name: str = RESOLVED_NAME) -> Path:
-    """Write the resolved config into the run directory (atomically)."""
+    """Write the resolved config into the run directory (atomically), COMMAND_KEYS at their defaults."""
+    cfg, default = copy.deepcopy(cfg), RunConfig()
+    for section, keys in COMMAND_KEYS.items():
+        for key in keys:
+            setattr(getattr(cfg, section), key, getattr(getattr(default, section), key))
     run_dir = Path(run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
     out = run_dir / name

@@ -95,7 +95,8 @@ class ExtractConfig:
     check_finite: bool = True
     # Before submitting, the tokens left to capture are checked against the free space under RUN/stores
     # (launch/disk_room.py): an error when they cannot fit even at the best compression measured, a warning
-    # when they fit only compressed; false skips the check.
+    # when they fit only compressed; false skips the check. `resume` checks the same and takes it too. It applies
+    # to the command it is given to: not saved in RUN/config.yaml, not part of the run's fingerprint.
     check_disk: bool = True
     # validate: thresholds against the transformers reference
     validate_min_cosine: float = 0.999

@@ -19,8 +19,8 @@ from .load import (
     REGENERATE_SECTIONS,
     RESOLVED_NAME,
     ConfigError,
-    config_dict,
     config_hash,
+    data_dict,
     dotted_leaves,
     load_config,
 )
@@ -393,8 +393,8 @@ def config_differences(
     theirs: RunConfig, ours: RunConfig, sections: Iterable[str] = DATA_SECTIONS
 ) -> list[tuple[str, object, object]]:
     """(dotted key, their value, our value) for each leaf of `sections` that differs, in schema order."""
-    a = dotted_leaves({s: config_dict(theirs)[s] for s in sections})
-    b = dotted_leaves({s: config_dict(ours)[s] for s in sections})
+    a = dotted_leaves(data_dict(theirs, tuple(sections)))
+    b = dotted_leaves(data_dict(ours, tuple(sections)))
     keys = list(a) + [k for k in b if k not in a]
     return [(k, a.get(k), b.get(k)) for k in keys if a.get(k, _ABSENT) != b.get(k, _ABSENT)]
 

@@ -32,6 +32,16 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     )
 
 
+def _truncation_line(s: dict) -> str:
+    """How much data.max_length cut: samples, and the assistant tokens (the ones trained on) lost with them."""
+    cut = s.get("truncated_loss_tokens", 0)
+    return (
+        f"  truncated: {s['samples_truncated']} sample(s) longer than data.max_length={s.get('max_length', '?')} "
+        f"were cut, dropping {cut:,} assistant (trained) token(s) of {s['loss_tokens'] + cut:,}; raise "
+        "data.max_length (and model.max_model_len above it) to keep them"
+    )
+
+
 def _print_summary(s: dict, out_dir: str) -> None:
     from .tally import reasons_text
 
@@ -42,8 +52,8 @@ def _print_summary(s: dict, out_dir: str) -> None:
         + (f" ({reasons_text(s['skipped_by_reason'])})" if s["skipped_by_reason"] else ""),
         f"  samples: {s['samples']}"
         + (f", dropped {reasons_text(s['samples_dropped_by_reason'])}" if s["samples_dropped_by_reason"] else "")
-        + (f", {s['samples_truncated']} truncated to data.max_length" if s["samples_truncated"] else "")
         + (f", {s['rows_split_per_turn']} rows split per turn" if s["rows_split_per_turn"] else ""),
+        *([_truncation_line(s)] if s["samples_truncated"] else []),
         *(
             [
                 f"  note: {s['empty_assistant_turns_masked']} assistant turn(s) render to nothing but end-of-turn markers "

@@ -259,6 +259,11 @@ def _write_plan(cfg: RunConfig, files: list[Path], tally: Tally, out: Path) -> d
     lengths = np.fromiter((len(s.input_ids) for s in samples), dtype=np.int64, count=len(samples))
     loss = np.fromiter((int(s.loss_mask.sum()) for s in samples), dtype=np.int64, count=len(samples))
     num_tasks = cfg.extract.num_tasks
+    if num_tasks > len(samples):  # a task without samples would run an engine for nothing
+        raise ConfigError(
+            f"extract.num_tasks={num_tasks}: {num_tasks} tasks for {len(samples)} samples; set extract.num_tasks "
+            f"<= {len(samples)}. Nothing was written."
+        )
     tasks = plan_lpt(lengths, num_tasks)
     _write_samples(out / SAMPLES, tasks, samples, lengths, loss)
     plan = {"num_tasks": num_tasks, "tasks": []}
@@ -284,6 +289,9 @@ def _write_plan(cfg: RunConfig, files: list[Path], tally: Tally, out: Path) -> d
         "samples": len(samples),
         "samples_dropped_by_reason": dict(sorted(tally.dropped.items())),
         "samples_truncated": tally.truncated,
+        # assistant (loss-carrying) tokens past data.max_length in those samples: cut, never trained on
+        "truncated_loss_tokens": tally.loss_tokens_cut,
+        "max_length": cfg.data.max_length,
         "rows_split_per_turn": tally.split_rows,
         # Rows whose assistant turns carry fields the chat template does not render (not trained on).
         "rows_with_unrendered_fields": dict(sorted(tally.unrendered.items())),

@@ -90,6 +90,7 @@ class RowResult:
     samples: list[tuple[str, np.ndarray, np.ndarray]] = field(default_factory=list)  # (id, ids, mask)
     dropped: list[str] = field(default_factory=list)  # per-sample drop reasons
     truncated: int = 0
+    loss_tokens_cut: int = 0  # assistant (loss-carrying) tokens beyond data.max_length, cut off with the tail
     split: bool = False  # the template was not prefix-stable: more than one sample for this row
     unrendered: tuple[str, ...] = ()  # message fields the template left out (e.g. reasoning in ChatML)
     empty_turns_masked: int = 0  # assistant turns left out of the loss for rendering empty
@@ -174,6 +175,7 @@ def process_chunk(records: list[RawRecord]) -> list[RowResult]:
         for (ri, _), (ids, mask) in zip(rendered_all, encoded):
             res = results[ri]
             if data.max_length and len(ids) > data.max_length:
+                res.loss_tokens_cut += int(mask[data.max_length :].sum())
                 ids, mask = ids[: data.max_length], mask[: data.max_length]
                 res.truncated += 1
             if int(mask.sum()) < max(1, data.min_loss_tokens):

@@ -25,7 +25,8 @@ from .formats import BAD_ROW_REASONS
 DROP_DETAIL = {"too_few_loss_tokens": "fewer masked tokens than data.min_loss_tokens after truncation"}
 # Reasons that mean "this row is not in the shape the config expects": the file's fields are then shown.
 SHAPE_REASONS = ("unknown_format", "not_a_list", "not_an_object")
-# A file whose rows fail to decode this often (and at least this many) is probably in another encoding.
+# A file whose rows fail to decode this often (and at least this many) is probably in another encoding; fewer
+# undecodable rows still get the conversion hint, worded as a possibility.
 NOT_UTF8_MIN_ROWS, NOT_UTF8_FRACTION = 3, 0.5
 _CHAT_LIKE = re.compile(r"conv|messag|chat|dialog|turn|history", re.IGNORECASE)
 # Column names of single-turn datasets (question/answer, query/completion, ...): the pair to suggest as
@@ -84,7 +85,7 @@ class Tally:
         self.examples: list[str] = []  # the first few bad rows, for the error when nothing is kept
         self._seen: dict[str, int] = {}
         self.rows_read = self.rows_kept = self.truncated = self.split_rows = self.tokens = 0
-        self.empty_turns_masked = self.turns_untrained = 0
+        self.empty_turns_masked = self.turns_untrained = self.loss_tokens_cut = 0
 
     def add(self, res) -> None:
         self.rows_read += 1
@@ -97,6 +98,7 @@ class Tally:
         if res.format:
             ft.read_as(res.format, res.also, f"{res.line_kind} {res.index}")
         self.truncated += res.truncated
+        self.loss_tokens_cut += res.loss_tokens_cut
         self.split_rows += int(res.split)
         self.empty_turns_masked += res.empty_turns_masked
         self.turns_untrained += res.turns_untrained
@@ -182,13 +184,19 @@ def file_warnings(files: dict[str, FileTally], data_cfg) -> list[str]:
             continue
         out += _mixed_format_warnings(name, ft)
         bad_utf8 = ft.skipped.get("undecodable_bytes", 0)
-        if bad_utf8 >= min(NOT_UTF8_MIN_ROWS, ft.rows) and bad_utf8 >= NOT_UTF8_FRACTION * ft.rows:
+        likely = bad_utf8 >= min(NOT_UTF8_MIN_ROWS, ft.rows) and bad_utf8 >= NOT_UTF8_FRACTION * ft.rows
+        if bad_utf8:  # a Latin-1 file is ASCII in most rows: the few with an accent are the only ones that fail
             out.append(
-                f"{name}: {bad_utf8} of {ft.rows} rows are not valid UTF-8: the file is probably in "
-                "another encoding (Latin-1, Windows-1252, ...); convert it, e.g. `iconv -f latin1 -t "
-                "utf-8 IN > OUT`, and point data.inputs at the converted file"
+                f"{name}: {bad_utf8} of {ft.rows} rows are not valid UTF-8"
+                + (
+                    ": the file is probably in another encoding"
+                    if likely
+                    else " (skipped): if the file is in another encoding"
+                )
+                + " (Latin-1, Windows-1252, ...), convert it, e.g. `iconv -f latin1 -t utf-8 IN > OUT`, and point "
+                "data.inputs at the converted file"
             )
-        elif ft.kept == 0:
+        if ft.kept == 0 and not likely:
             out.append(
                 f"{name}: none of its {ft.rows} rows could be used ({reasons_text(ft.skipped + ft.dropped)})"
                 + _field_hint(ft, data_cfg)

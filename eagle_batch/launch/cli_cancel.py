@@ -1,4 +1,5 @@
-"""`eagle-batch cancel RUN [--task N ...]`: cancel a run's queued and running Slurm jobs."""
+"""`eagle-batch cancel RUN [--task N ...]`: cancel a run's queued and running jobs (Slurm jobs, or the local
+executor's tasks and the processes they started)."""
 
 from __future__ import annotations
 
@@ -20,7 +21,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from .local import cancel_local
+    from .local_cancel import stop_local
     from .slurm_query import is_live, job_states
     from .state import read_submissions
 
@@ -42,6 +43,7 @@ def run(args: argparse.Namespace) -> int:
         return 2
     states = job_states(s.job_id for s in subs if s.executor == "slurm")
     targets: list[str] = []
+    local_stopped = 0
     for s in subs:
         if s.executor == "local":
             if args.task:
@@ -50,8 +52,9 @@ def run(args: argparse.Namespace) -> int:
                     "one after another and is cancelled as a whole.",
                     file=sys.stderr,
                 )
-            elif cancel_local(s):
-                print(f"sent SIGTERM to local job {s.job_id}")
+            elif (stop := stop_local(args.run_dir, s)) is not None:
+                local_stopped += 1
+                print(_local_stopped(args.run_dir, stop))
             continue
         if args.task:
             targets += [
@@ -60,7 +63,9 @@ def run(args: argparse.Namespace) -> int:
         elif any(is_live(v) for k, v in states.items() if k == s.job_id or k.startswith(s.job_id + "_")):
             targets.append(s.job_id)
     if not targets:
-        print(f"no queued or running Slurm jobs for {args.run_dir}.")
+        if not local_stopped:
+            slurm = any(s.executor == "slurm" for s in subs)
+            print(f"nothing of {args.run_dir} is queued or running{' (no live Slurm job)' if slurm else ''}.")
         return 0
     r = subprocess.run(["scancel", *targets], capture_output=True, text=True)
     if r.returncode != 0:
@@ -68,6 +73,17 @@ def run(args: argparse.Namespace) -> int:
         return 1
     print(f"cancelled {', '.join(targets)}; committed data stays; `eagle-batch resume {args.run_dir}` continues.")
     return 0
+
+
+def _local_stopped(run_dir: str, stop) -> str:
+    """What `cancel` did to a local job (launch.local_cancel.LocalStop), in one line."""
+    ran = f"{len(stop.stopped)} running task(s) stopped ({_ranges(stop.stopped)}) with the processes they started"
+    queued = f"; {len(stop.not_started)} not started will not start" if stop.not_started else ""
+    left = f"; still alive: task(s) {_ranges(stop.left_running)}" if stop.left_running else ""
+    return (
+        f"cancelled local job {stop.job_id}: {ran}{queued}{left}; committed data stays; "
+        f"`eagle-batch resume {run_dir}` continues."
+    )
 
 
 def _ranges(ids: list[int]) -> str:

@@ -97,7 +97,7 @@ def run(args: argparse.Namespace) -> int:
     if args.wait:
         from .follow import follow
 
-        final = follow(run_dir, args.interval)
+        final = follow(run_dir, args.interval, live=not args.no_progress)
         return 0 if final["totals"]["all_done"] else 1
     return 0
 

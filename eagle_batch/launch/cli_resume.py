@@ -12,7 +12,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "overrides",
         nargs="*",
         metavar="key=value",
-        help="slurm.* overrides for the resubmission (e.g. slurm.time_min=600)",
+        help="slurm.* overrides for the resubmission (e.g. slurm.time_min=600); extract.check_disk=false "
+        "submits without the disk check",
     )
     p.add_argument("--wait", action="store_true", help="follow the new array to the end")
     p.add_argument("--interval", type=float, default=5.0)
@@ -34,11 +35,11 @@ def run(args: argparse.Namespace) -> int:
     from .store_match import check_stores_match
     from .submit import SubmitError, submit_tasks
 
-    bad = [o for o in args.overrides if not o.startswith("slurm.")]
+    bad = [o for o in args.overrides if not o.startswith(("slurm.", "extract.check_disk="))]
     if bad:
         raise ConfigError(
-            f"resume only takes slurm.* overrides (got {', '.join(bad)}); data, model and extract "
-            "settings are fixed by the run's config.yaml."
+            f"resume only takes slurm.* overrides and extract.check_disk=false (got {', '.join(bad)}); data, "
+            "model and extract settings are fixed by the run's config.yaml."
         )
     cfg = load_run_config(args.run_dir, args.overrides)
     # resume changes slurm.* only (the rest was checked when the run was prepared): those values, before anything
@@ -56,11 +57,11 @@ def run(args: argparse.Namespace) -> int:
             return 0
         check_stores_match(cfg, todo)  # a config.yaml edited since would fail every attempt of the task
         check_plan_settings(cfg)  # ... or finish the run under other settings than its finished tasks
+        room = capture_room(cfg, todo, resume=True)  # a disk still full: refused, before anything is written
         print(
             f"resubmitting {len(todo)} task(s): {', '.join(map(str, todo))}"
             + (f" ({len(active)} still queued or running are left alone)" if active else "")
         )
-        room = capture_room(cfg, todo, strict=False)
         if room:
             print(room, file=sys.stderr)
         if args.dry_run:
@@ -75,7 +76,7 @@ def run(args: argparse.Namespace) -> int:
     if args.wait:
         from .follow import follow
 
-        return 0 if follow(args.run_dir, args.interval)["totals"]["all_done"] else 1
+        return 0 if follow(args.run_dir, args.interval, live=not args.no_progress)["totals"]["all_done"] else 1
     return 0
 
 

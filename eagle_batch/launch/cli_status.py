@@ -25,7 +25,7 @@ def run(args: argparse.Namespace) -> int:
     if args.wait:
         from .follow import follow
 
-        st = follow(args.run_dir)
+        st = follow(args.run_dir, live=not args.no_progress)
     else:
         st = run_status(args.run_dir)
     if args.json:

@@ -298,23 +298,6 @@ def local_summary(sub: S.Submission) -> str:
     )
 
 
-def cancel_local(sub: S.Submission) -> bool:
-    """SIGTERM every live process of a local submission; returns True when one was running."""
-    sub_dir = Path(sub.folder)
-    if not sub_dir.is_dir() or not submission_alive(sub_dir):
-        return False
-    (sub_dir / CANCELLED).write_text(str(time.time()))
-    procs = list(_read_json(sub_dir / SLOTS) or []) + [_read_json(p) or {} for p in sub_dir.glob("slot-*.json")]
-    for p in procs:
-        pid, ticks = int(p.get("pid", 0)), int(p.get("ticks", 0))
-        if proc.alive(pid, ticks):
-            try:
-                os.kill(pid, signal.SIGTERM)
-            except OSError:
-                pass
-    return True
-
-
 # ---------------------------------------------------------------------------------------------- a slot
 @dataclass
 class _SlotLimits:
@@ -386,7 +369,10 @@ def _run_task(
     timeouts = 0
     while True:
         rc = _run_attempt(run_dir, sub, f"{job_id}_{t}", t, devices, limits, child, stopping)
-        _write_json(_exit_path(sub, t), {"rc": rc, "signal": -rc if rc < 0 else 0, "ended": time.time()})
+        try:
+            _write_json(_exit_path(sub, t), {"rc": rc, "signal": -rc if rc < 0 else 0, "ended": time.time()})
+        except OSError:  # a full disk: the task's own state file (written from its reserve) says what happened
+            pass
         st = S.read_state(run_dir, t)
         if st is None or stopping["signal"] or rc < 0:
             return st.status if st is not None else "not started"

@@ -8,6 +8,7 @@ some tasks, so array index i is `tasks[i]` of that line, not task i.
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import socket
@@ -51,6 +52,7 @@ RETRYING = "retrying"  # an attempt raised; requeued for another attempt (failur
 DONE = "done"  # every sample committed and the store finalized
 FAILED = "failed"  # an attempt raised and the task was not requeued (local executor, or requeue failed)
 GAVE_UP = "gave_up"  # failed on max_attempts attempts
+NO_SPACE = "no_space"  # stopped on a full disk (or quota), committed work kept; not retried: `resume` once freed
 REFUSED = "refused"  # (never written to the state file: a duplicate task only logs it)
 
 
@@ -127,13 +129,65 @@ def read_state(run_dir: str | os.PathLike, task_id: int) -> TaskState | None:
         raise StateFileError(f"{p} is not a valid task state file ({e}); delete it to let the task rewrite it") from e
 
 
-def write_state(run_dir: str | os.PathLike, st: TaskState) -> None:
+def write_state(run_dir: str | os.PathLike, st: TaskState, use_reserve: bool = False) -> None:
+    """Replace the task's state file atomically. `use_reserve`: on a full disk, give back the task's reserve
+    (reserve_room) and try once more, so that an attempt that ends on a full disk still records why."""
     p = state_path(run_dir, st.task_id)
     p.parent.mkdir(parents=True, exist_ok=True)
     st.updated = time.time()
+    text = json.dumps(st.to_json(), indent=1)
+    try:
+        _replace(p, text)
+    except OSError as e:
+        if not (use_reserve and e.errno in (errno.ENOSPC, errno.EDQUOT) and release_reserve(run_dir, st.task_id)):
+            raise
+        _replace(p, text)
+
+
+def _replace(p: Path, text: str) -> None:
     tmp = p.with_name(f".{p.name}.{os.getpid()}.tmp")
-    tmp.write_text(json.dumps(st.to_json(), indent=1))
+    try:
+        tmp.write_text(text)
+    except OSError:
+        tmp.unlink(missing_ok=True)  # a half-written temporary file would hold the space the retry needs
+        raise
     os.replace(tmp, p)
+
+
+# A state file holds at most HISTORY_POINTS (launch.task) throughput points and one entry per attempt: a few
+# tens of kB. Random bytes, not zeros: a compressing filesystem would store zeros in nothing.
+RESERVE_BYTES = 256 * 1024
+
+
+def reserve_path(run_dir: str | os.PathLike, task_id: int) -> Path:
+    return Path(run_dir) / STATE_DIR / f".reserve-{task_id:05d}"
+
+
+def reserve_room(run_dir: str | os.PathLike, task_id: int) -> bool:
+    """Set aside RESERVE_BYTES beside the task's state file while an attempt runs (best effort: False when
+    the disk is already too full). When the run's filesystem fills, the attempt gives it back to record its end."""
+    p = reserve_path(run_dir, task_id)
+    try:
+        if p.is_file() and p.stat().st_size >= RESERVE_BYTES:
+            return True
+        p.parent.mkdir(parents=True, exist_ok=True)
+        with open(p, "wb") as f:
+            f.write(os.urandom(RESERVE_BYTES))
+            f.flush()
+            os.fsync(f.fileno())
+        return True
+    except OSError:
+        p.unlink(missing_ok=True)
+        return False
+
+
+def release_reserve(run_dir: str | os.PathLike, task_id: int) -> bool:
+    """Remove the task's reserve; True when there was one (its space is free again)."""
+    try:
+        reserve_path(run_dir, task_id).unlink()
+        return True
+    except OSError:
+        return False
 
 
 def new_attempt(job_id: str, restart: int, log: str) -> Attempt:

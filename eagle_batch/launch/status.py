@@ -12,9 +12,15 @@ hit its time limit or was killed (a killed process writes nothing). Task states:
     cancelled      scancel'ed; resumable
     timeout        killed at its time limit without requeue; resumable
     gave_up        failed on slurm.max_attempts attempts; resumable once fixed
+    no_space       stopped on a full disk (its error says where and at which sample); resumable once freed
     unknown        Slurm has no record of its job (e.g. a pending array task cancelled alone); resumable
     damaged        `resume --repair` found problems in its store and the repair has not run yet; resumable
     lost           done, but its store was deleted or moved by hand since; resumable (extracted again)
+    partial        its state file is missing (RUN/state deleted?) and its store holds committed samples; resumable
+    missing        its state file is missing and its store holds no committed sample; resumable
+
+Without a task's state file the stores are the truth (`without_state`): a store with its `complete` marker is
+done, one with committed samples is partial; nothing is shown as failed for want of a state file.
 """
 
 from __future__ import annotations
@@ -31,7 +37,19 @@ from .local import cancelled, claimed, exit_message, submission_alive, task_exit
 from .slurm_query import is_live, job_states, never_starts, pending_reasons
 
 FINISHED_OK = {"done"}
-RESUMABLE = {"not_submitted", "failed", "cancelled", "timeout", "gave_up", "unknown", "damaged", "lost"}
+RESUMABLE = {
+    "not_submitted",
+    "failed",
+    "cancelled",
+    "timeout",
+    "gave_up",
+    "no_space",
+    "unknown",
+    "damaged",
+    "lost",
+    "partial",
+    "missing",
+}
 ACTIVE = {"pending", "requeued", "running"}
 
 
@@ -124,6 +142,7 @@ def task_rows(run_dir: str | os.PathLike, num_tasks: int) -> list[TaskRow]:
         state = local.state(repair) if local else _derive(st, sub, sstate, repair=repair)
         if lost and state == "damaged":
             state = "lost"
+        state, st, note = without_state(run_dir, t, state, sub) if st is None else (state, st, "")
         att = st.attempt if st else None
         if local:
             log = str(task_log(Path(sub.folder), t))
@@ -137,12 +156,14 @@ def task_rows(run_dir: str | os.PathLike, num_tasks: int) -> list[TaskRow]:
             last_error = f"{S.store_path(run_dir, t)} no longer exists (deleted or moved?); `resume` extracts it again"
         elif local and state == "failed" and local.error:
             last_error = local.error  # what the slot saw: a kill, or a job that ended before the task ran
-        elif state in ("failed", "gave_up") and st and st.last_error and st.last_error_log:
+        elif state in ("failed", "gave_up", "no_space") and st and st.last_error and st.last_error_log:
             log = in_this_run(st.last_error_log, run_dir)  # the log of the attempt that raised
         elif state == "failed" and not last_error:
             last_error = _tail_error(log)  # killed without recording an error (OOM, node failure)
         elif state in ("cancelled", "timeout", "unknown") and not last_error:
-            last_error = f"Slurm state {sstate or 'unknown (no accounting record)'}"
+            slurm = f"Slurm state {sstate or 'unknown (no accounting record)'}"
+            last_error = local_words(state, run_dir) if local else slurm
+        last_error = note or last_error
         reason = reasons.get(job_id, "") if state == "pending" else ""
         if never_starts(reason):
             last_error = (
@@ -231,6 +252,57 @@ class LocalView:
         return {S.RETRYING: "failed"}.get(st.status, st.status)
 
 
+def without_state(
+    run_dir: Path, task_id: int, state: str, sub: S.Submission | None
+) -> tuple[str, S.TaskState | None, str]:
+    """(row state, state rebuilt in memory, note) of a task without a state file (`state`: what the jobs alone
+    say), from its store's committed record: a task not queued or running whose store exists, or any task
+    once RUN/state is gone. A task never submitted whose store holds nothing stays `state`."""
+    from eagle_batch.store.errors import StoreError
+    from eagle_batch.store.format import COMPLETE_NAME
+    from eagle_batch.store.record import read_record
+
+    store, where = S.store_path(run_dir, task_id), S.state_path(run_dir, task_id)
+    if state in ACTIVE or not (store.is_dir() or not where.parent.is_dir()):
+        return state, None, ""
+    try:
+        record = read_record(store)
+        n, tokens = int(record["num_samples"]), int(record["num_tokens"])
+    except (OSError, ValueError, KeyError, TypeError, StoreError):  # no store or no readable record: none committed
+        n = tokens = 0
+    if n and (store / COMPLETE_NAME).is_file():
+        return "done", S.TaskState(task_id, status=S.DONE, samples_committed=n, tokens_committed=tokens), ""
+    if n:
+        rebuilt = S.TaskState(task_id, status=S.FAILED, samples_committed=n, tokens_committed=tokens)
+        return (
+            "partial",
+            rebuilt,
+            (
+                f"{where} is missing; its store {store} holds {n} committed sample(s): `eagle-batch resume {run_dir}` "
+                "continues from there"
+            ),
+        )
+    if sub is None:
+        return state, None, ""
+    return (
+        "missing",
+        None,
+        f"{where} is missing and its store holds no committed sample: `eagle-batch resume {run_dir}` extracts it",
+    )
+
+
+def local_words(state: str, run_dir: Path) -> str:
+    """Why a local task (launch.local) stopped, for the states whose Slurm twin is a Slurm job state."""
+    if state == "cancelled":
+        return f"stopped by `eagle-batch cancel`; `eagle-batch resume {run_dir}` continues from its last commit"
+    if state == "timeout":
+        return (
+            "reached its time limit as often as the run allows (slurm.time_min, slurm.max_num_timeout); "
+            f"`eagle-batch resume {run_dir}` continues from its last commit"
+        )
+    return f"its local job ended without a record of this task; `eagle-batch resume {run_dir}` runs it again"
+
+
 def store_lost(run_dir: Path, task_id: int, st: S.TaskState | None) -> bool:
     """A task done whose store is gone (deleted or moved by hand since): its work must be done again."""
     return st is not None and st.status == S.DONE and not S.store_path(run_dir, task_id).is_dir()
@@ -272,8 +344,8 @@ def _derive(st: S.TaskState | None, sub: S.Submission | None, sstate: str, repai
         if st is not None and st.status in (S.CHECKPOINTED, S.RETRYING) or sstate == "REQUEUED":
             return "requeued"
         return "pending"
-    if st is not None and st.status == S.GAVE_UP:
-        return "gave_up"
+    if st is not None and st.status in (S.GAVE_UP, S.NO_SPACE):
+        return st.status
     if sstate == "CANCELLED":
         return "cancelled"
     if sstate == "TIMEOUT":

@@ -13,6 +13,8 @@ Life of an attempt:
    - done: state `done`.
    - stopped by the signal: state `checkpointed`, then submitit's handler pickles `checkpoint()`'s fresh
      task and requeues this array task (up to slurm.max_num_timeout).
+   - a write found the disk full: state `no_space` (with the folder and the sample), no retry (every attempt
+     would hit the same wall); the process exits 1. `resume` continues once there is room.
    - raised: `failures += 1`; below slurm.max_attempts the task requeues itself (`retrying`), else it is
      `gave_up` and the exception propagates, so Slurm marks it FAILED and `status` shows the error and log.
    - the output is locked by another live writer: a duplicate; it raises `DuplicateTaskError` without
@@ -21,6 +23,7 @@ Life of an attempt:
 
 from __future__ import annotations
 
+import errno
 import os
 import sys
 import time
@@ -33,6 +36,7 @@ import submitit
 from eagle_batch import environment
 from eagle_batch.config import RunConfig, load_run_config
 from eagle_batch.store import StoreLockedError
+from eagle_batch.store.errors import StoreFullError
 
 from . import state as S
 from .job import StopSignal, global_rank, job_identity, last_line, request_requeue
@@ -73,6 +77,7 @@ class _AttemptRecord:
                 a.outcome, a.ended = "killed", a.ended or time.time()
         st.attempts.append(self.attempt)
         st.status, st.attempt_tokens, st.tok_s = S.RUNNING, 0, 0.0
+        S.reserve_room(self.run_dir, st.task_id)  # given back to record the end on a full disk (write_state)
 
     def report(self, samples: int, tokens: int) -> None:
         """After a commit (and once when the work opened its output): committed totals, this attempt's steady
@@ -105,7 +110,8 @@ class _AttemptRecord:
         if error:
             self.attempt.error = error
             self.st.last_error, self.st.last_error_log = error, self.attempt.log
-        S.write_state(self.run_dir, self.st)
+        S.write_state(self.run_dir, self.st, use_reserve=True)
+        S.release_reserve(self.run_dir, self.st.task_id)
 
 
 class ArrayTask(submitit.helpers.Checkpointable):
@@ -174,6 +180,21 @@ class ArrayTask(submitit.helpers.Checkpointable):
         stop.hand_back()
         return {"task_id": self.task_id, "checkpointed": True}  # local runs: no requeue, stop here
 
+    def _no_space(self, record: _AttemptRecord, folder: str) -> None:
+        """A full disk: recorded as NO_SPACE (not a failure to retry: every attempt would hit the same wall), with
+        where and at which sample; the process exits 1 (Slurm: FAILED, so an afterok training does not start)."""
+        record.start()
+        st = record.st
+        n, total = st.samples_committed, st.samples_total
+        why = (
+            f"stopped: no space left on device in {folder} at sample {n + 1}{f' of {total}' if total else ''} "
+            f"({n} sample(s) committed before it are kept); free space there (`df -h {folder}`), then "
+            f"`eagle-batch resume {self.run_dir}`"
+        )
+        record.end("no_space", S.NO_SPACE, why)
+        _to_log(lambda: print(f"[eagle-batch] task {self.task_id}: {why}", file=sys.stderr, flush=True))
+        sys.exit(1)
+
     def _duplicate(self, run_dir: Path, exc: BaseException) -> DuplicateTaskError:
         msg = (
             f"task {self.task_id} of {run_dir} is already being written by another job ({exc}); this duplicate "
@@ -183,7 +204,10 @@ class ArrayTask(submitit.helpers.Checkpointable):
         return DuplicateTaskError(msg)
 
     def _failed(self, cfg: RunConfig, record: _AttemptRecord, exc: BaseException) -> dict:
-        traceback.print_exception(type(exc), exc, exc.__traceback__)
+        folder = full_folder(exc, self.run_dir)
+        if folder is not None:
+            self._no_space(record, folder)
+        _to_log(lambda: traceback.print_exception(type(exc), exc, exc.__traceback__))
         record.start()  # before counting: a new submission's first attempt starts from 0 failures
         st, error = record.st, last_line(exc)
         st.failures += 1
@@ -204,3 +228,26 @@ class ArrayTask(submitit.helpers.Checkpointable):
                 f"(slurm.max_attempts={max_attempts}); last error: {error}"
             ) from exc
         raise exc
+
+
+def full_folder(exc: BaseException, default: str) -> str | None:
+    """The folder a full disk (or exhausted quota) stopped a write in, if `exc` or one of its causes is one
+    (`default` when the write named no file: a log line)."""
+    seen: set[int] = set()
+    e: BaseException | None = exc
+    while e is not None and id(e) not in seen:
+        seen.add(id(e))
+        if isinstance(e, StoreFullError):
+            return e.folder
+        if isinstance(e, OSError) and e.errno in (errno.ENOSPC, errno.EDQUOT):
+            return str(Path(e.filename).parent) if e.filename else default
+        e = e.__cause__ or e.__context__
+    return None
+
+
+def _to_log(write) -> None:
+    """Write to the task's log unless it cannot be written (its disk is full): what the state records matters."""
+    try:
+        write()
+    except OSError:
+        pass

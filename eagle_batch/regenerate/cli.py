@@ -170,7 +170,7 @@ def _follow_and_finish(args: argparse.Namespace, cfg: RunConfig, run_dir: Path, 
 
     from .summary import nothing_written, regeneration_summary, summary_lines
 
-    final = follow(run_dir, args.interval)
+    final = follow(run_dir, args.interval, live=not args.no_progress)
     summary = regeneration_summary(run_dir)
     (run_dir / "summary.json").write_text(json.dumps(summary, indent=1) + "\n")
     print("\n".join(summary_lines(summary)))

@@ -68,6 +68,17 @@ def _rebuild_damaged(args: tuple, sample_id: str) -> DamagedDataError:
     return DamagedDataError(*args).for_sample(sample_id)
 
 
+class StoreFullError(StoreError):
+    """A write found its filesystem full (or the quota exhausted); `folder` is the folder it wrote in."""
+
+    def __init__(self, message: str, folder: str = ""):
+        super().__init__(message)
+        self.folder = folder
+
+    def __reduce__(self):
+        return type(self), (str(self), self.folder)
+
+
 class ShardError(ValueError):
     """A shard file that cannot be decoded. `str()` names the file; `detail` says what is wrong without it."""
 
@@ -80,13 +91,14 @@ class ShardError(ValueError):
         return type(self), (self.where, self.detail)
 
 
-def no_space_error(path: Path, e: OSError) -> StoreError:
+def no_space_error(path: Path, e: OSError) -> StoreFullError:
     """A full disk or quota as a StoreError that names the store and what to do (a bare ENOSPC names neither)."""
     store = next((p for p in (path, *path.parents) if p.suffix == ".zarr"), path.parent)
     what = "quota exceeded" if e.errno == errno.EDQUOT else "no space left on device"
-    return StoreError(
+    return StoreFullError(
         f"{store}: {what} while writing {path.relative_to(store) if store in path.parents else path}. "
         "Everything committed before is intact (this write was not committed). Free space on that "
         f"file system (`df -h {store.parent}`) or raise the quota, then resume the task "
-        "(`eagle-batch resume RUN`): it continues from its last commit."
+        "(`eagle-batch resume RUN`): it continues from its last commit.",
+        folder=str(store.parent),
     )

@@ -207,7 +207,7 @@ def run(args: argparse.Namespace) -> int:
         if args.prompts
         else BUILTIN_PROMPTS[: args.num_prompts or None]
     )
-    say = lambda line: print(f"evaluate: {line}", file=sys.stderr, flush=True)  # noqa: E731
+    say = lambda line: args.no_progress or print(f"evaluate: {line}", file=sys.stderr, flush=True)  # noqa: E731
     say(f"{len(prompts)} prompts, k={args.k}, {args.max_tokens} tokens each; target {cfg.model.path}")
     results, reference = [], None
     for draft in drafts:

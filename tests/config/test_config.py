@@ -200,3 +200,15 @@ def test_a_run_s_folder_is_its_run_dir_wherever_it_was_created(tmp_path):
     moved.mkdir()
     (moved / RESOLVED_NAME).write_text(f"run_dir: {tmp_path / 'where-it-was'}\nmodel:\n  path: /m\n")
     assert load_run_config(moved).run_dir == str(moved)
+
+
+def test_a_value_of_the_wrong_type_is_answered_in_plain_words():
+    with pytest.raises(ConfigError) as e:
+        load_config(None, ["model.layer_ids=last"])
+    msg = str(e.value)
+    assert "model.layer_ids must be a list of layer ids, e.g. model.layer_ids=[2,16,29,32]" in msg, msg
+    assert "or null for the EAGLE-3 default" in msg and "AnyNode" not in msg and "ListConfig" not in msg
+    with pytest.raises(ConfigError, match=r"override 'extract.num_tasks=many': extract.num_tasks must be an integer\."):
+        load_config(None, ["extract.num_tasks=many"])
+    with pytest.raises(ConfigError, match=r"data.inputs must be a list of strings"):
+        load_config(None, ["data.inputs=3"])

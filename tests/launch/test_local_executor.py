@@ -315,12 +315,12 @@ def test_the_time_limit_signal_reaches_every_process_of_the_task_and_ends_none(t
 
 def test_cancel_stops_a_local_job_and_its_tasks_are_resumable(tmp_path):
     run, cfg = make_run(tmp_path, 2, work_fn="tests.slurm.work:synthetic_work", gpus_per_node=0)
-    (run / "faults" / "sleep_s").write_text("0.5")
+    (run / "faults" / "sleep_s").write_text("2")  # 24 s a task: still running when cancel comes on a busy machine
     env = {}
     assert cli("extract", cfg, env=env).returncode == 0
     wait_for(lambda: status(run, env)["tasks"][0]["state"] == "running", 120, "task 0 to run")
     r = cli("cancel", run, env=env)
-    assert r.returncode == 0 and "sent SIGTERM to local job" in r.stdout, r.stdout + r.stderr
+    assert r.returncode == 0 and "cancelled local job" in r.stdout, r.stdout + r.stderr
     st = wait_for(lambda: (s := status(run, env))["totals"]["active"] == 0 and s, 60, "the job to stop")
     assert {r["state"] for r in st["tasks"]} == {"cancelled"}, st["tasks"]
     r = cli("resume", run, "--dry-run", env=env)
