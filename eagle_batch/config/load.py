@@ -20,6 +20,7 @@ from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import MissingMandatoryValue, OmegaConfBaseException
 
 from eagle_batch.errors import UserError
+from eagle_batch.ownership import check_run, make_run_dir, write_private
 
 from .schema import RunConfig
 
@@ -202,19 +203,16 @@ _MISSING = object()
 
 
 def save_config(cfg: RunConfig, run_dir: str | os.PathLike, name: str = RESOLVED_NAME) -> Path:
-    """Write the resolved config into the run directory (atomically)."""
-    run_dir = Path(run_dir)
-    run_dir.mkdir(parents=True, exist_ok=True)
-    out = run_dir / name
-    tmp = out.with_suffix(out.suffix + ".tmp")
-    tmp.write_text(to_yaml(cfg))
-    os.replace(tmp, out)
-    return out
+    """Write the resolved config into the run directory (atomically, 0600; RUN made group/other read-only)."""
+    run_dir = make_run_dir(run_dir)
+    # Owner-only whatever the umask: it names code (extract.work) and shell lines (slurm.setup) run as you.
+    return write_private(run_dir / name, to_yaml(cfg))
 
 
 def load_run_config(run_dir: str | os.PathLike, overrides: Iterable[str] = ()) -> RunConfig:
     """The resolved config a run was created with (RUN/config.yaml), plus overrides."""
     p = Path(run_dir) / RESOLVED_NAME
+    check_run(run_dir)
     if not p.is_file():
         raise ConfigError(
             f"{run_dir} is not an eagle-batch run directory (no {RESOLVED_NAME}); "

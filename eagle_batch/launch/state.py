@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from eagle_batch.errors import UserError
+from eagle_batch.ownership import check_private, open_private, private_dir, write_private
 
 
 class SubmitError(UserError, RuntimeError):
@@ -52,6 +53,12 @@ DONE = "done"  # every sample committed and the store finalized
 FAILED = "failed"  # an attempt raised and the task was not requeued (local executor, or requeue failed)
 GAVE_UP = "gave_up"  # failed on max_attempts attempts
 REFUSED = "refused"  # (never written to the state file: a duplicate task only logs it)
+
+
+def slurm_dir(run_dir: str | os.PathLike) -> Path:
+    """RUN/slurm, created owner-only (0700): submitit's pickled jobs, which the batch step unpickles and runs
+    as you, and the local executor's slot files, whose pids `cancel` signals."""
+    return private_dir(Path(run_dir) / SLURM_DIR, "the run's submitit jobs and slot files")
 
 
 def state_path(run_dir: str | os.PathLike, task_id: int) -> Path:
@@ -118,6 +125,7 @@ class TaskState:
 
 def read_state(run_dir: str | os.PathLike, task_id: int) -> TaskState | None:
     p = state_path(run_dir, task_id)
+    check_private(p.parent, "the run's task state files")
     try:
         return TaskState.from_json(json.loads(p.read_text()))
     except FileNotFoundError:
@@ -129,11 +137,9 @@ def read_state(run_dir: str | os.PathLike, task_id: int) -> TaskState | None:
 
 def write_state(run_dir: str | os.PathLike, st: TaskState) -> None:
     p = state_path(run_dir, st.task_id)
-    p.parent.mkdir(parents=True, exist_ok=True)
+    private_dir(p.parent, "the run's task state files")
     st.updated = time.time()
-    tmp = p.with_name(f".{p.name}.{os.getpid()}.tmp")
-    tmp.write_text(json.dumps(st.to_json(), indent=1))
-    os.replace(tmp, p)
+    write_private(p, json.dumps(st.to_json(), indent=1))
 
 
 def new_attempt(job_id: str, restart: int, log: str) -> Attempt:
@@ -174,15 +180,15 @@ class Submission:
 
 
 def append_submission(run_dir: str | os.PathLike, sub: Submission) -> None:
-    p = Path(run_dir) / SLURM_DIR / SUBMISSIONS
-    p.parent.mkdir(parents=True, exist_ok=True)
+    p = slurm_dir(run_dir) / SUBMISSIONS
     # One short line with O_APPEND: concurrent CLIs never interleave inside a line.
-    with open(p, "a") as f:
+    with os.fdopen(open_private(p, os.O_WRONLY | os.O_CREAT | os.O_APPEND), "a") as f:
         f.write(json.dumps(asdict(sub)) + "\n")
 
 
 def read_submissions(run_dir: str | os.PathLike) -> list[Submission]:
     p = Path(run_dir) / SLURM_DIR / SUBMISSIONS
+    check_private(p.parent, "the run's submitit jobs and slot files")
     if not p.is_file():
         return []
     out = []
