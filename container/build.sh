@@ -124,7 +124,7 @@ case "${cmd}" in
         trap 'rm -rf "${rootfs}"' EXIT
         # The tag is the Debian suite; minbase = the essential and required packages only (apt, no
         # systemd); the Dockerfile installs what the image needs.
-        debootstrap --variant=minbase "${base##*:}" "${rootfs}" "${DEBIAN_MIRROR:-http://deb.debian.org/debian}" >/dev/null
+        debootstrap --variant=minbase "${base##*:}" "${rootfs}" "${DEBIAN_MIRROR:-https://deb.debian.org/debian}" >/dev/null
         tar -C "${rootfs}" -c . | podman import --quiet - "${base}" >/dev/null
         echo "imported ${base}"
         ;;

@@ -28,7 +28,7 @@ PRIVATE_DIR_MODE = 0o700
 PRIVATE_FILE_MODE = 0o600
 
 
-class ControlPlaneError(UserError, PermissionError):
+class ControlPlaneError(UserError):
     """A control file or folder of a run that someone other than its owner can change."""
 
     exit_code = 2
@@ -157,3 +157,31 @@ def user_temp_dir(name: str) -> Path:
         if not stat.S_ISDIR(os.lstat(p).st_mode):
             raise ControlPlaneError(f"{p} is not a folder; remove it (eagle-batch keeps its temporary files there).")
     return base / name
+
+
+def cache_warnings(caches: dict[str, Path]) -> list[str]:
+    """One line per code cache (compiled kernels, remote-code modules: imported by every job that uses it)
+    that another user owns or can write: whoever can write it runs code in your jobs. Empty when each is
+    yours alone, or not there yet."""
+    out = []
+    me = os.geteuid()
+    for var, path in caches.items():
+        try:
+            st = os.stat(path)
+        except OSError:
+            continue
+        bits = stat.S_IMODE(st.st_mode)
+        if st.st_uid == me and not bits & 0o022:
+            continue
+        who = (
+            f"belongs to {_owner_name(st.st_uid)}"
+            if st.st_uid != me
+            else "can be written by " + ("others" if bits & 0o002 else "its group")
+        )
+        out.append(
+            f"{var}={path} (owner {_owner_name(st.st_uid)}, mode {bits:04o}) {who}: what is compiled or cached "
+            "there is imported by your jobs, so whoever can write it runs code as you. Use a cache of your own "
+            f"(e.g. {var}=$HOME/.cache/eagle-batch or a per-user folder on scratch), or share one only as the "
+            "security guide says (docs/explanation/security.md)."
+        )
+    return out

@@ -42,6 +42,11 @@ def main(argv: list[str] | None = None) -> int:
     except ControlPlaneError as e:
         print(f"eagle-batch: refusing to run this job: {e}", file=sys.stderr)
         return 3
+    from eagle_batch import environment
+    from eagle_batch.ownership import cache_warnings
+
+    for line in cache_warnings(environment.code_caches()):
+        print(f"eagle-batch: warning: {line}", file=sys.stderr)
     submission.process_job(args[0])
     return 0
 

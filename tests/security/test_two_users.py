@@ -286,6 +286,17 @@ def test_dollar_paren_and_spaces_in_run_dir_are_a_literal_path_and_newlines_are_
             text=True,
         )
         assert shown.stdout == str(run), (script, shown.stderr)
+    # submitit's batch script (eagle-batch extract): the step's folder argument is one literal word.
+    import shlex
+
+    from eagle_batch.config import load_config
+    from eagle_batch.launch import make_executor
+
+    cfg = load_config(None, [f"run_dir={two_users.base / 'root-run $(touch x)'}", "model.path=/models/m"])
+    ex = make_executor(cfg, cfg.run_dir, executor="slurm", check_fits=False)
+    text = ex._make_submission_file_text(ex._submitit_command_str, "x")
+    step = next(ln for ln in text.splitlines() if "eagle_batch.launch.submitit_entry" in ln)
+    assert shlex.split(step)[-1] == f"{cfg.run_dir}/slurm/%j"
     assert not pwned.exists()
     # A newline in a Slurm field would start another #SBATCH line: refused at load, naming the key.
     bad = two_users.base / "newline.yaml"
