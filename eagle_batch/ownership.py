@@ -41,13 +41,14 @@ def _owner_name(uid: int) -> str:
         return f"uid {uid}"
 
 
-def check_private(path: str | os.PathLike, what: str, mode: bool = True) -> None:
+def check_private(path: str | os.PathLike, what: str, mode: bool = True, follow: bool = False) -> None:
     """ControlPlaneError unless `path` (when it exists) is not a link, is owned by this user and (with
     `mode`) is writable by its owner alone. `what` says what it is ("the run's config", ...) in the message;
-    `mode=False` is for what lies inside a folder checked with it (the folder keeps others out)."""
+    `mode=False` is for what lies inside a folder checked with it (the folder keeps others out); `follow`
+    checks what a link points at instead of refusing the link (RUN itself may be a link to scratch)."""
     p = Path(path)
     try:
-        st = os.lstat(p)
+        st = os.stat(p) if follow else os.lstat(p)
     except FileNotFoundError:
         return
     me = os.geteuid()
@@ -75,10 +76,10 @@ def make_run_dir(run_dir: str | os.PathLike) -> Path:
     user is refused."""
     p = Path(run_dir)
     p.mkdir(parents=True, exist_ok=True)
-    st = os.lstat(p)
+    st = os.stat(p)
     if stat.S_ISDIR(st.st_mode) and st.st_uid == os.geteuid():
         os.chmod(p, stat.S_IMODE(st.st_mode) & ~0o022)
-    check_private(p, "the run folder")
+    check_private(p, "the run folder", follow=True)
     return p
 
 
@@ -135,7 +136,7 @@ RUN_CONTROL = (
 def check_run(run_dir: str | os.PathLike) -> None:
     """ControlPlaneError unless RUN and its control entries that exist are private (check_private)."""
     run = Path(run_dir)
-    check_private(run, "the run folder")
+    check_private(run, "the run folder", follow=True)
     for name, what in RUN_CONTROL:
         check_private(run / name, what)
 

@@ -22,7 +22,7 @@ def check_job_folder(folder: Path, pickle: Path) -> None:
     """ControlPlaneError unless RUN and RUN/slurm are private and the job folder and its pickle are this
     user's own files (their mode is the umask's: the 0700 RUN/slurm above them keeps others out)."""
     slurm = folder.parent
-    check_private(slurm.parent, "the run folder")
+    check_private(slurm.parent, "the run folder", follow=True)
     check_private(slurm, "the run's submitit jobs and slot files")
     check_private(folder, "the submitit job folder", mode=False)
     check_private(pickle, "the submitit job", mode=False)
