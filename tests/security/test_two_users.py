@@ -111,7 +111,7 @@ SLURM_ENV = {
 
 def test_a_replaced_submitit_pickle_is_not_run_by_the_batch_step(two_users, victim_run):
     run = two_users.project / "run-pickle"
-    genuine, pwned = two_users.base / "genuine", two_users.base / "pwned"
+    genuine, pwned = two_users.project / "genuine", two_users.project / "pwned"  # both may write there
     folder = run / "slurm" / "4242"
     # The victim's own job, pickled by submitit into RUN/slurm (created 0700 by eagle-batch).
     r = two_users.run(
@@ -162,7 +162,7 @@ def test_a_replaced_submitit_pickle_is_not_run_by_the_batch_step(two_users, vict
 
 def test_a_planted_checkpoint_or_latest_is_refused_and_a_pickle_never_runs(two_users):
     out = two_users.project / "draft"
-    pwned = two_users.base / "pwned-ckpt"
+    pwned = two_users.project / "pwned-ckpt"
     ck = out / "checkpoints"
     save = (
         "import torch\n"
