@@ -11,7 +11,8 @@
 #   apptainer [OUT.sif]                      # gpu: builds from container/eagle-batch.def
 #   sif      [OUT.sif] [--from docker|podman]  # image in the local docker daemon / podman -> .sif
 #   enroot   [OUT.sqsh]                      # image in the local docker daemon -> enroot squashfs
-#   lock     [uv pip compile args...]        # regenerate the flavour's lock (needs `uv`)
+#   lock     [uv pip compile args...]        # regenerate the flavour's lock, with hashes (needs `uv`)
+#   pin-base                                 # gpu: resolve BASE_IMAGE's digest into the versions file
 #   print                                    # show the versions and the image reference
 #
 # Run it from anywhere; the build context is the repository root (pyproject.toml + eagle_batch/).
@@ -19,6 +20,12 @@
 # ${XDG_CACHE_HOME:-~/.cache}/eagle-batch/wheels-FLAVOUR, filled by `wheels` before each build.
 # BUILD_CA_BUNDLE=FILE (docker, podman): CA certificates pip trusts during the build, for a network
 # that re-signs TLS; passed as a build secret, so it does not end up in the image.
+#
+# Supply chain: a build (docker, podman, apptainer) takes a registry base image by digest only
+# (BASE_IMAGE@BASE_IMAGE_DIGEST; `pin-base` resolves the digest of BASE_IMAGE's tag once, with
+# `docker buildx imagetools inspect` or `skopeo inspect`, and writes it into the versions file: review and
+# commit that line), installs the lock with `pip install --require-hashes` (`lock` writes the hashes), and
+# downloads over https only. A build missing either refuses, saying which command to run.
 set -euo pipefail
 
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
@@ -47,9 +54,24 @@ while IFS= read -r line || [[ -n "${line}" ]]; do
         exit 2
     fi
     V["${key}"]="${value}"
+    [[ "${key}" == BASE_IMAGE || "${key}" == BASE_IMAGE_DIGEST ]] && continue
     build_args+=("--build-arg" "${key}=${value}")
 done <"${versions_file}"
+# A registry base by digest (the tag names it for people; the digest is what is pulled); a local one as is.
+base_ref="${V[BASE_IMAGE]}"
+[[ -n "${V[BASE_IMAGE_DIGEST]:-}" ]] && base_ref="${V[BASE_IMAGE]}@${V[BASE_IMAGE_DIGEST]}"
+build_args+=("--build-arg" "BASE_IMAGE=${base_ref}")
 
+require_pinned() {
+    if [[ "${V[BASE_IMAGE]}" != localhost/* && -z "${V[BASE_IMAGE_DIGEST]:-}" ]]; then
+        echo "build.sh: BASE_IMAGE=${V[BASE_IMAGE]} is pinned by tag only; run \`container/build.sh --flavour ${flavour} pin-base\` (it writes BASE_IMAGE_DIGEST into ${versions_file}), review and commit it, then build" >&2
+        exit 2
+    fi
+    if ! grep -q -- '--hash=sha256:' "${lock}"; then
+        echo "build.sh: ${lock} has no hashes, and the image installs it with pip --require-hashes; re-lock with \`container/build.sh --flavour ${flavour} lock\`, review and commit it, then build" >&2
+        exit 2
+    fi
+}
 image="${V[IMAGE_NAME]}:${V[IMAGE_TAG]}"
 secrets=()
 if [[ -n "${BUILD_CA_BUNDLE:-}" ]]; then
@@ -85,6 +107,7 @@ case "${cmd}" in
         ls -1 "${1:-${wheels_dir}}"
         ;;
     docker)
+        require_pinned
         push=""
         if [[ "${1:-}" == "--push" ]]; then
             push="${2:?--push needs REGISTRY/REPO, e.g. ghcr.io/acme/eagle-batch}"
@@ -101,6 +124,7 @@ case "${cmd}" in
         echo "built ${image}"
         ;;
     podman)
+        require_pinned
         fetch_wheels "${wheels_dir}"
         # --format docker: the OCI format has no SHELL, so podman would run the RUN steps with /bin/sh
         # instead of the Dockerfile's bash -o pipefail.
@@ -124,7 +148,7 @@ case "${cmd}" in
         trap 'rm -rf "${rootfs}"' EXIT
         # The tag is the Debian suite; minbase = the essential and required packages only (apt, no
         # systemd); the Dockerfile installs what the image needs.
-        debootstrap --variant=minbase "${base##*:}" "${rootfs}" "${DEBIAN_MIRROR:-http://deb.debian.org/debian}" >/dev/null
+        debootstrap --variant=minbase "${base##*:}" "${rootfs}" "${DEBIAN_MIRROR:-https://deb.debian.org/debian}" >/dev/null
         tar -C "${rootfs}" -c . | podman import --quiet - "${base}" >/dev/null
         echo "imported ${base}"
         ;;
@@ -133,6 +157,7 @@ case "${cmd}" in
             echo "build.sh: Apptainer cannot bootstrap from the local base ${V[BASE_IMAGE]}; build the image with podman, then: build.sh --flavour ${flavour} sif OUT.sif --from podman" >&2
             exit 2
         fi
+        require_pinned
         out="${1:-${repo}/${V[IMAGE_NAME]}-${V[IMAGE_TAG]}.sif}"
         fetch_wheels "${wheels_dir}"
         # %files in the .def copies paths relative to the current directory: build from the repo root.
@@ -176,17 +201,32 @@ case "${cmd}" in
         for name in "${names[@]}"; do exclude+=(--no-emit-package "${name}"); done
         compile_cmd="container/build.sh lock"
         [[ "${flavour}" != gpu ]] && compile_cmd="container/build.sh --flavour ${flavour} lock"
-        uv pip compile "${src}" --no-config \
+        uv pip compile "${src}" --no-config --generate-hashes \
             --python-version "${V[PYTHON_VERSION]}" --python-platform "${V[LOCK_PLATFORM]}" \
             --no-build --index-url https://pypi.org/simple "${exclude[@]}" \
             --custom-compile-command "${compile_cmd}" "$@" -o "${lock}"
         sed -n '/^# pip-check-expected: /p' "${src}" >>"${lock}"
         ;;
+    pin-base)
+        base="${V[BASE_IMAGE]}"
+        [[ "${base}" == localhost/* ]] && { echo "build.sh: ${base} is a local image: nothing to pin" >&2; exit 2; }
+        if command -v docker >/dev/null && digest="$(docker buildx imagetools inspect "${base}" --format '{{json .Manifest.Digest}}' 2>/dev/null)"; then
+            digest="${digest//\"/}"
+        elif command -v skopeo >/dev/null; then
+            digest="$(skopeo inspect --format '{{.Digest}}' "docker://${base}")"
+        else
+            echo "build.sh: pin-base needs docker (buildx) or skopeo to ask the registry for ${base}'s digest" >&2
+            exit 1
+        fi
+        [[ "${digest}" =~ ^sha256:[0-9a-f]{64}$ ]] || { echo "build.sh: ${base}: not a digest: '${digest}'" >&2; exit 1; }
+        sed -i "s/^BASE_IMAGE_DIGEST=.*/BASE_IMAGE_DIGEST=${digest}/" "${versions_file}"
+        echo "BASE_IMAGE_DIGEST=${digest} written into ${versions_file} (${base})"
+        ;;
     help | -h | --help)
-        sed -n '2,21p' "${BASH_SOURCE[0]}"
+        sed -n '2,28p' "${BASH_SOURCE[0]}"
         ;;
     *)
-        echo "build.sh: unknown command '${cmd}' (docker | podman | base | wheels | apptainer | sif | enroot | lock | print)" >&2
+        echo "build.sh: unknown command '${cmd}' (docker | podman | base | wheels | apptainer | sif | enroot | lock | pin-base | print)" >&2
         exit 2
         ;;
 esac

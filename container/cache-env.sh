@@ -4,8 +4,10 @@
 # %environment (so `apptainer exec` gets it too) and by the rendered slurm/ job scripts.
 #
 # EAGLE_BATCH_CACHE is the one knob (the same variable eagle_batch.models uses for its model cache).
-# Put it on a filesystem every node sees (Lustre/GPFS/NFS scratch). Each variable below can still be
-# set on its own; an existing value wins.
+# Put it on a filesystem every node sees (Lustre/GPFS/NFS scratch), one folder per user: compiled kernels
+# and remote-code modules there are imported by every job, so a cache others can write is code they run as
+# you (eagle-batch warns about one; docs/explanation/security.md). Each variable below can still be set on
+# its own; an existing value wins.
 #
 # POSIX sh on purpose: Apptainer sources %environment with /bin/sh.
 : "${EAGLE_BATCH_CACHE:=${HOME:-/tmp}/.cache/eagle-batch}"

@@ -82,6 +82,18 @@ def _parse(parser: argparse.ArgumentParser, command: argparse.ArgumentParser | N
         return parser.parse_args(argv)
 
 
+# The commands that start engines or compile kernels here or in their jobs: they import from the code caches.
+ENGINE_COMMANDS = ("extract", "resume", "train", "evaluate", "regenerate", "validate", "demo")
+
+
+def _warn_about_shared_caches(command: str) -> None:
+    from eagle_batch import environment
+    from eagle_batch.ownership import cache_warnings
+
+    for line in cache_warnings(environment.code_caches()):
+        print(f"eagle-batch {command}: warning: {line}", file=sys.stderr)
+
+
 def main(argv: list[str] | None = None) -> int:
     from eagle_batch.config import ConfigError
     from eagle_batch.errors import UserError
@@ -102,6 +114,8 @@ def main(argv: list[str] | None = None) -> int:
             _add_no_progress(p)
             chosen_parser = p
     args = _parse(parser, chosen_parser, argv)
+    if args.command in ENGINE_COMMANDS:
+        _warn_about_shared_caches(args.command)
     try:
         return int(importlib.import_module(args._module).run(args) or 0)
     except ConfigError as e:

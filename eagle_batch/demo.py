@@ -18,6 +18,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import stat
 import sys
 import time
 from pathlib import Path
@@ -25,6 +26,8 @@ from typing import Any
 
 from eagle_batch import environment
 from eagle_batch.cli_common import int_at_least
+from eagle_batch.errors import UserError
+from eagle_batch.ownership import make_run_dir, write_private
 
 DATA_FILE = Path(__file__).parent / "demo_data" / "chat.jsonl"
 
@@ -105,10 +108,30 @@ def _configure(args: argparse.Namespace):
         extra.append(f"data.limit={args.limit}")
     cfg = demo_config(run_dir, model_path, args.executor, extra)
     check_config(cfg)
-    if (run_dir / "config.yaml").is_file():
+    if _is_own_demo_run(run_dir):
         _say(f"replacing the previous demo run in {run_dir}")
         shutil.rmtree(run_dir)
+    elif run_dir.exists() and (not run_dir.is_dir() or any(run_dir.iterdir())):
+        raise UserError(
+            f"--run-dir {run_dir} is not empty and is not a run the demo made (no {DEMO_MARKER} of yours in "
+            "it): the demo replaces only its own runs. Pass another --run-dir, or remove that folder yourself."
+        )
+    write_private(make_run_dir(run_dir) / DEMO_MARKER, "a run made by `eagle-batch demo`, which may replace it\n")
     return cfg, model_path, extra
+
+
+# The file that marks a folder as a demo run, which a later `demo` may delete and make again.
+DEMO_MARKER = ".eagle-batch-demo"
+
+
+def _is_own_demo_run(run_dir: Path) -> bool:
+    """A folder of this user's, holding this user's marker file (not a link): one `demo` made."""
+    try:
+        folder, marker = os.lstat(run_dir), os.lstat(run_dir / DEMO_MARKER)
+    except OSError:
+        return False
+    me = os.geteuid()
+    return stat.S_ISDIR(folder.st_mode) and stat.S_ISREG(marker.st_mode) and folder.st_uid == me == marker.st_uid
 
 
 def _prepare(cfg) -> dict:

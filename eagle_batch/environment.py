@@ -118,6 +118,29 @@ def cache_dir(environ: Mapping[str, str] | None = None) -> Path:
     return Path(_env(environ).get(CACHE) or Path.home() / ".cache" / "eagle-batch")
 
 
+# The caches whose contents are imported or loaded as code: compiled kernels and graphs, and the modules of
+# remote code (container/cache-env.sh points them all under EAGLE_BATCH_CACHE).
+CODE_CACHES = (
+    CACHE,
+    "VLLM_CACHE_ROOT",
+    "TRITON_CACHE_DIR",
+    "TORCHINDUCTOR_CACHE_DIR",
+    "FLASHINFER_WORKSPACE_BASE",
+    "TORCH_EXTENSIONS_DIR",
+    "TVM_FFI_CACHE_DIR",
+    "HF_HOME",
+    "HF_MODULES_CACHE",
+)
+
+
+def code_caches(environ: Mapping[str, str] | None = None) -> dict[str, Path]:
+    """{variable: folder} of the code caches this process was pointed at (eagle-batch's own by default)."""
+    e = _env(environ)
+    out = {name: Path(e[name]) for name in CODE_CACHES if e.get(name)}
+    out.setdefault(CACHE, cache_dir(environ))
+    return out
+
+
 def cuda_visible_devices(environ: Mapping[str, str] | None = None) -> list[str] | None:
     """The entries of CUDA_VISIBLE_DEVICES up to the first invalid one (as CUDA reads it); None if unset."""
     cvd = _env(environ).get("CUDA_VISIBLE_DEVICES")

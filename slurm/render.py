@@ -154,7 +154,13 @@ eb_setup() {{
 
 
 def render(cfg, out_dir: Path) -> list[Path]:
-    out_dir.mkdir(parents=True, exist_ok=True)
+    from eagle_batch.launch.state import slurm_dir
+    from eagle_batch.ownership import private_dir
+
+    # The scripts are code the jobs run as you: owner-only, like RUN/slurm (eagle_batch.ownership).
+    if out_dir.parent == Path(cfg.run_dir) / "slurm":
+        slurm_dir(cfg.run_dir)
+    private_dir(out_dir, "the rendered batch scripts")
     env_file = out_dir / "env.sh"
     written = []
     env_file.write_text(env_sh(cfg, out_dir))
@@ -163,7 +169,8 @@ def render(cfg, out_dir: Path) -> list[Path]:
         shutil.copyfile(src, out_dir / name)
         written.append(out_dir / name)
     for name in JOB_TEMPLATES + ("submit.sh",):
-        text = (TEMPLATES / name).read_text().replace("@ENV_FILE@", str(env_file))
+        # One shell word whatever the path holds (spaces, `$(...)`): sourced as a literal path.
+        text = (TEMPLATES / name).read_text().replace("@ENV_FILE@", shlex.quote(str(env_file)))
         lines = []
         for line in text.splitlines():
             if line.startswith("#EB_SBATCH "):

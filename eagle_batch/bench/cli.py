@@ -9,6 +9,7 @@ import sys
 BENCHES = {
     "store": "write/read hidden states of the real SmolLM2 through the Zarr store",
     "prepare": "rows/s and tokens/s of prepare on synthetic conversations",
+    "prepare_hostile": "prepare's peak memory on hostile inputs (one 50 MB message in .jsonl.gz/.json/.csv)",
     "capture": "plain prefill vs eagle-batch capture vs vLLM's stock connector, one run",
     "slurm": "submit-to-done wall time of a trivial Slurm array",
     "loader": "samples/s and MB/s of the training data path",

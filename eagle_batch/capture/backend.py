@@ -26,6 +26,7 @@ from typing import Any, Protocol
 
 from eagle_batch import environment
 from eagle_batch.config import RunConfig, model_info, resolve_layer_ids
+from eagle_batch.config.remote_code import engine_remote_code
 
 from . import vllm_compat as compat
 from .sink import Sink
@@ -87,7 +88,7 @@ class VllmBackend:
             max_num_seqs=e.max_num_seqs,
             max_num_batched_tokens=e.max_num_batched_tokens,
             enforce_eager=e.enforce_eager,
-            trust_remote_code=m.trust_remote_code,
+            trust_remote_code=engine_remote_code(m),
             skip_tokenizer_init=True,  # prompts are token ids; lets random-vocab models run without a tokenizer
         )
         if m.revision:

@@ -14,6 +14,7 @@ import sys
 from pathlib import Path
 
 from eagle_batch.cli_common import int_at_least
+from eagle_batch.config.remote_code import engine_remote_code
 from eagle_batch.errors import UserError
 
 
@@ -71,7 +72,7 @@ def validate_run(
         )
     rng = np.random.default_rng(seed)
     picks = sorted(rng.choice(len(index), size=min(k, len(index)), replace=False).tolist())
-    model = load_hf_model(cfg.model.path, dtype or cfg.model.dtype, device, cfg.model.trust_remote_code)
+    model = load_hf_model(cfg.model.path, dtype or cfg.model.dtype, device, engine_remote_code(cfg.model))
     acc = LayerAccumulator(layer_ids)
     for p in progress(picks, desc="validate", unit="sample", enabled=show_progress):
         d, i = index[p]

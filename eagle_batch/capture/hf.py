@@ -25,6 +25,7 @@ import numpy as np
 import torch
 
 from eagle_batch.config import RunConfig, model_info, resolve_layer_ids
+from eagle_batch.config.remote_code import engine_remote_code
 
 from .layers import hf_hidden_state_source, validate_layer_ids
 from .sink import CapturedRequest, Sink
@@ -179,7 +180,7 @@ class HFBackend:
         self.info = model_info(cfg.model.path)
         self.layer_ids = list(layer_ids) if layer_ids is not None else resolve_layer_ids(cfg.model, self.info)
         self.hidden_size = self.info.hidden_size
-        self.model = load_hf_model(cfg.model.path, cfg.model.dtype, device, cfg.model.trust_remote_code)
+        self.model = load_hf_model(cfg.model.path, cfg.model.dtype, device, engine_remote_code(cfg.model))
 
     def run_batch(self, samples: Sequence[Any], sink: Sink) -> None:
         for s in samples:

@@ -12,6 +12,7 @@ import copy
 import hashlib
 import json
 import os
+import re
 from collections.abc import Iterable, Sequence
 from dataclasses import asdict
 from pathlib import Path
@@ -21,7 +22,9 @@ from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import MissingMandatoryValue, OmegaConfBaseException, ValidationError
 
 from eagle_batch.errors import UserError
+from eagle_batch.ownership import check_run, make_run_dir, write_private
 
+from .remote_code import deprecated_flag_note
 from .schema import RunConfig
 
 RESOLVED_NAME = "config.yaml"
@@ -122,10 +125,34 @@ def load_config(
     except OmegaConfBaseException as e:
         raise ConfigError(_format_omegaconf_error(e, "config")) from e
     assert isinstance(cfg, RunConfig)
+    check_no_control_characters(cfg)
+    deprecated_flag_note(cfg.model)
     # Absolute from here on: RUN/config.yaml keeps it, and a later command started from another folder (or a
     # task whose working directory is its log folder) must find the same run.
     cfg.run_dir = str(Path(cfg.run_dir).expanduser().absolute())
     return cfg
+
+
+# Values that never reach a shell script, a Slurm header or a path: the chat template's own variables.
+FREE_TEXT_KEYS = ("data.chat_template_kwargs.",)
+_CONTROL = re.compile(r"[\x00-\x08\x0a-\x1f\x7f]")
+
+
+def check_no_control_characters(cfg: RunConfig) -> None:
+    """ConfigError naming the key when a string setting holds a control character (a tab aside). Settings
+    reach generated batch scripts, `#SBATCH` lines and paths: a newline there would end a line and start
+    another (a second `#SBATCH` option, a shell command); no real value needs one."""
+    for key, value in dotted_leaves(config_dict(cfg)).items():
+        if key.startswith(FREE_TEXT_KEYS):
+            continue
+        for i, item in enumerate(value if isinstance(value, list) else [value]):
+            if isinstance(item, str) and _CONTROL.search(item):
+                where = f"{key}[{i}]" if isinstance(value, list) else key
+                raise ConfigError(
+                    f"config key '{where}' holds a control character ({_CONTROL.search(item).group()!r}) in "
+                    f"{item[:80]!r}: settings reach batch scripts and #SBATCH lines, where a newline starts "
+                    "another line. Remove it (a list setting takes one item per line)."
+                )
 
 
 def _merge_file(base: DictConfig, path: Path) -> DictConfig:
@@ -260,23 +287,21 @@ _MISSING = object()
 
 
 def save_config(cfg: RunConfig, run_dir: str | os.PathLike, name: str = RESOLVED_NAME) -> Path:
-    """Write the resolved config into the run directory (atomically), COMMAND_KEYS at their defaults."""
+    """Write the resolved config into the run directory (atomically, 0600; RUN made group/other read-only),
+    COMMAND_KEYS at their defaults."""
     cfg, default = copy.deepcopy(cfg), RunConfig()
     for section, keys in COMMAND_KEYS.items():
         for key in keys:
             setattr(getattr(cfg, section), key, getattr(getattr(default, section), key))
-    run_dir = Path(run_dir)
-    run_dir.mkdir(parents=True, exist_ok=True)
-    out = run_dir / name
-    tmp = out.with_suffix(out.suffix + ".tmp")
-    tmp.write_text(to_yaml(cfg))
-    os.replace(tmp, out)
-    return out
+    run_dir = make_run_dir(run_dir)
+    # Owner-only whatever the umask: it names code (extract.work) and shell lines (slurm.setup) run as you.
+    return write_private(run_dir / name, to_yaml(cfg))
 
 
 def load_run_config(run_dir: str | os.PathLike, overrides: Iterable[str] = ()) -> RunConfig:
     """The resolved config a run was created with (RUN/config.yaml), plus overrides."""
     p = Path(run_dir) / RESOLVED_NAME
+    check_run(run_dir)
     if not p.is_file():
         raise ConfigError(
             f"{run_dir} is not an eagle-batch run directory (no {RESOLVED_NAME}); "

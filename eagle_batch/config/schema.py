@@ -29,6 +29,13 @@ class ModelConfig:
     # Hidden-state layer ids to capture; id k = residual stream after k decoder layers, id N = last
     # layer's output before the final norm. None -> EAGLE-3 default [2, N//2, N-3, N].
     layer_ids: list[int] | None = None
+    # Run the model folder's own Python code (transformers/vLLM `trust_remote_code`), as you, for: the
+    # tokenizer (prepare, regenerate's plan, evaluate: on the login node; e.g. Kimi's tiktoken tokenizer)...
+    tokenizer_trust_remote_code: bool = False
+    # ... or the model (vLLM or transformers on the GPU nodes; vLLM ships its own classes for the models it
+    # supports). Off by default; when on, the command names the folder whose code runs (config/remote_code.py).
+    engine_trust_remote_code: bool = False
+    # Deprecated: both of the above at once (the one flag of earlier releases); set the one you need instead.
     trust_remote_code: bool = False
     max_model_len: int = 4096
 
@@ -62,6 +69,16 @@ class DataConfig:
     turn_train_field: str = "weight"
     chat_template_kwargs: dict[str, Any] = field(default_factory=dict)
     limit: int = 0  # read at most this many rows (0 = all); for smoke runs
+    # Caps on untrusted input, applied while reading (before anything is parsed whole or tokenized): a record
+    # (a JSON Lines line, a JSON array element, a CSV record, a Parquet/Arrow row's strings) longer than this
+    # many bytes is a `row_too_long` bad row, skipped unread; memory holds at most one such record. 16 MiB.
+    max_row_bytes: int = 16 << 20
+    # A .gz input decompressing to more than this many bytes (a decompression bomb) stops being read there:
+    # the rest is one `file_too_large` bad row. Bytes; 64 GiB; 0 = no cap.
+    max_decompressed_bytes: int = 64 << 30
+    # A message (a turn's content, reasoning or tool-call arguments) longer than this many characters makes
+    # its row a `message_too_long` bad row, before the chat template or the tokenizer sees it. 1,000,000.
+    max_message_chars: int = 1_000_000
 
 
 @dataclass

@@ -24,6 +24,9 @@ BAD_ROW_REASONS = {
     "undecodable_bytes": "the bytes are not valid UTF-8",
     "invalid_text": "a string holds a lone UTF-16 surrogate (a JSON \\ud800-\\udfff escape without its pair), "
     "which is not text and cannot be tokenized",
+    "row_too_long": "the record is longer than data.max_row_bytes; it was skipped unread",
+    "file_too_large": "the file decompresses to more than data.max_decompressed_bytes; the rest of it was not read",
+    "message_too_long": "a message is longer than data.max_message_chars characters",
     "truncated_file": "the file ends in the middle of a record (it was cut off); the complete records before it are kept",
     "not_an_object": "the row is not a JSON object / struct",
     "unknown_format": "no messages / conversations / prompt+response / instruction+output column in the row",
@@ -348,7 +351,27 @@ def row_to_conversation(row: Any, data_cfg, require_assistant: bool = True) -> C
     if not isinstance(tools, list) or not tools:
         tools = None
     _check_text(messages, tools)
+    _check_lengths(messages, int(data_cfg.max_message_chars))
     return Conversation(messages, tools, frozenset(untrained), read_as, also)
+
+
+def _check_lengths(messages: list[dict], limit: int) -> None:
+    """BadRow `message_too_long` when a message's content, reasoning or tool-call arguments pass `limit`
+    characters (0 = no cap): what the chat template and the tokenizer would otherwise spend minutes on."""
+    if not limit:
+        return
+    for i, m in enumerate(messages):
+        texts = [m.get("content"), m.get("reasoning_content")]
+        texts += [
+            str(c.get("function", {}).get("arguments", "")) for c in m.get("tool_calls") or () if isinstance(c, dict)
+        ]
+        longest = max((len(t) for t in texts if isinstance(t, str)), default=0)
+        if longest > limit:
+            raise BadRow(
+                "message_too_long",
+                f"message {i} ({m['role']}) has {longest} characters, over data.max_message_chars={limit} (raise "
+                "it if such messages are genuine)",
+            )
 
 
 def _trained(turn: dict, index: int, key: str) -> bool:

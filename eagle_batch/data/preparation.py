@@ -28,11 +28,13 @@ from pathlib import Path
 import numpy as np
 
 from eagle_batch.config import ConfigError, RunConfig, check_fits_model, check_values, model_info, save_config
+from eagle_batch.ownership import make_run_dir
 
 from .dataset import BAD_ROWS, PLAN, PREPARED, SAMPLES, SUMMARY
 from .plan import plan_lpt
 from .readers import JSONL_SUFFIXES, RawRecord, count_rows, iter_records, resolve_inputs
 from .rows import DataView, init_worker, load_tokenizer, process_chunk
+from .streaming import ReadLimits
 from .tally import BadRowError, NothingToPrepare, Sample, Tally  # noqa: F401 - the errors prepare raises
 
 CHUNK_ROWS = 256
@@ -153,7 +155,7 @@ def prepare(cfg: RunConfig, workers: int = 1, progress: bool = True, force: bool
 
     tmp_dir = run_dir / f".{PREPARED}.tmp-{os.getpid()}"
     try:
-        run_dir.mkdir(parents=True, exist_ok=True)
+        make_run_dir(run_dir)  # group/other read-only whatever the umask: RUN holds the run's control plane
         shutil.rmtree(tmp_dir, ignore_errors=True)
         tmp_dir.mkdir()
     except OSError as e:
@@ -204,7 +206,7 @@ def _prepare_into(
     prog = Progress(total, enabled=show_progress, total_bytes=text_bytes, bytes_done=lambda: consumed[0])
     with (
         open(out / BAD_ROWS, "w") as bad_f,
-        _row_results(cfg_dict, tok, _records(files, d.limit, consumed), workers) as results,
+        _row_results(cfg_dict, tok, _records(files, d.limit, consumed, ReadLimits.from_config(d)), workers) as results,
     ):
         tally = Tally(DataView(cfg_dict["data"]), bad_f, [str(f) for f in files])
         for chunk in results:
@@ -217,10 +219,10 @@ def _prepare_into(
     return _write_plan(cfg, files, tally, out)
 
 
-def _records(files: list[Path], limit: int, consumed: list[int]) -> Iterator[RawRecord]:
+def _records(files: list[Path], limit: int, consumed: list[int], limits: ReadLimits) -> Iterator[RawRecord]:
     n = 0
     for f in files:
-        for rec in iter_records(f):
+        for rec in iter_records(f, limits):
             if limit and n >= limit:
                 return
             n += 1

@@ -19,20 +19,29 @@ but is damaged further in raises the same error when its rows are read.
 
 from __future__ import annotations
 
-import codecs
-import csv
 import glob
 import gzip
-import io
 import json
 import os
 import zlib
 from collections.abc import Iterator
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from eagle_batch.config import ConfigError
+
+from .records import RawRecord, ReadProblem, json_error_detail
+from .streaming import (
+    DEFAULT_LIMITS,
+    CappedReader,
+    FileTooLarge,
+    ReadLimits,
+    iter_csv,
+    iter_json,
+    iter_jsonl,
+    too_large_problem,
+    too_long_problem,
+)
 
 JSONL_SUFFIXES = (".jsonl", ".ndjson")
 JSON_SUFFIXES = (".json",)
@@ -55,19 +64,6 @@ def _unreadable(path: Path, kind: str, e: BaseException, rows_read: int | None =
         f"data.inputs: {path} is not a readable {kind} file ({detail}{after}); re-download or re-convert "
         "it, or remove it from data.inputs."
     )
-
-
-@dataclass
-class RawRecord:
-    file: str
-    # 1-based line number for text files (line_kind "line"), 0-based row index for columnar files.
-    index: int
-    line_kind: str  # "line" | "row"
-    raw: bytes | None = None  # JSON Lines: the undecoded line
-    row: Any = None  # everything else: the decoded row
-
-    def where(self) -> str:
-        return f"{self.file}:{self.index}" if self.line_kind == "line" else f"{self.file} row {self.index}"
 
 
 def _is_datasets_folder(p: Path) -> bool:
@@ -223,29 +219,37 @@ def _arrow_reader(path: Path, schema_only: bool = False):
         return r.schema if schema_only else r.read_all()
 
 
-def iter_records(path: Path) -> Iterator[RawRecord]:
+def iter_records(path: Path, limits: ReadLimits = DEFAULT_LIMITS) -> Iterator[RawRecord]:
+    """The records of one input, read as a stream with at most one record of `limits.max_row_bytes` in
+    memory (data/streaming.py); what cannot be read as a record is a record holding a ReadProblem."""
     name = _text_name(path)
     if not name.endswith(TEXT_SUFFIXES):
-        yield from _iter_columnar(path)
+        yield from _iter_columnar(path, limits)
         return
     rows = 0
     try:  # a gzip stream cut off or damaged part-way: the rows before it were read, the rest cannot be found
-        for rec in _iter_jsonl(path) if name.endswith(JSONL_SUFFIXES) else _iter_whole_text(path, name):
-            rows += 1
-            yield rec
+        with _open_bytes(path) as raw:
+            f = CappedReader(raw, limits.max_decompressed_bytes if path.name.endswith(GZIP_SUFFIX) else 0)
+            if name.endswith(JSONL_SUFFIXES):
+                records = iter_jsonl(f, str(path), limits)
+            elif name.endswith(CSV_SUFFIXES):
+                records = iter_csv(f, str(path), name.endswith(".tsv"), limits)
+            else:
+                records = iter_json(f, str(path), limits)
+            for rec in records:
+                rows += 1
+                yield rec
+    except FileTooLarge:
+        yield RawRecord(str(path), rows, "row", row=too_large_problem(limits))
     except (gzip.BadGzipFile, EOFError, zlib.error) as e:
         raise _unreadable(path, "gzip", e, rows_read=rows) from None
 
 
-def _iter_whole_text(path: Path, name: str) -> Iterator[RawRecord]:
-    with _open_bytes(path) as f:
-        data = f.read()
-    yield from (_iter_csv if name.endswith(CSV_SUFFIXES) else _iter_json)(path, data)
-
-
-def _iter_columnar(path: Path) -> Iterator[RawRecord]:
+def _iter_columnar(path: Path, limits: ReadLimits) -> Iterator[RawRecord]:
     """Rows of a Parquet or Arrow file. Damage past the footer/schema (a bad page or record batch) stops the
-    run with UnreadableInputError: the rows after it cannot be found, so they cannot be counted either."""
+    run with UnreadableInputError: the rows after it cannot be found, so they cannot be counted either. A row
+    whose strings pass `max_row_bytes` is a `row_too_long` row (Arrow has read its batch already: the cap
+    keeps it from the tokenizer; the batches themselves are what the file's writer made them)."""
     import pyarrow as pa
 
     name = str(path)
@@ -259,11 +263,48 @@ def _iter_columnar(path: Path) -> Iterator[RawRecord]:
         else:
             batches = _arrow_reader(path).to_batches(max_chunksize=1024)
         for batch in batches:
-            for row in batch.to_pylist():
+            sizes = _row_sizes(batch)
+            for row, size in zip(batch.to_pylist(), sizes):
+                if limits.max_row_bytes and size > limits.max_row_bytes:
+                    row = too_long_problem(f"row {i}", size, limits)
                 yield RawRecord(name, i, "row", row=row)
                 i += 1
     except (pa.ArrowException, OSError) as e:
         raise _unreadable(path, "Parquet" if parquet else "Arrow IPC", e, rows_read=i) from None
+
+
+def _row_sizes(batch) -> list[int]:
+    """Bytes of each row's string and binary values (nested lists and structs included), from the Arrow
+    buffers' offsets: no row is turned into Python objects to be measured."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    total = pa.array([0] * batch.num_rows, pa.int64())
+    for column in batch.columns:
+        total = pc.add(total, _value_bytes(column))
+    return total.to_pylist()
+
+
+def _value_bytes(arr):
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    t = arr.type
+    if pa.types.is_string(t) or pa.types.is_large_string(t) or pa.types.is_binary(t) or pa.types.is_large_binary(t):
+        return pc.fill_null(pc.binary_length(arr), 0).cast(pa.int64())
+    if pa.types.is_struct(t):
+        out = pa.array([0] * len(arr), pa.int64())
+        for k in range(t.num_fields):
+            out = pc.add(out, _value_bytes(pc.struct_field(arr, [k])))
+        return out
+    if pa.types.is_list(t) or pa.types.is_large_list(t):
+        inner = _value_bytes(pc.list_flatten(arr))
+        parents = pc.list_parent_indices(arr)
+        sums = [0] * len(arr)
+        for p, v in zip(parents.to_pylist(), inner.to_pylist()):
+            sums[p] += v
+        return pa.array(sums, pa.int64())
+    return pa.array([0] * len(arr), pa.int64())
 
 
 def decode_record(rec: RawRecord) -> Any:
@@ -282,170 +323,3 @@ def decode_record(rec: RawRecord) -> Any:
     if isinstance(rec.row, ReadProblem):
         raise BadRow(rec.row.reason, rec.row.detail)
     return rec.row
-
-
-def _iter_jsonl(path: Path) -> Iterator[RawRecord]:
-    name = str(path)
-    with _open_bytes(path) as f:
-        for lineno, line in enumerate(f, start=1):
-            if lineno == 1 and line.startswith(codecs.BOM_UTF8):
-                # utf-8-sig: a byte order mark belongs to the file, not to the first row (else that row is
-                # invalid JSON). Only the first line: a BOM elsewhere is damage and stays a bad row.
-                line = line[len(codecs.BOM_UTF8) :]
-            if not line.strip():
-                continue  # blank lines (often a trailing one) are not rows
-            yield RawRecord(name, lineno, "line", raw=line)
-
-
-def _utf8_text(name: str, data: bytes) -> str | RawRecord:
-    """The file's text (a leading byte order mark skipped: utf-8-sig, as for JSON Lines), or the one bad row
-    naming where it stops being UTF-8 (nothing after that point can be split into rows reliably)."""
-    bom = len(codecs.BOM_UTF8) if data.startswith(codecs.BOM_UTF8) else 0
-    try:
-        return data[bom:].decode("utf-8")
-    except UnicodeDecodeError as e:
-        line = data[: bom + e.start].count(b"\n") + 1
-        return RawRecord(
-            name, line, "line", row=ReadProblem("undecodable_bytes", f"invalid UTF-8 at byte {bom + e.start}")
-        )
-
-
-def _iter_csv(path: Path, data: bytes) -> Iterator[RawRecord]:
-    """Rows of a CSV/TSV file with a header row, as {column: cell} with empty cells left out (a missing
-    value, as a null column in Parquet). The line is the one the record starts on (quoted cells may span
-    lines). A malformed record (an unclosed quote) is one `invalid_csv` row, and reading stops there."""
-    name = str(path)
-    text = _utf8_text(name, data)
-    if isinstance(text, RawRecord):
-        yield text
-        return
-    delimiter = "\t" if _text_name(path).endswith(".tsv") else ","
-    reader = csv.reader(io.StringIO(text, newline=""), delimiter=delimiter, strict=True)
-    header: list[str] | None = None
-    while True:
-        start = reader.line_num + 1
-        try:
-            cells = next(reader)
-        except StopIteration:
-            return
-        except csv.Error as e:
-            yield RawRecord(
-                name, start, "line", row=ReadProblem("invalid_csv", f"{e} (the record starting on this line)")
-            )
-            return
-        if not any(c.strip() for c in cells):
-            continue  # blank lines are not rows
-        if header is None:
-            header = [c.strip() for c in cells]
-            continue
-        if len(cells) != len(header):
-            detail = f"{len(cells)} cells, the header has {len(header)} columns ({', '.join(header[:8])})"
-            yield RawRecord(name, start, "line", row=ReadProblem("invalid_csv", detail))
-            continue
-        yield RawRecord(name, start, "line", row={k: v for k, v in zip(header, cells) if v != ""})
-
-
-def _iter_json(path: Path, data: bytes) -> Iterator[RawRecord]:
-    name = str(path)
-    text = _utf8_text(name, data)
-    if isinstance(text, RawRecord):
-        yield text
-        return
-    start = len(text) - len(text.lstrip())
-    if text[start : start + 1] == "[":
-        yield from _iter_json_array(name, text, start + 1)
-        return
-    try:
-        obj = json.loads(text)
-    except json.JSONDecodeError as e:
-        if e.msg == "Extra data":  # JSON Lines saved as .json
-            yield from _iter_jsonl(path)
-            return
-        yield RawRecord(name, e.lineno, "line", row=ReadProblem("invalid_json", json_error_detail(e)))
-        return
-    if isinstance(obj, dict):
-        # {"data": [...]} style wrappers: take the single list-valued key; else one row.
-        lists = [v for v in obj.values() if isinstance(v, list) and v and isinstance(v[0], dict)]
-        rows = lists[0] if len(lists) == 1 and not any(k in obj for k in ("messages", "conversations")) else [obj]
-    else:
-        rows = [obj]
-    for i, row in enumerate(rows):
-        yield RawRecord(name, i, "row", row=row)
-
-
-def _iter_json_array(name: str, text: str, pos: int) -> Iterator[RawRecord]:
-    """The elements of a top-level JSON array one at a time (row i = element i), so a file that is cut off
-    (a download or an export that stopped mid-record) still yields every complete record before the cut;
-    the cut itself is one `truncated_file` row naming the byte offset. A syntax error elsewhere is one
-    `invalid_json` row, and reading stops there (no way to find where the next record starts)."""
-    dec = json.JSONDecoder()
-    n, i = len(text), 0
-    ws = " \t\r\n"
-    while True:
-        while pos < n and text[pos] in ws:
-            pos += 1
-        if pos < n and text[pos] == "]":
-            return
-        if pos >= n:
-            yield RawRecord(
-                name,
-                i,
-                "row",
-                row=ReadProblem(
-                    "truncated_file",
-                    f"the file ends after {i} complete record(s) without the closing ']' "
-                    f"(at byte {len(text[:pos].encode())}); the {i} records were read",
-                ),
-            )
-            return
-        try:
-            obj, end = dec.raw_decode(text, pos)
-        except json.JSONDecodeError as e:
-            rest = text[e.pos :].strip()
-            if e.msg.startswith("Unterminated string") or not rest or e.pos >= n - 1:
-                offset = len(text[:pos].encode())
-                yield RawRecord(
-                    name,
-                    i,
-                    "row",
-                    row=ReadProblem(
-                        "truncated_file",
-                        f"the file ends in the middle of record {i} (it starts at byte {offset}, "
-                        f"line {e.doc.count(chr(10), 0, pos) + 1}); the {i} complete records before it were read",
-                    ),
-                )
-            else:
-                yield RawRecord(name, i, "row", row=ReadProblem("invalid_json", json_error_detail(e)))
-            return
-        yield RawRecord(name, i, "row", row=obj)
-        i += 1
-        pos = end
-        while pos < n and text[pos] in ws:
-            pos += 1
-        if pos < n and text[pos] == ",":
-            pos += 1
-        elif pos < n and text[pos] != "]":
-            line = text.count("\n", 0, pos) + 1
-            yield RawRecord(
-                name,
-                i,
-                "row",
-                row=ReadProblem(
-                    "invalid_json", f"expected ',' or ']' after record {i - 1} (line {line}); reading stopped there"
-                ),
-            )
-            return
-
-
-def json_error_detail(e: json.JSONDecodeError, line: bool = True) -> str:
-    """ "Expecting ',' delimiter (line 3, column 18)": json's message and where (`line=False` for one JSON
-    Lines record, whose line the record's location already names)."""
-    return f"{e.msg} (line {e.lineno}, column {e.colno})" if line else f"{e.msg} (column {e.colno})"
-
-
-class ReadProblem:
-    """A record the reader could not turn into a row: the bad-row reason (formats.BAD_ROW_REASONS) and detail."""
-
-    def __init__(self, reason: str, detail: str):
-        self.reason = reason
-        self.detail = detail

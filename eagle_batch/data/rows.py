@@ -17,6 +17,7 @@ import numpy as np
 
 from eagle_batch import environment
 from eagle_batch.config import ConfigError, RunConfig
+from eagle_batch.config.remote_code import announce, tokenizer_remote_code
 from eagle_batch.config.validate import check_tokenizer_files, tokenizer_key
 
 from .formats import BadRow, row_to_conversation
@@ -36,13 +37,18 @@ def load_tokenizer(cfg: RunConfig):
     return load_tokenizer_from(
         cfg.model.tokenizer or cfg.model.path,
         cfg.model.chat_template,
-        cfg.model.trust_remote_code,
+        tokenizer_remote_code(cfg.model),
         key=tokenizer_key(cfg),
+        announce_remote_code=True,
     )
 
 
 def load_tokenizer_from(
-    src: str, chat_template: str = "", trust_remote_code: bool = False, key: str = "model.path / model.tokenizer"
+    src: str,
+    chat_template: str = "",
+    trust_remote_code: bool = False,
+    key: str = "model.path / model.tokenizer",
+    announce_remote_code: bool = False,
 ):
     """`key` is the config key that named `src`, for the errors: every failure here is the input's (a wrong
     folder, a partial download, a damaged file), so each is a ConfigError naming the key and the folder."""
@@ -55,6 +61,8 @@ def load_tokenizer_from(
             "Hugging Face model or tokenizer folder (nothing is downloaded)."
         )
     check_tokenizer_files(src, key)  # the check extract makes too (check_model_files)
+    if trust_remote_code and announce_remote_code:
+        announce("model.tokenizer_trust_remote_code", src, "the tokenizer")
     try:
         tok = AutoTokenizer.from_pretrained(src, trust_remote_code=trust_remote_code)
     except Exception as e:  # a damaged tokenizer.json, a config naming a class that is not there, ...
@@ -109,7 +117,9 @@ def init_worker(model: dict, data: dict, tokenizer=None) -> None:
         tokenizer
         if tokenizer is not None
         else load_tokenizer_from(
-            model["tokenizer"] or model["path"], model["chat_template"], model["trust_remote_code"]
+            model["tokenizer"] or model["path"],
+            model["chat_template"],
+            bool(model["tokenizer_trust_remote_code"] or model["trust_remote_code"]),
         )
     )
     _W["data"] = DataView(data)

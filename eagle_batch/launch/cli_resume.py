@@ -5,6 +5,8 @@ from __future__ import annotations
 import argparse
 import sys
 
+from eagle_batch.ownership import private_dir, write_private
+
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("run_dir", metavar="RUN", help="run directory")
@@ -106,8 +108,8 @@ def _request_repairs(run_dir: str, dry_run: bool) -> list[int]:
         )
         if not dry_run:
             p = repair_path(run_dir, t)
-            p.parent.mkdir(parents=True, exist_ok=True)
-            p.write_text(json.dumps({"time": time.time(), "problems": [str(x) for x in problems]}, indent=1))
+            private_dir(p.parent, "the run's task state files")
+            write_private(p, json.dumps({"time": time.time(), "problems": [str(x) for x in problems]}, indent=1))
     if not damaged:
         print("verify: no damaged task store.")
     return damaged

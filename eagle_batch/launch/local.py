@@ -49,13 +49,13 @@ import shutil
 import signal
 import subprocess
 import sys
-import tempfile
 import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 from eagle_batch import environment
+from eagle_batch.ownership import user_temp_dir
 
 from . import proc
 from . import state as S
@@ -256,8 +256,9 @@ def submit_local(cfg, run_dir: Path, task_ids: Sequence[int], kind: str) -> S.Su
     )
     t0 = time.time()
     job_id = f"local-{int(t0)}-{os.getpid()}"
+    S.slurm_dir(run_dir)  # 0700: the slot files hold the pids `cancel` signals
     sub_dir = submission_dir(run_dir, job_id)
-    sub_dir.mkdir(parents=True, exist_ok=False)
+    sub_dir.mkdir(exist_ok=False)
     slots = []
     for k, devices in enumerate(plan.devices):
         ex = _detached_executor(sub_dir, SLOT_JOB_TIMEOUT_MIN)  # slot logs: PID_0_log.{out,err}
@@ -388,12 +389,12 @@ def _hold_devices(devices: list[str], stopping: dict) -> Iterator[bool]:
     """Exclusive use of `devices` (or of the CPU slot) on this machine, across runs and submissions: a
     `resume` while an earlier local job still runs waits for its GPUs instead of sharing them.
     Yields False when the slot was stopped while waiting."""
-    d = Path(tempfile.gettempdir()) / f"eagle-batch-devices-{os.getuid()}"
-    d.mkdir(exist_ok=True)
+    d = user_temp_dir("devices")  # 0700 and ours: never a folder or link another user planted
     fds = []
     try:
         for name in sorted(devices) or ["cpu"]:  # one order everywhere: no two slots wait for each other
-            fd = os.open(d / f"{re.sub(r'[^A-Za-z0-9_.-]', '_', name)}.lock", os.O_RDWR | os.O_CREAT, 0o600)
+            lock = d / f"{re.sub(r'[^A-Za-z0-9_.-]', '_', name)}.lock"
+            fd = os.open(lock, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o600)
             fds.append(fd)
             while True:
                 try:

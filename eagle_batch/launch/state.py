@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from eagle_batch.errors import UserError
+from eagle_batch.ownership import check_private, open_private, private_dir, write_private
 
 
 class SubmitError(UserError, RuntimeError):
@@ -54,6 +55,12 @@ FAILED = "failed"  # an attempt raised and the task was not requeued (local exec
 GAVE_UP = "gave_up"  # failed on max_attempts attempts
 NO_SPACE = "no_space"  # stopped on a full disk (or quota), committed work kept; not retried: `resume` once freed
 REFUSED = "refused"  # (never written to the state file: a duplicate task only logs it)
+
+
+def slurm_dir(run_dir: str | os.PathLike) -> Path:
+    """RUN/slurm, created owner-only (0700): submitit's pickled jobs, which the batch step unpickles and runs
+    as you, and the local executor's slot files, whose pids `cancel` signals."""
+    return private_dir(Path(run_dir) / SLURM_DIR, "the run's submitit jobs and slot files")
 
 
 def state_path(run_dir: str | os.PathLike, task_id: int) -> Path:
@@ -120,6 +127,7 @@ class TaskState:
 
 def read_state(run_dir: str | os.PathLike, task_id: int) -> TaskState | None:
     p = state_path(run_dir, task_id)
+    check_private(p.parent, "the run's task state files")
     try:
         return TaskState.from_json(json.loads(p.read_text()))
     except FileNotFoundError:
@@ -133,7 +141,7 @@ def write_state(run_dir: str | os.PathLike, st: TaskState, use_reserve: bool = F
     """Replace the task's state file atomically. `use_reserve`: on a full disk, give back the task's reserve
     (reserve_room) and try once more, so that an attempt that ends on a full disk still records why."""
     p = state_path(run_dir, st.task_id)
-    p.parent.mkdir(parents=True, exist_ok=True)
+    private_dir(p.parent, "the run's task state files")
     st.updated = time.time()
     text = json.dumps(st.to_json(), indent=1)
     try:
@@ -145,13 +153,12 @@ def write_state(run_dir: str | os.PathLike, st: TaskState, use_reserve: bool = F
 
 
 def _replace(p: Path, text: str) -> None:
-    tmp = p.with_name(f".{p.name}.{os.getpid()}.tmp")
     try:
-        tmp.write_text(text)
+        write_private(p, text)  # owner-only: state files are the run's control plane
     except OSError:
-        tmp.unlink(missing_ok=True)  # a half-written temporary file would hold the space the retry needs
+        # a half-written temporary file would hold the space the retry needs
+        p.with_name(f".{p.name}.{os.getpid()}.tmp").unlink(missing_ok=True)
         raise
-    os.replace(tmp, p)
 
 
 # A state file holds at most HISTORY_POINTS (launch.task) throughput points and one entry per attempt: a few
@@ -228,15 +235,15 @@ class Submission:
 
 
 def append_submission(run_dir: str | os.PathLike, sub: Submission) -> None:
-    p = Path(run_dir) / SLURM_DIR / SUBMISSIONS
-    p.parent.mkdir(parents=True, exist_ok=True)
+    p = slurm_dir(run_dir) / SUBMISSIONS
     # One short line with O_APPEND: concurrent CLIs never interleave inside a line.
-    with open(p, "a") as f:
+    with os.fdopen(open_private(p, os.O_WRONLY | os.O_CREAT | os.O_APPEND), "a") as f:
         f.write(json.dumps(asdict(sub)) + "\n")
 
 
 def read_submissions(run_dir: str | os.PathLike) -> list[Submission]:
     p = Path(run_dir) / SLURM_DIR / SUBMISSIONS
+    check_private(p.parent, "the run's submitit jobs and slot files")
     if not p.is_file():
         return []
     out = []

@@ -31,6 +31,8 @@ import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+from eagle_batch.ownership import check_run
+
 from . import proc
 from . import state as S
 from .local import cancelled, claimed, exit_message, submission_alive, task_exit, task_log
@@ -386,6 +388,7 @@ def totals(rows: list[TaskRow]) -> dict:
 
 
 def run_status(run_dir: str | os.PathLike) -> dict:
+    check_run(run_dir)  # what the run's config and state say is read only from files of the owner's own
     rows = task_rows(run_dir, S.plan_num_tasks(run_dir))
     return {"run_dir": str(run_dir), "tasks": [asdict(r) for r in rows], "totals": totals(rows)}
 

@@ -124,6 +124,15 @@ def check_slurm_request(cfg, executor: str | None = None, tasks_per_node: int = 
         check_request_fits(sc, options, tasks_per_node)
 
 
+class CheckedSlurmExecutor(submitit.SlurmExecutor):
+    """submitit's SlurmExecutor whose batch step checks the job folder is the submitter's own before it
+    unpickles the job (launch.submitit_entry)."""
+
+    @property
+    def _submitit_command_str(self) -> str:
+        return " ".join([self.python, "-u -m eagle_batch.launch.submitit_entry", shlex.quote(str(self.folder))])
+
+
 def make_executor(
     cfg,
     run_dir: str | os.PathLike,
@@ -149,7 +158,8 @@ def make_executor(
     if check_fits:
         check_slurm_request(cfg, "slurm", tasks_per_node)
     python, srun_args = container_wrapping(cfg, run_dir)
-    ex = submitit.SlurmExecutor(folder=folder, max_num_timeout=sc.max_num_timeout, python=python)
+    S.slurm_dir(run_dir)  # 0700 before submitit writes a pickle there
+    ex = CheckedSlurmExecutor(folder=folder, max_num_timeout=sc.max_num_timeout, python=python)
     params: dict[str, Any] = dict(
         job_name=job_name or f"eb-{kind}-{run_dir.name}",
         time=sc.time_min,

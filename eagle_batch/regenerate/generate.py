@@ -31,6 +31,7 @@ from typing import Any
 from eagle_batch.capture import vllm_compat as compat
 from eagle_batch.capture.backend import start_engine_defaults
 from eagle_batch.config import RunConfig, model_info
+from eagle_batch.config.remote_code import engine_remote_code
 from eagle_batch.data.template import prompt_ids
 from eagle_batch.launch.work import TaskContext
 
@@ -126,7 +127,7 @@ class Generator:
             max_model_len=m.max_model_len,
             gpu_memory_utilization=rg.gpu_memory_utilization,
             enforce_eager=cfg.extract.enforce_eager,
-            trust_remote_code=m.trust_remote_code,
+            trust_remote_code=engine_remote_code(m),
             seed=rg.seed,
         )
         if m.revision:

@@ -28,6 +28,7 @@ from eagle_batch.config.load import PLANNED_NAME
 from eagle_batch.data.formats import BadRow, row_to_conversation
 from eagle_batch.data.plan import plan_lpt
 from eagle_batch.data.readers import decode_record, iter_records, resolve_inputs
+from eagle_batch.data.streaming import ReadLimits
 from eagle_batch.data.tally import SHAPE_REASONS, FileTally, file_warnings, reasons_text
 from eagle_batch.data.template import prompt_ids
 from eagle_batch.errors import UserError
@@ -102,7 +103,7 @@ def plan_regeneration(cfg: RunConfig, tokenizer=None) -> dict:
     rows_read = 0
     for f in files:
         ft = per_file[str(f)]
-        for rec in iter_records(f):
+        for rec in iter_records(f, ReadLimits.from_config(cfg.data)):
             if cfg.data.limit and rows_read >= cfg.data.limit:
                 break
             rows_read += 1

@@ -33,6 +33,8 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
+from eagle_batch.ownership import user_temp_dir
+
 # Short, varied prompts for a quick look at a draft (the demo, `eagle-batch evaluate` without --prompts);
 # a real evaluation uses held-out prompts of the user's own data.
 BUILTIN_PROMPTS = [
@@ -104,7 +106,9 @@ def servable_target(target_path: str | os.PathLike, dest: str | os.PathLike | No
     q = raw.get("quantization_config")
     if not (isinstance(q, dict) and q.get("quant_method") == "gguf" and list(src.glob("*.safetensors"))):
         return src
-    dest = Path(dest) if dest else Path(tempfile.gettempdir()) / f"eagle-batch-servable-{src.name}-{os.getuid()}"
+    # Without `dest`: this user's own 0700 temp folder (a fixed name in the shared temp folder could be
+    # another user's, links planted to write through).
+    dest = Path(dest) if dest else user_temp_dir(f"servable-{src.name}")
     dest.mkdir(parents=True, exist_ok=True)
     for f in src.iterdir():
         link = dest / f.name

@@ -39,6 +39,7 @@ from .checkpoint import (
     check_resume_settings,
     draft_settings,
     latest_checkpoint,
+    load_checkpoint,
     rng_state,
     save_checkpoint,
     set_rng_state,
@@ -133,7 +134,7 @@ def _build_model(cfg, dataset, aux_ids, last_id, rank, out, device, progress):
     model = Eagle3Draft(dcfg, th["embed"]).to(device)
     model.midlayer.self_attn.impl = tc.ttt_attention
     ckpt_path = latest_checkpoint(out)
-    ckpt = torch.load(ckpt_path, map_location="cpu", weights_only=False) if ckpt_path else None
+    ckpt = load_checkpoint(ckpt_path) if ckpt_path else None
     if ckpt is not None:
         check_resume_settings(ckpt, out, tc)
         check_checkpoint_fits(ckpt, ckpt_path, dcfg)

@@ -78,7 +78,8 @@ for stage in $stages; do
 model:
   name: tiny-kimi-k2.5
   tensor_parallel_size: 1
-  trust_remote_code: false
+  tokenizer_trust_remote_code: false
+  engine_trust_remote_code: false
   layer_ids: null   # the default rule on this model's N ($LAYERS layers)
 data:
   inputs: [$repo/eagle_batch/demo_data/chat.jsonl]

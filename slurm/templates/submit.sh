@@ -12,7 +12,7 @@
 # `eagle-batch status RUN`, `resume RUN` and `cancel RUN` work on hand-submitted runs too.
 set -euo pipefail
 # shellcheck source=/dev/null
-. "@ENV_FILE@"
+. @ENV_FILE@
 
 prepare=1
 train=1

@@ -38,7 +38,7 @@ def main(model: str, backend: str, out: str) -> None:
             f"run_dir={tempfile.mkdtemp()}",
             f"model.path={model}",
             "model.tensor_parallel_size=1",
-            "model.trust_remote_code=false",
+            "model.tokenizer_trust_remote_code=false",
             "model.dtype=float32",
             "model.layer_ids=null",  # the default rule on this model's N
             "model.max_model_len=512",

@@ -53,7 +53,9 @@ def test_model_config_loads_alone_and_with_cluster(name, monkeypatch):
 
 def test_kimi_k25_specifics():
     cfg = load_config([CONFIGS / "models" / "kimi-k2.5.yaml"])
-    assert cfg.model.trust_remote_code is True
+    # Remote code for the tokenizer only (tiktoken-based tokenization_kimi.py); vLLM runs its own classes.
+    assert cfg.model.tokenizer_trust_remote_code is True and cfg.model.engine_trust_remote_code is False
+    assert cfg.model.trust_remote_code is False
     assert cfg.model.layer_ids == [2, 30, 58, 61]
     assert cfg.model.chat_template == ""  # the model's own template
     assert cfg.data.chat_template_kwargs == {"thinking": True}

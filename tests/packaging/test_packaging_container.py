@@ -379,3 +379,20 @@ def test_cache_env_points_every_cache_at_one_folder(tmp_path):
         check=True,
     )
     assert r.stdout.strip() == str(tmp_path / "home" / ".cache" / "eagle-batch")
+
+
+def test_a_build_takes_the_base_by_digest_and_a_lock_with_hashes_or_refuses():
+    """Supply chain: a registry base image by tag only, or a lock without hashes, is refused before anything
+    is pulled, naming the command that fixes it; the image files install the lock with --require-hashes."""
+    r = subprocess.run(["bash", str(C / "build.sh"), "docker"], capture_output=True, text=True)
+    if not versions()["BASE_IMAGE_DIGEST"]:
+        assert r.returncode == 2 and "pinned by tag only" in r.stderr and "pin-base" in r.stderr
+    elif "--hash=sha256:" not in lock_path("gpu").read_text():
+        assert r.returncode == 2 and "has no hashes" in r.stderr and "lock" in r.stderr
+    assert re.fullmatch(r"(sha256:[0-9a-f]{64})?", versions()["BASE_IMAGE_DIGEST"])
+    for f in ("Dockerfile", "eagle-batch.def"):
+        assert "-r /opt/eagle-batch/requirements.lock --require-hashes" in (C / f).read_text()
+    assert "--generate-hashes" in (C / "build.sh").read_text()
+    for f in C.iterdir():
+        if f.is_file() and f.suffix in (".sh", ".env", ".def", "") and f.name != "Dockerfile.dockerignore":
+            assert "http://" not in f.read_text(), f"{f.name} downloads over http"

@@ -467,7 +467,7 @@ def test_sbatch_resources_and_container_wrapping(tmp_path):
     assert "module load cuda" in s
 
     def command(s):
-        return next(ln for ln in s.splitlines() if "submitit.core._submit" in ln)
+        return next(ln for ln in s.splitlines() if "eagle_batch.launch.submitit_entry" in ln)
 
     s = script(
         "slurm.container.runtime=apptainer",
@@ -477,14 +477,14 @@ def test_sbatch_resources_and_container_wrapping(tmp_path):
     cmd = command(s)
     # No scontrol in the image: the host-side teardown does the requeues (see test_host_side_requeue...).
     assert "export EAGLE_BATCH_HOST_REQUEUE=" in s and 'scontrol requeue "$SLURM_JOB_ID"' in s
-    assert "apptainer exec --nv" in cmd and "/img/eb.sif python3 -u -m submitit.core._submit" in cmd
+    assert "apptainer exec --nv" in cmd and "/img/eb.sif python3 -u -m eagle_batch.launch.submitit_entry" in cmd
     assert f"--bind {tmp_path / 'r'}:{tmp_path / 'r'}" in cmd and "--bind /models/m:/models/m" in cmd
     assert "--bind /scratch:/scratch" in cmd
 
     s = script("slurm.container.runtime=pyxis", "slurm.container.image=nvcr.io#eb:1")
     cmd = command(s)
     assert cmd.startswith("srun ") and "--container-image=nvcr.io#eb:1" in cmd
-    assert "--container-mounts=" in cmd and " python3 -u -m submitit.core._submit" in cmd
+    assert "--container-mounts=" in cmd and " python3 -u -m eagle_batch.launch.submitit_entry" in cmd
 
     from eagle_batch.launch.submit import SubmitError
 
