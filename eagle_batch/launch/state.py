@@ -18,6 +18,8 @@ from typing import Any
 
 from eagle_batch.errors import UserError
 
+from . import state_journal
+
 
 class SubmitError(UserError, RuntimeError):
     """A submission that must not go ahead; the message names the run and the fix."""
@@ -132,8 +134,11 @@ def write_state(run_dir: str | os.PathLike, st: TaskState) -> None:
     p.parent.mkdir(parents=True, exist_ok=True)
     st.updated = time.time()
     tmp = p.with_name(f".{p.name}.{os.getpid()}.tmp")
-    tmp.write_text(json.dumps(st.to_json(), indent=1))
+    state = st.to_json()
+    tmp.write_text(json.dumps(state, indent=1))
     os.replace(tmp, p)
+    # After the replace: the journal is news of state files that exist (state_journal.py).
+    state_journal.append(p.parent, state)
 
 
 def new_attempt(job_id: str, restart: int, log: str) -> Attempt:

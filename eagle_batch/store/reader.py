@@ -285,9 +285,15 @@ class StoreDataset:  # a map-style dataset for torch's DataLoader (no torch impo
     """
 
     def __init__(
-        self, stores: Sequence[TaskStore], counts: Sequence[int] | None = None, layer_ids: Sequence[int] | None = None
+        self,
+        stores: Sequence[TaskStore],
+        counts: Sequence[int] | None = None,
+        layer_ids: Sequence[int] | None = None,
+        lengths: Sequence[Sequence[int]] | None = None,
     ):
         self.stores = list(stores)
+        # Each store's sample lengths when the index gave them (so lengths() opens no store), else None.
+        self._lengths = None if lengths is None else [np.asarray(x, dtype=np.int64) for x in lengths]
         counts = [len(s) for s in self.stores] if counts is None else list(counts)
         self._cum = np.concatenate([[0], np.cumsum(counts, dtype=np.int64)]).tolist()
         self._layer_ids = None if layer_ids is None else [int(x) for x in layer_ids]
@@ -339,11 +345,13 @@ class StoreDataset:  # a map-style dataset for torch's DataLoader (no torch impo
 
     def with_layers(self, layer_ids: Sequence[int]) -> "StoreDataset":
         """The same samples with only `layer_ids` (by layer id, in the given order)."""
-        return StoreDataset(self.stores, np.diff(self._cum).tolist(), layer_ids)
+        return StoreDataset(self.stores, np.diff(self._cum).tolist(), layer_ids, self._lengths)
 
     def lengths(self) -> np.ndarray:
         """Token count of every sample (reads only the committed records): for length-bucketed batching."""
-        return np.concatenate([s.lengths for s in self.stores]) if self.stores else np.zeros(0, np.int64)
+        if not self.stores:
+            return np.zeros(0, np.int64)
+        return np.concatenate(self._lengths if self._lengths is not None else [s.lengths for s in self.stores])
 
     def __getitem__(self, i: int) -> dict[str, Any]:
         return self.get(i)
@@ -377,9 +385,10 @@ def open_dataset(path: str | os.PathLike, layer_ids: Sequence[int] | None = None
         p = p.parent
     if (p / DATASET_NAME).is_file():
         index = load_json(p / DATASET_NAME, "the aggregate index; rerun `eagle-batch aggregate`")
-        stores, counts = [], []
+        present = {str(s.relative_to(p)) for s in task_stores(p)}  # one directory read, not a stat per store
+        stores, counts, lengths = [], [], []
         for entry in index["stores"]:
-            if not (p / entry["path"]).is_dir():
+            if entry["path"] not in present and not (p / entry["path"]).is_dir():
                 raise StoreError(
                     f"{p / DATASET_NAME} lists {entry['path']}, which no longer exists (deleted or moved?): "
                     f"`eagle-batch resume {p}` extracts its task again; then rerun `eagle-batch aggregate {p}`."
@@ -392,7 +401,11 @@ def open_dataset(path: str | os.PathLike, layer_ids: Sequence[int] | None = None
                 )
             )
             counts.append(int(entry["num_samples"]))
-        return StoreDataset(stores, counts, layer_ids)
+            lengths.append(entry.get("lengths"))
+        # The index's lengths (aggregate copies them from each store's marker) spare the batch plan a read of
+        # every store's record; an index without them (an older aggregate) reads the records when asked.
+        known = all(isinstance(x, list) and len(x) == n for x, n in zip(lengths, counts))
+        return StoreDataset(stores, counts, layer_ids, lengths if known else None)
     if (p / PROGRESS_NAME).is_file():
         return StoreDataset([TaskStore(p)], None, layer_ids)
     extract = extract_then_aggregate(p)
