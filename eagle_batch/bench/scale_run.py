@@ -16,7 +16,9 @@ A random `failed_fraction` of tasks failed after their first commit (state `fail
 from __future__ import annotations
 
 import json
+import os
 import random
+import shutil
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -41,6 +43,10 @@ class RunShape:
     failed_fraction: float = 0.005
     missing_fraction: float = 0.005
     seed: int = 0
+    # Task stores written through TaskStoreWriter (spread over the run, each fate at least once); the others
+    # are file-for-file copies of the last one written with the same fate (a store takes ~0.3 s to write here,
+    # a copy ~10 ms). Every task's state file is written by the task's own code path either way.
+    written_stores: int = 100
 
 
 @dataclass
@@ -127,6 +133,27 @@ def _hidden(rng: np.random.Generator, tokens: int, layers: int, hidden: int) -> 
     return rng.standard_normal((tokens, layers, hidden), dtype=np.float32).astype(ml_dtypes.bfloat16).view(np.uint16)
 
 
+def _clone_task(run: Path, t: int, fate: str, template: int, shape: RunShape) -> None:
+    """Task `t` as the task `template` of the same fate left it: its store copied, its state written by the
+    attempt's own record (its last commit's report, then its end)."""
+    from eagle_batch.launch import state as S
+    from eagle_batch.launch.task import _AttemptRecord
+
+    job = f"{FAKE_ARRAY_JOB}_{t}"
+    log = run / S.SLURM_DIR / FAKE_ARRAY_JOB / f"{job}_0_log.err"
+    log.write_text("")
+    # Hard links: the same files and folders as a copy (what readers see), without copying the bytes.
+    shutil.copytree(S.store_path(run, template), S.store_path(run, t), copy_function=os.link)
+    src = S.read_state(run, template)
+    record = _AttemptRecord(run, t, S.new_attempt(job, 0, str(log)))
+    record.set_totals(src.samples_total, src.tokens_total)
+    record.report(src.samples_committed, src.tokens_committed)  # as after its last commit
+    if fate == "done":
+        record.end(S.DONE, S.DONE)
+    else:
+        record.end("error", S.FAILED, "RuntimeError: a failure the scale benchmark injected")
+
+
 def _one_task(cfg, run: Path, t: int, fate: str, spec, prepared, rng, shape: RunShape, count: bool) -> TaskWrites:
     from eagle_batch.launch import state as S
     from eagle_batch.launch.task import _AttemptRecord
@@ -196,14 +223,24 @@ def build_run(run_dir: str | Path, n: int, shape: RunShape | None = None, progre
     fates = dict.fromkeys(tasks, "done") | dict.fromkeys(failed, "failed") | dict.fromkeys(missing, "missing")
     first_done = next(t for t in tasks if fates[t] == "done")
     writes = TaskWrites()
+    every = max(1, n // max(1, shape.written_stores))
+    last_written: dict[str, int] = {}
     for t in progress(tasks) if progress else tasks:
-        if fates[t] == "missing":
+        fate = fates[t]
+        if fate == "missing":
             continue
-        w = _one_task(cfg, run, t, fates[t], spec, prepared, rng, shape, count=t == first_done)
+        if fate in last_written and t % every:
+            _clone_task(run, t, fate, last_written[fate], shape)
+            continue
+        w = _one_task(cfg, run, t, fate, spec, prepared, rng, shape, count=t == first_done)
+        last_written[fate] = t
         if t == first_done:
             writes = w
     return {
         "tasks": n,
+        "written_stores": len(
+            {t for t in tasks if fates[t] != "missing" and not t % every} | set(last_written.values())
+        ),
         "failed": failed,
         "missing": missing,
         "shape": asdict(shape),

@@ -97,10 +97,21 @@ def verb_function(verb: str, run: str, jobs: int = 0) -> Callable[[], object]:
     return table[verb]()
 
 
+def peak_rss_mb() -> float:
+    """This process's peak resident memory (VmHWM; ru_maxrss would carry the parent's peak across exec)."""
+    try:
+        for line in open("/proc/self/status"):
+            if line.startswith("VmHWM:"):
+                return round(int(line.split()[1]) / 1024, 1)
+    except OSError:
+        pass
+    return round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1)
+
+
 def measure(verb: str, run: str, jobs: int = 0) -> dict:
     fn = verb_function(verb, run, jobs)
     sink = io.StringIO()
-    rss0 = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    rss0 = peak_rss_mb()
     with contextlib.redirect_stdout(sink), contextlib.redirect_stderr(sink), MetadataCalls() as calls:
         t0 = time.perf_counter()
         rc = fn()
@@ -110,8 +121,8 @@ def measure(verb: str, run: str, jobs: int = 0) -> dict:
         "rc": rc if isinstance(rc, int) else 0,
         "wall_s": round(wall, 4),
         "calls": calls.as_dict(),
-        "peak_rss_mb": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1),
-        "rss_before_mb": round(rss0 / 1024, 1),
+        "peak_rss_mb": peak_rss_mb(),
+        "rss_before_mb": rss0,
     }
 
 

@@ -19,7 +19,7 @@ import time
 from pathlib import Path
 
 from . import state as S
-from .run_view import RunView, read_one
+from .run_view import RunView, list_stores, read_one
 from .slurm_query import never_starts
 from .state_journal import JournalTail
 from .status import progress_line, run_status
@@ -78,6 +78,8 @@ class Follower:
                     view.listing.repairs.discard(t)  # the task removed its repair request when it finished
                 if view.listing.stores is not None:
                     view.listing.stores.add(t)  # a task that writes its state holds its store
+        if news and view.listing.stores is None:  # RUN/stores absent at the last full read: it may exist now
+            view.listing.stores = list_stores(self.run_dir)
         for t in sorted(self.recheck - set(news)):  # one open each (a task with no state file: one failed open)
             st = read_one(self.run_dir, t)
             if st is not None:
@@ -90,6 +92,8 @@ class Follower:
         due = self.view is None or time.monotonic() - self.last_full >= self.full_every_s
         if due or not self._apply_news():
             self._full_read()
+        else:  # one small file: a `resume` from another terminal shows at once
+            self.view.submissions = S.read_submissions(self.run_dir)
         status = run_status(self.run_dir, self.view)
         seen = {r["task_id"]: r["slurm_state"] for r in status["tasks"]}
         self.recheck = {t for t, v in seen.items() if self.slurm_seen.get(t, v) != v}

@@ -49,14 +49,19 @@ class RunListing:
                         (out.states if m.group(1) == "task" else out.repairs).add(int(m.group(2)))
         except FileNotFoundError:
             pass
-        try:
-            with os.scandir(run / "stores") as it:
-                # DirEntry.is_dir() answers from the entry's type: no stat (except on the rare file systems
-                # that report no type, where Python stats it).
-                out.stores = {int(m.group(1)) for e in it if (m := _STORE_DIR.match(e.name)) and e.is_dir()}
-        except (FileNotFoundError, NotADirectoryError):
-            out.stores = None
+        out.stores = list_stores(run)
         return out
+
+
+def list_stores(run_dir: str | os.PathLike) -> set[int] | None:
+    """Task ids with a store folder under RUN/stores (one directory read); None when RUN/stores is absent."""
+    try:
+        with os.scandir(Path(run_dir) / "stores") as it:
+            # DirEntry.is_dir() answers from the entry's type: no stat (except on the rare file systems that
+            # report no type, where Python stats it).
+            return {int(m.group(1)) for e in it if (m := _STORE_DIR.match(e.name)) and e.is_dir()}
+    except (FileNotFoundError, NotADirectoryError):
+        return None
 
 
 def read_one(run_dir: str | os.PathLike, task_id: int) -> S.TaskState | None:
