@@ -54,7 +54,18 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--dir", default="", help="where the runs are built (default: a temporary folder, removed after)")
     p.add_argument("--keep", action="store_true", help="keep the runs built")
     p.add_argument("--latency-ms", type=float_at_least(0.0), default=0.5, help="a metadata round trip (default 0.5)")
-    p.add_argument("--no-verify", action="store_true", help="skip verify (it reads every byte of every store)")
+    p.add_argument(
+        "--verify-max-tasks",
+        type=int_at_least(0),
+        default=1000,
+        help="run verify (it reads every byte of every store) only on runs of at most this many tasks",
+    )
+    p.add_argument(
+        "--written-stores",
+        type=int_at_least(1),
+        default=100,
+        help="stores written through the writer per run; the others are copies (bench/scale_run.py)",
+    )
     p.add_argument("--strace", action="store_true", help="also count `status` with strace -f -c (if installed)")
 
 
@@ -172,15 +183,18 @@ def _one_size(n: int, base: Path, args: argparse.Namespace) -> dict:
     from eagle_batch.config import load_run_config
     from eagle_batch.progress import progress
 
-    from .scale_run import build_run
+    from .scale_run import RunShape, build_run
 
     run = base / f"run-{n}"
     t0 = time.perf_counter()
-    built = build_run(run, n, progress=lambda xs: progress(xs, desc=f"build {n}", unit="task", enabled=not args.json))
+    shape = RunShape(written_stores=args.written_stores)
+    built = build_run(
+        run, n, shape, progress=lambda xs: progress(xs, desc=f"build {n}", unit="task", enabled=not args.json)
+    )
     build_s = time.perf_counter() - t0
     verbs = {}
     for verb in VERBS:
-        if verb == "verify" and args.no_verify:
+        if verb == "verify" and n > args.verify_max_tasks:
             continue
         r = _verb(verb, run)
         if "calls" in r:
@@ -194,6 +208,7 @@ def _one_size(n: int, base: Path, args: argparse.Namespace) -> dict:
         "failed": len(built["failed"]),
         "missing": len(built["missing"]),
         "build_s": round(build_s, 1),
+        "written_stores": built["written_stores"],
         "verbs": verbs,
         "task_side": task_side(built["task_writes"], load_run_config(run).extract.commit_interval_s),
         "store_fixed_inodes": store_fixed_inodes(next((run / "stores").glob("*.zarr"))),
