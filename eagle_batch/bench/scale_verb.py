@@ -48,7 +48,7 @@ def _aggregate(run: str) -> Callable[[], object]:
 def _verify(run: str, jobs: int) -> Callable[[], object]:
     from eagle_batch.store import cli_verify
 
-    args = argparse.Namespace(path=run, no_values=False, no_progress=True, json=True, jobs=jobs)
+    args = argparse.Namespace(path=run, no_values=False, no_progress=True, json=True, jobs=jobs or 1)
     return lambda: cli_verify.run(args)
 
 
@@ -90,6 +90,7 @@ def verb_function(verb: str, run: str, jobs: int = 0) -> Callable[[], object]:
         "cancel": lambda: _cancel(run),
         "aggregate": lambda: _aggregate(run),
         "verify": lambda: _verify(run, jobs),
+        "verify --jobs 4": lambda: _verify(run, 4),
         "loader": lambda: _loader(run),
         "poll idle": lambda: _poll(run, "idle"),
         "poll changed": lambda: _poll(run, "changed"),
