@@ -68,3 +68,15 @@ def _documented(verb: str) -> int:
 def test_within_five_times_the_documented_figure(counts, verb):
     documented = _documented(verb)
     assert counts[verb]["calls"]["total"] <= 5 * documented, (counts[verb]["calls"], documented)
+
+
+def test_train_after_finds_the_unfinished_arrays_with_one_read_per_task(run):
+    """`train --after RUN` (launch.submit.pending_arrays): the arrays of the tasks not done yet."""
+    from eagle_batch.bench.oscalls import MetadataCalls
+    from eagle_batch.bench.scale_run import FAKE_ARRAY_JOB
+    from eagle_batch.launch.submit import pending_arrays
+
+    with MetadataCalls() as calls:
+        arrays = pending_arrays(run)
+    assert set(arrays) == {FAKE_ARRAY_JOB}  # the failed and never-run tasks of the one submission
+    assert calls.total / N <= 1.1, calls.as_dict()

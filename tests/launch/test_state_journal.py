@@ -73,8 +73,9 @@ def test_torn_line_makes_the_follower_read_every_state_file(run):
     with open(path, "ab") as f:  # what a task killed in the middle of its append leaves
         f.write(b'{"task_id": 5, "status": "ru')
     _bump(run, 6, 77.0)  # the next task's line lands after the torn bytes
-    assert follower.tail.news() is None
+    last_full = follower.last_full
     status = follower.poll()
+    assert follower.last_full > last_full  # the torn line made this poll a full read
     assert {r["task_id"]: r for r in status["tasks"]}[6]["tok_s"] == 77.0
     assert _rows(status) == _rows(run_status(run))
     _bump(run, 7, 78.0)  # past the torn line, the journal is news again
@@ -104,8 +105,9 @@ def test_rotation_makes_the_follower_read_everything_once(run, monkeypatch):
     assert not path.exists() and path.with_name(state_journal.JOURNAL_NAME + ".1").exists()
     monkeypatch.setattr(state_journal, "ROTATE_BYTES", 64 << 20)
     _bump(run, 10, 56.0)  # a new journal (another inode)
-    assert follower.tail.news() is None
+    last_full = follower.last_full
     status = follower.poll()
+    assert follower.last_full > last_full  # the rotation made this poll a full read
     rows = {r["task_id"]: r for r in status["tasks"]}
     assert rows[9]["tok_s"] == 55.0 and rows[10]["tok_s"] == 56.0
 
@@ -128,23 +130,26 @@ def test_writer_killed_mid_write_leaves_a_whole_state_file(run):
     """kill -9 a process that writes its state (and journal line) in a loop: the state file always parses,
     the journal's whole lines parse (a torn tail is left for the next append to end), and a follower's
     status equals a fresh one."""
+    from eagle_batch.launch.run_view import RunListing
+
+    task = max(RunListing.read(run).states)  # a task with a state file
     follower = Follower(run)
     follower.poll()
     env = {**os.environ, "PYTHONPATH": os.getcwd() + os.pathsep + os.environ.get("PYTHONPATH", "")}
     for delay in (0.05, 0.11, 0.2):
-        proc = subprocess.Popen([sys.executable, "-c", WRITER, str(run), "12"], stdout=subprocess.PIPE, env=env)
+        proc = subprocess.Popen([sys.executable, "-c", WRITER, str(run), str(task)], stdout=subprocess.PIPE, env=env)
         assert proc.stdout.readline().strip() == b"ready"
         time.sleep(delay)
         os.kill(proc.pid, signal.SIGKILL)
         proc.wait()
-        S.read_state(run, 12)  # raises StateFileError if the file were torn
+        S.read_state(run, task)  # raises StateFileError if the file were torn
         journal = state_journal.journal_path(run / S.STATE_DIR).read_bytes()
         whole = journal[: journal.rfind(b"\n") + 1].splitlines()
         try:
             last = json.loads(whole[-1])
         except (IndexError, ValueError):  # a torn line an earlier kill left, ended by this writer's first append
             last = {}
-        if last.get("tok_s") != S.read_state(run, 12).tok_s:
+        if last.get("tok_s") != S.read_state(run, task).tok_s:
             # Killed after its state write and before (or in the middle of) its line: the journal's last word
             # is the state before. The follower shows that until its next full read (or until the task's
             # Slurm job changes state); make the full read due now.
