@@ -13,6 +13,7 @@ BENCHES = {
     "capture": "plain prefill vs eagle-batch capture vs vLLM's stock connector, one run",
     "slurm": "submit-to-done wall time of a trivial Slurm array",
     "loader": "samples/s and MB/s of the training data path",
+    "scale": "metadata calls, wall time and memory of each verb on runs of N tasks",
 }
 
 

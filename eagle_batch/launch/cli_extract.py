@@ -12,7 +12,13 @@ from eagle_batch.cli_common import add_config_arguments, config_from_args, confi
 def add_arguments(p: argparse.ArgumentParser) -> None:
     add_config_arguments(p)
     p.add_argument("--wait", action="store_true", help="follow the array to the end with a live progress line")
-    p.add_argument("--interval", type=float, default=5.0, help="seconds between progress updates (--wait)")
+    p.add_argument(
+        "--interval",
+        type=float,
+        default=None,
+        help="seconds between progress updates (--wait); default 5 s, growing with the run's size (a second "
+        "per 500 tasks above 2,500) to keep the load on a parallel file system's metadata server bounded",
+    )
     p.add_argument(
         "--then-train",
         action="store_true",
@@ -50,8 +56,9 @@ def run(args: argparse.Namespace) -> int:
 
     from .disk_room import capture_room
     from .local import local_summary
-    from .state import DONE, read_state
-    from .status import store_lost, writes_stores
+    from .run_view import RunView
+    from .state import DONE
+    from .status import writes_stores
     from .submit import SubmitError, check_slurm_request, live_tasks, resolve_executor, submit_tasks
 
     cfg = config_from_args(args)
@@ -67,9 +74,11 @@ def run(args: argparse.Namespace) -> int:
             f"{', '.join(sorted(set(live.values()))[:5])}). Nothing was submitted. Follow them "
             f"with `eagle-batch status {run_dir}`, or `eagle-batch cancel {run_dir}` first."
         )
-    states = {t: read_state(run_dir, t) for t in range(n)}
-    stores = writes_stores(Path(run_dir))  # once: without RUN/stores it reads RUN/config.yaml
-    lost = [t for t in range(n) if stores and store_lost(Path(run_dir), t, states[t])]
+    view = RunView.read(run_dir, n)  # two directory reads and one open per state file
+    states = {t: view.states.get(t) for t in range(n)}
+    stores = view.listing.stores is not None or writes_stores(Path(run_dir))  # without RUN/stores: RUN/config.yaml
+    have = view.listing.stores or set()
+    lost = [t for t in range(n) if stores and states[t] is not None and states[t].status == DONE and t not in have]
     todo = [t for t in range(n) if states[t] is None or states[t].status != DONE or t in lost]
     room = capture_room(cfg, todo)
     claim_run_dir(cfg, force=args.force)

@@ -18,7 +18,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "submits without the disk check",
     )
     p.add_argument("--wait", action="store_true", help="follow the new array to the end")
-    p.add_argument("--interval", type=float, default=5.0)
+    p.add_argument(
+        "--interval",
+        type=float,
+        default=None,
+        help="seconds between progress updates (--wait); default 5 s, growing with the run's size (a second "
+        "per 500 tasks above 2,500) to keep the load on a parallel file system's metadata server bounded",
+    )
     p.add_argument("--dry-run", action="store_true", help="only print which tasks would be resubmitted")
     p.add_argument(
         "--repair",

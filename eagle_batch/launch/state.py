@@ -20,6 +20,8 @@ from typing import Any
 from eagle_batch.errors import UserError
 from eagle_batch.ownership import check_private, open_private, private_dir, write_private
 
+from . import state_journal
+
 
 class SubmitError(UserError, RuntimeError):
     """A submission that must not go ahead; the message names the run and the fix."""
@@ -150,6 +152,8 @@ def write_state(run_dir: str | os.PathLike, st: TaskState, use_reserve: bool = F
         if not (use_reserve and e.errno in (errno.ENOSPC, errno.EDQUOT) and release_reserve(run_dir, st.task_id)):
             raise
         _replace(p, text)
+    # After the replace: the journal is news of state files that exist (state_journal.py); best effort.
+    state_journal.append(p.parent, st.to_json())
 
 
 def _replace(p: Path, text: str) -> None:

@@ -25,10 +25,9 @@ done, one with committed samples is partial; nothing is shown as failed for want
 
 from __future__ import annotations
 
-import json
 import os
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from pathlib import Path
 
 from eagle_batch.ownership import check_run
@@ -36,6 +35,7 @@ from eagle_batch.ownership import check_run
 from . import proc
 from . import state as S
 from .local import cancelled, claimed, exit_message, submission_alive, task_exit, task_log
+from .run_view import Rerooter, RunView
 from .slurm_query import is_live, job_states, never_starts, pending_reasons
 
 FINISHED_OK = {"done"}
@@ -83,16 +83,8 @@ def _default_log(run_dir: Path, job_id: str) -> str:
 
 def in_this_run(path: str, run_dir: Path) -> str:
     """A path recorded inside the run folder (records keep absolute paths), re-rooted at `run_dir` when the
-    folder was moved since: the longest tail of the path (two parts at least) that exists under run_dir.
-    A path that exists, or has no such tail, is returned as it is."""
-    if not path or os.path.exists(path):
-        return path
-    parts = Path(path).parts
-    for i in range(1, len(parts) - 1):
-        candidate = run_dir.joinpath(*parts[i:])
-        if candidate.exists():
-            return str(candidate)
-    return path
+    folder was moved since (run_view.Rerooter; `task_rows` keeps one for all its rows)."""
+    return Rerooter(run_dir)(path)
 
 
 def _tail_error(path: str) -> str:
@@ -111,35 +103,27 @@ def _tail_error(path: str) -> str:
     return ""
 
 
-def _plan_totals(run_dir: Path) -> dict[int, tuple[int, int]]:
-    """{task_id: (samples, tokens)} from prepared/plan.json: totals before a task has started."""
-    try:
-        plan = json.loads((run_dir / "prepared" / "plan.json").read_text())
-        return {
-            int(t["task_id"]): (int(t.get("num_samples", len(t.get("rows", [])))), int(t.get("num_tokens", 0)))
-            for t in plan["tasks"]
-        }
-    except (OSError, ValueError, KeyError, TypeError):
-        return {}
-
-
-def task_rows(run_dir: str | os.PathLike, num_tasks: int) -> list[TaskRow]:
+def task_rows(run_dir: str | os.PathLike, num_tasks: int, view: RunView | None = None) -> list[TaskRow]:
+    """One row per task. `view`: what was read of the run (a follower keeps one up to date); default: read it
+    now (two directory reads, one open per state file: run_view.py)."""
     run_dir = Path(run_dir)
-    plan = _plan_totals(run_dir)
-    subs = S.read_submissions(run_dir)
-    slurm_subs = [s for s in subs if s.executor == "slurm" and s.kind in ("extract", "resume")]
+    view = view if view is not None else RunView.read(run_dir, num_tasks)
+    plan, subs, listing = view.plan, view.submissions, view.listing
+    latest = latest_submissions(subs)
+    # Only the arrays that are some task's latest: the one sacct/squeue query per status names a bounded list.
+    slurm_subs = list({s.job_id: s for s, _ in latest.values() if s.executor == "slurm"}.values())
     states = job_states(s.job_id for s in slurm_subs)
     reasons = pending_reasons(s.job_id for s in slurm_subs) if "PENDING" in states.values() else {}
-    stores = writes_stores(run_dir)
+    stores = listing.stores is not None or writes_stores(run_dir)
+    reroot = Rerooter(run_dir)
     rows = []
     for t in range(num_tasks):
-        st = S.read_state(run_dir, t)
-        sub = S.latest_submission_of(subs, t)
-        job_id = sub.task_job_id(t) if sub else ""
+        st = view.states.get(t)
+        sub, job_id = latest.get(t, (None, ""))
         sstate = states.get(job_id, "") if sub and sub.executor == "slurm" else ""
         # A finished task whose store is gone (deleted or moved by hand) is redone like a damaged one.
-        lost = stores and store_lost(run_dir, t, st)
-        repair = S.repair_path(run_dir, t).exists() or lost
+        lost = stores and st is not None and st.status == S.DONE and t not in (listing.stores or ())
+        repair = t in listing.repairs or lost
         local = LocalView(sub, st, t) if sub is not None and sub.executor == "local" else None
         state = local.state(repair) if local else _derive(st, sub, sstate, repair=repair)
         if lost and state == "damaged":
@@ -152,14 +136,14 @@ def task_rows(run_dir: str | os.PathLike, num_tasks: int) -> list[TaskRow]:
             log = att.log
         else:
             log = _default_log(run_dir, job_id) if sub and sub.executor == "slurm" else ""
-        log = in_this_run(log, run_dir)
+        log = reroot(log)
         last_error = st.last_error if st else ""
         if state == "lost":
             last_error = f"{S.store_path(run_dir, t)} no longer exists (deleted or moved?); `resume` extracts it again"
         elif local and state == "failed" and local.error:
             last_error = local.error  # what the slot saw: a kill, or a job that ended before the task ran
         elif state in ("failed", "gave_up", "no_space") and st and st.last_error and st.last_error_log:
-            log = in_this_run(st.last_error_log, run_dir)  # the log of the attempt that raised
+            log = reroot(st.last_error_log)  # the log of the attempt that raised
         elif state == "failed" and not last_error:
             last_error = _tail_error(log)  # killed without recording an error (OOM, node failure)
         elif state in ("cancelled", "timeout", "unknown") and not last_error:
@@ -387,10 +371,27 @@ def totals(rows: list[TaskRow]) -> dict:
     }
 
 
-def run_status(run_dir: str | os.PathLike) -> dict:
+def latest_submissions(subs: list[S.Submission]) -> dict[int, tuple[S.Submission, str]]:
+    """{task: (its latest extraction submission, the task's job id in it)}: one pass over the submissions
+    (not one per task: a run of N tasks would make that N x N)."""
+    latest: dict[int, tuple[S.Submission, str]] = {}
+    for s in subs:
+        if s.kind not in ("extract", "resume"):
+            continue
+        for i, t in enumerate(s.tasks):
+            if s.executor == "local":
+                latest[t] = (s, f"{s.job_id}_{t}")
+            else:
+                latest[t] = (s, f"{s.job_id}_{i}" if s.array else s.job_id)
+    return latest
+
+
+def run_status(run_dir: str | os.PathLike, view: RunView | None = None) -> dict:
     check_run(run_dir)  # what the run's config and state say is read only from files of the owner's own
-    rows = task_rows(run_dir, S.plan_num_tasks(run_dir))
-    return {"run_dir": str(run_dir), "tasks": [asdict(r) for r in rows], "totals": totals(rows)}
+    rows = task_rows(run_dir, S.plan_num_tasks(run_dir), view)
+    # vars(), not dataclasses.asdict: a row's fields are flat, and asdict's deep copy was most of the time of a
+    # status of 10,000 tasks.
+    return {"run_dir": str(run_dir), "tasks": [dict(vars(r)) for r in rows], "totals": totals(rows)}
 
 
 def progress_line(status: dict) -> str:

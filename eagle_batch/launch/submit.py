@@ -346,14 +346,18 @@ def first_start_dependency(run_dir: str | os.PathLike) -> str:
 
 def pending_arrays(run_dir: Path) -> list[str]:
     """Array job ids whose tasks are not all done (the latest submission of each unfinished task)."""
-    subs = S.read_submissions(run_dir)
+    from .run_view import RunView
+    from .status import latest_submissions
+
     n = plan_num_tasks(run_dir)
+    view = RunView.read(run_dir, n)  # two directory reads and one open per state file, not a stat per task
+    latest = latest_submissions(view.submissions)
     out = []
     for t in range(n):
-        st = S.read_state(run_dir, t)
+        st = view.states.get(t)
         if st is not None and st.status == S.DONE:
             continue
-        s = S.latest_submission_of(subs, t)
+        s = latest[t][0] if t in latest else None
         if s is None:
             raise SubmitError(
                 f"task {t} of {run_dir} was never submitted and is not done: run "

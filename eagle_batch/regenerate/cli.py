@@ -30,7 +30,13 @@ IDENTITY = REGENERATE_SECTIONS
 def add_arguments(p: argparse.ArgumentParser) -> None:
     add_config_arguments(p)
     p.add_argument("--wait", action="store_true", help="follow the array to the end, then print the summary")
-    p.add_argument("--interval", type=float, default=5.0, help="seconds between progress updates (--wait)")
+    p.add_argument(
+        "--interval",
+        type=float,
+        default=None,
+        help="seconds between progress updates (--wait); default 5 s, growing with the run's size (a second "
+        "per 500 tasks above 2,500) to keep the load on a parallel file system's metadata server bounded",
+    )
     p.add_argument(
         "--then-prepare",
         action="store_true",

@@ -22,7 +22,7 @@ from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
-from .crc import sealed
+from .crc import seal_problem, sealed
 from .durable import write_json_atomic
 from .errors import StoreCorruptError, StoreError, StoreMismatchError, extract_then_aggregate
 from .format import COMPLETE_NAME, DATASET_NAME, read_attrs, task_stores, token_arrays
@@ -33,14 +33,17 @@ from .spec import StoreSpec
 INDEX_FORMAT = "eagle-batch-dataset"
 
 
-def _store_json(path: Path, run: Path, what: str) -> Any:
-    """A JSON file of a complete store; missing or damaged, a StoreCorruptError naming it and what to do."""
+def _store_json(path: Path, run: Path, what: str, missing_ok: bool = False) -> Any:
+    """A JSON file of a complete store; missing (unless `missing_ok`: None) or damaged, a StoreCorruptError
+    naming it and what to do."""
     try:
         obj = json.loads(path.read_bytes())
         if isinstance(obj, dict):
             return obj
         problem = f"is damaged (a JSON {type(obj).__name__}, not an object)"
     except FileNotFoundError:
+        if missing_ok:
+            return None
         problem = "is missing"
     except ValueError as e:
         problem = f"is damaged (not valid JSON: {e})"
@@ -49,6 +52,44 @@ def _store_json(path: Path, run: Path, what: str) -> Any:
         f"`eagle-batch resume {run}` (with --repair for damaged shards) or delete that store and extract its "
         f"task again. Nothing was written: {run / DATASET_NAME} is as it was."
     )
+
+
+def _marker(store: Path, run: Path) -> dict | None:
+    """The store's `complete` marker (None when the store is not complete): one read, no stat first."""
+    done = _store_json(store / COMPLETE_NAME, run, "the marker finalize() writes", missing_ok=True)
+    problem = seal_problem(done) if isinstance(done, dict) else None
+    if problem:
+        raise StoreCorruptError(
+            f"{store / COMPLETE_NAME} is damaged: {problem}; run `eagle-batch verify {run}`, then "
+            f"`eagle-batch resume {run}` to finalize the store again. Nothing was written."
+        )
+    return done
+
+
+def _store_summary(store: Path, run: Path, done: dict) -> tuple[dict, dict, list[int] | None]:
+    """(eagle_batch attributes, token arrays' metadata less shape, sample lengths or None) of a complete store:
+    from its marker (finalize writes them there), else (a store finalized by an older eagle-batch) from its
+    root zarr.json, whose consolidated metadata finalize() wrote."""
+    attrs, arrays, lengths = done.get("attributes"), done.get("arrays"), done.get("lengths")
+    # A copy whose own seal fails is not used: the store's zarr.json (read_attrs names its problem) decides.
+    if (
+        isinstance(attrs, dict)
+        and attrs
+        and not seal_problem(attrs)
+        and isinstance(arrays, dict)
+        and isinstance(lengths, list)
+    ):
+        names = token_arrays(StoreSpec.from_attributes(attrs).dtype)
+        if all(n in arrays for n in names):
+            return attrs, {n: arrays[n] for n in names}, [int(x) for x in lengths]
+    root_meta = _store_json(store / "zarr.json", run, "the store's root group metadata")
+    attrs = root_meta.get("attributes", {}).get("eagle_batch") or read_attrs(store)  # read_attrs names the problem
+    consolidated = (root_meta.get("consolidated_metadata") or {}).get("metadata") or {}
+    names = token_arrays(StoreSpec.from_attributes(attrs).dtype)
+    metas = {
+        n: consolidated.get(n) or _store_json(store / n / "zarr.json", run, f"metadata of array {n}") for n in names
+    }
+    return attrs, {n: {k: v for k, v in m.items() if k != "shape"} for n, m in metas.items()}, None
 
 
 def previous_index(run_dir) -> dict | None:
@@ -84,10 +125,11 @@ def not_indexed(run_dir) -> list[str]:
     if index is None:
         return []
     listed = {e.get("path") for e in index["stores"] if isinstance(e, dict)}
+    # The stat only for stores the index does not list: one directory read for the rest.
     return [
         str(p.relative_to(run))
         for p in task_stores(run)
-        if (p / COMPLETE_NAME).exists() and str(p.relative_to(run)) not in listed
+        if str(p.relative_to(run)) not in listed and (p / COMPLETE_NAME).exists()
     ]
 
 
@@ -109,12 +151,11 @@ def aggregate(run_dir, *, fsync: bool = True, each: Callable[[list[Path]], Itera
     stores = task_stores(run)
     for store in each(stores):
         rel = str(store.relative_to(run))
-        if not (store / COMPLETE_NAME).exists():
+        done = _marker(store, run)  # one read per complete store (the marker holds what the index needs)
+        if done is None:
             incomplete.append({"path": rel, "committed_samples": committed_samples(store)})
             continue
-        done = _store_json(store / COMPLETE_NAME, run, "the marker finalize() writes")
-        root_meta = _store_json(store / "zarr.json", run, "the store's root group metadata")
-        attrs = read_attrs(store)  # names the problem, a damaged seal included
+        attrs, layout, lengths = _store_summary(store, run, done)
         if common is None:
             common, first = attrs, store
         else:
@@ -125,21 +166,16 @@ def aggregate(run_dir, *, fsync: bool = True, each: Callable[[list[Path]], Itera
                     + "; ".join(bad)
                     + ". A run's stores must come from one model and config; re-extract the odd ones."
                 )
-        # finalize() consolidated the array metadata into the root zarr.json: 2 small reads per store.
-        consolidated = (root_meta.get("consolidated_metadata") or {}).get("metadata") or {}
-        names = token_arrays(StoreSpec.from_attributes(attrs).dtype)
-        arrays = {
-            n: consolidated.get(n) or _store_json(store / n / "zarr.json", run, f"metadata of array {n}") for n in names
-        }
-        layout = {n: {k: v for k, v in m.items() if k != "shape"} for n, m in arrays.items()}
         if common_layout is None:
             common_layout = layout
         try:
             n_samples, n_tokens = int(done["num_samples"]), int(done["num_tokens"])
+            if lengths is not None and (len(lengths) != n_samples or sum(lengths) != n_tokens):
+                raise ValueError("lengths")
         except (KeyError, TypeError, ValueError):
             raise StoreCorruptError(
-                f"{store / COMPLETE_NAME} has no valid num_samples / num_tokens; run `eagle-batch verify {run}`, "
-                f"then `eagle-batch resume {run}` to finalize the store again. Nothing was written."
+                f"{store / COMPLETE_NAME} has no valid num_samples / num_tokens / lengths; run `eagle-batch verify "
+                f"{run}`, then `eagle-batch resume {run}` to finalize the store again. Nothing was written."
             ) from None
         entry = {
             "path": rel,
@@ -147,10 +183,14 @@ def aggregate(run_dir, *, fsync: bool = True, each: Callable[[list[Path]], Itera
             "num_tokens": n_tokens,
             "sample_start": samples,
             "token_start": tokens,
-            "record": _record_digest(store, run, n_samples),
+            # The marker's copy of the record digest (one read per store); a marker written before it had one:
+            # the record itself.
+            "record": done.get("record") or _record_digest(store, run, n_samples),
         }
         if layout != common_layout:  # e.g. a store written with another codec: keep its own metadata
             entry["arrays"] = layout
+        if lengths is not None:  # every sample's length: the loader's batch plan opens no store for them
+            entry["lengths"] = lengths
         entries.append(entry)
         samples += n_samples
         tokens += n_tokens

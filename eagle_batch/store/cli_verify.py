@@ -8,6 +8,8 @@ import json
 import sys
 from pathlib import Path
 
+from eagle_batch.cli_common import int_at_least
+
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument(
@@ -23,6 +25,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument("--no-progress", action="store_true", help="no progress bar (there is none outside a terminal)")
     p.add_argument("--json", action="store_true", help="print the problems as one JSON object")
+    p.add_argument(
+        "--jobs",
+        type=int_at_least(1),
+        default=4,
+        help="stores checked at once (threads; default 4): a run of many stores is then bound by the disk",
+    )
 
 
 def run(args: argparse.Namespace) -> int:
@@ -40,7 +48,7 @@ def run(args: argparse.Namespace) -> int:
     try:
         stores = store_paths(Path(args.path))
         bar = functools.partial(progress, desc="verify", unit="store", enabled=not args.no_progress)
-        problems = verify(args.path, check_values=not args.no_values, each=bar)
+        problems = verify(args.path, check_values=not args.no_values, each=bar, jobs=args.jobs)
     except StoreError as e:
         print(f"eagle-batch verify: {e}", file=sys.stderr)
         return 2

@@ -16,8 +16,11 @@ from pathlib import Path
 
 import numpy as np
 
+from .crc import sealed
 from .durable import fsync_dir, fsync_tree, write_json_atomic
 from .format import COMPLETE_NAME, INDEX_ARRAYS
+from .provenance import record_digest
+from .record import read_record
 
 
 def finalize_store(store: Path, sample_ids: list[str], lengths: list[int], commit: int, fsync: bool) -> None:
@@ -33,16 +36,40 @@ def finalize_store(store: Path, sample_ids: list[str], lengths: list[int], commi
         for d in INDEX_ARRAYS:
             fsync_tree(store / d)
         fsync_dir(store)
+    # Sealed (crc.sealed): aggregate trusts what the marker says of the store only after checking its crc32c;
+    # "record" is the digest of the committed record it completes (provenance.record_digest).
     write_json_atomic(
         store / COMPLETE_NAME,
-        {
-            "num_samples": len(sample_ids),
-            "num_tokens": int(sum(lengths)),
-            "commit": commit,
-            "finalized_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-        },
+        sealed(
+            {
+                "num_samples": len(sample_ids),
+                "num_tokens": int(sum(lengths)),
+                "commit": commit,
+                "record": record_digest(read_record(store)),
+                "finalized_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+                **marker_summary(store, lengths),
+            }
+        ),
         fsync,
     )
+
+
+def marker_summary(store: Path, lengths: list[int]) -> dict:
+    """What `aggregate` and the training loader need of a complete store, in its one small marker file: the
+    group's eagle_batch attributes, each array's metadata less its shape, and every sample's length. An
+    aggregate of N stores then reads one file per store, and opening the aggregated run reads none (on a
+    parallel file system each file opened is a round trip to the metadata server)."""
+    root_meta = json.loads((store / "zarr.json").read_bytes())
+    consolidated = (root_meta.get("consolidated_metadata") or {}).get("metadata") or {}
+    return {
+        "attributes": root_meta.get("attributes", {}).get("eagle_batch", {}),
+        "arrays": {
+            name: {k: v for k, v in meta.items() if k != "shape"}
+            for name, meta in consolidated.items()
+            if name not in INDEX_ARRAYS
+        },
+        "lengths": [int(n) for n in lengths],
+    }
 
 
 def _write_index_arrays(zarr, store: Path, sample_ids: list[str], lengths: list[int]) -> None:

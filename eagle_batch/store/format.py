@@ -304,9 +304,15 @@ def make_layouts(spec, chunk_tokens: int, shard_tokens: int, codec: Codec) -> di
 
 
 def task_stores(run: Path) -> list[Path]:
-    """The task store folders of a run directory (RUN/stores/*.zarr), sorted; none when RUN/stores is absent."""
+    """The task store folders of a run directory (RUN/stores/*.zarr), sorted; none when RUN/stores is absent.
+    One directory read: a directory entry carries its type, so no stat per store (on a parallel file system
+    each stat is a round trip to the metadata server)."""
     root = Path(run) / "stores"
-    return sorted(p for p in root.iterdir() if p.is_dir() and p.name.endswith(".zarr")) if root.is_dir() else []
+    try:
+        with os.scandir(root) as it:
+            return sorted(root / e.name for e in it if e.name.endswith(".zarr") and e.is_dir())
+    except (FileNotFoundError, NotADirectoryError):
+        return []
 
 
 def load_json(p: Path, what: str) -> Any:

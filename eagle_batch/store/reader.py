@@ -365,9 +365,15 @@ class StoreDataset:  # a map-style dataset for torch's DataLoader (no torch impo
     """
 
     def __init__(
-        self, stores: Sequence[TaskStore], counts: Sequence[int] | None = None, layer_ids: Sequence[int] | None = None
+        self,
+        stores: Sequence[TaskStore],
+        counts: Sequence[int] | None = None,
+        layer_ids: Sequence[int] | None = None,
+        lengths: Sequence[Sequence[int]] | None = None,
     ):
         self.stores = list(stores)
+        # Each store's sample lengths when the index gave them (so lengths() opens no store), else None.
+        self._lengths = None if lengths is None else [np.asarray(x, dtype=np.int64) for x in lengths]
         counts = [len(s) for s in self.stores] if counts is None else list(counts)
         self._cum = np.concatenate([[0], np.cumsum(counts, dtype=np.int64)]).tolist()
         self._layer_ids = None if layer_ids is None else [int(x) for x in layer_ids]
@@ -419,13 +425,14 @@ class StoreDataset:  # a map-style dataset for torch's DataLoader (no torch impo
 
     def with_layers(self, layer_ids: Sequence[int]) -> "StoreDataset":
         """The same samples with only `layer_ids` (by layer id, in the given order)."""
-        return StoreDataset(self.stores, np.diff(self._cum).tolist(), layer_ids)
+        return StoreDataset(self.stores, np.diff(self._cum).tolist(), layer_ids, self._lengths)
 
     def lengths(self) -> np.ndarray:
         """Token count of every sample (reads only the committed records): for length-bucketed batching."""
         # Each store's first `count` samples: a store still being written may have committed more since.
         counts = np.diff(self._cum)
-        parts = [s.lengths[: int(c)] for s, c in zip(self.stores, counts)]
+        per_store = self._lengths if self._lengths is not None else [s.lengths for s in self.stores]
+        parts = [x[: int(c)] for x, c in zip(per_store, counts)]
         return np.concatenate(parts) if parts else np.zeros(0, np.int64)
 
     def __getitem__(self, i: int) -> dict[str, Any]:

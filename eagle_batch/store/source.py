@@ -28,9 +28,10 @@ def open_dataset(
         problem = seal_problem(index) if isinstance(index, dict) else "it is not a JSON object"
         if problem:
             raise StoreCorruptError(f"{p / DATASET_NAME} is damaged: {problem}; rerun `eagle-batch aggregate {p}`.")
-        stores, counts = [], []
+        present = {str(s.relative_to(p)) for s in task_stores(p)}  # one directory read, not a stat per store
+        stores, counts, lengths = [], [], []
         for entry in index["stores"]:
-            if not (p / entry["path"]).is_dir():
+            if entry["path"] not in present and not (p / entry["path"]).is_dir():
                 raise StoreError(
                     f"{p / DATASET_NAME} lists {entry['path']}, which no longer exists (deleted or moved?): "
                     f"`eagle-batch resume {p}` extracts its task again; then rerun `eagle-batch aggregate {p}`."
@@ -44,7 +45,11 @@ def open_dataset(
                 )
             )
             counts.append(int(entry["num_samples"]))
-        return StoreDataset(stores, counts, layer_ids)
+            lengths.append(entry.get("lengths"))
+        # The index's lengths (aggregate copies them from each store's marker) spare the batch plan a read of
+        # every store's record; an index without them (an older aggregate) reads the records when asked.
+        known = all(isinstance(x, list) and len(x) == n for x, n in zip(lengths, counts))
+        return StoreDataset(stores, counts, layer_ids, lengths if known else None)
     if (p / PROGRESS_NAME).is_file():
         return StoreDataset([TaskStore(p, check_chunks=check_chunks)], None, layer_ids)
     extract = extract_then_aggregate(p)

@@ -106,13 +106,26 @@ def store_paths(path: Path) -> list[Path]:
     )
 
 
-def verify(path, check_values: bool = True, each: Callable[[list[Path]], Iterable[Path]] = iter) -> list[Problem]:
+def verify(
+    path, check_values: bool = True, each: Callable[[list[Path]], Iterable[Path]] = iter, jobs: int = 1
+) -> list[Problem]:
     """All problems of a task store, or of every task store of a run (plus its dataset.json). `each` wraps
-    the list of stores (a progress bar)."""
+    the list of stores (a progress bar). `jobs` stores are checked at once, on threads (reading, crc32c and
+    decoding release the GIL), so that a run of many small stores waits on the disk, not on one store's
+    round trips after another; problems come in store order whatever `jobs` is."""
     path = Path(path)
     problems: list[Problem] = []
-    for store in each(store_paths(path)):
-        problems += verify_store(store, check_values)
+    stores = store_paths(path)
+    if jobs <= 1 or len(stores) < 2:
+        for store in each(stores):
+            problems += verify_store(store, check_values)
+    else:
+        from concurrent.futures import ThreadPoolExecutor
+
+        with ThreadPoolExecutor(max_workers=jobs, thread_name_prefix="verify") as pool:
+            results = pool.map(lambda s: verify_store(s, check_values), stores)
+            for _store, found in zip(each(stores), results):
+                problems += found
     if (path / DATASET_NAME).is_file():
         problems += _verify_dataset_index(path)
     return problems

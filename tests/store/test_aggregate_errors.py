@@ -33,8 +33,24 @@ def run(tmp_path) -> Path:
     return tmp_path
 
 
-def test_damaged_store_zarr_json_names_it_and_leaves_the_index(run, capsys):
+def test_damaged_marker_names_it_and_leaves_the_index(run, capsys):
+    """The `complete` marker holds what aggregate indexes (one read per store): damaged, it is named."""
     before = (run / "dataset.json").read_bytes()
+    bad = run / "stores" / "task-00001.zarr" / "complete"
+    bad.write_text('{"num_samples": 3, "attri')
+    rc, out, err = _run(["aggregate", str(run), "--no-progress"], capsys)
+    assert rc == 1 and out == ""
+    assert err.count("\n") == 1 and f"{bad} is damaged (not valid JSON" in err
+    assert f"eagle-batch verify {run}" in err and f"eagle-batch resume {run}" in err
+    assert (run / "dataset.json").read_bytes() == before
+
+
+def test_damaged_store_zarr_json_names_it_and_leaves_the_index(run, capsys):
+    """A store finalized by an eagle-batch whose marker holds only the counts: aggregate reads its zarr.json."""
+    before = (run / "dataset.json").read_bytes()
+    marker = run / "stores" / "task-00001.zarr" / "complete"
+    old = {k: v for k, v in json.loads(marker.read_text()).items() if k not in ("attributes", "arrays", "lengths")}
+    marker.write_text(json.dumps(old))
     bad = run / "stores" / "task-00001.zarr" / "zarr.json"
     bad.write_text('{"zarr_format": 3, "attri')
     rc, out, err = _run(["aggregate", str(run), "--no-progress"], capsys)
