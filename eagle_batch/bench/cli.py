@@ -11,6 +11,7 @@ BENCHES = {
     "prepare": "rows/s and tokens/s of prepare on synthetic conversations",
     "capture": "plain prefill vs eagle-batch capture vs vLLM's stock connector, one run",
     "slurm": "submit-to-done wall time of a trivial Slurm array",
+    "slurm_run": "a synthetic run on Slurm split at MaxArraySize, tasks killed and cancelled, resume, read back",
     "loader": "samples/s and MB/s of the training data path",
 }
 
