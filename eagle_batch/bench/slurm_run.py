@@ -50,6 +50,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--kill-frac", type=float_at_least(0.0), default=0.05, help="share of tasks killed (-9)")
     p.add_argument("--cancel-frac", type=float_at_least(0.0), default=0.05, help="share of tasks scancel'ed")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--nice", type=int_at_least(0), default=10000, help="sbatch --nice of the run's arrays")
     p.add_argument("--dir", default="", help="parent folder of the run (default: a temporary directory)")
     p.add_argument("--keep", action="store_true", help="keep the run folder")
     p.add_argument("--timeout", type=float_at_least(10.0), default=3600, help="give up after this many seconds")
@@ -106,6 +107,8 @@ def make_run(parent: Path, args: argparse.Namespace) -> Path:
                     "array_parallelism": args.parallelism,
                     "max_array_size": args.max_array_size,
                     "max_attempts": 1,
+                    # A shared cluster's other jobs go first: this run only fills what they leave idle.
+                    "additional_sbatch": [f"--nice={args.nice}"] if args.nice else [],
                 },
                 "store": {"chunk_tokens": 8, "shard_tokens": 64, "fsync": False},
             }
@@ -155,12 +158,13 @@ class Faults:
         pending = [e for e, st in live.items() if st == "PENDING" and tasks[e] not in touched]
         running = [e for e, st in live.items() if st == "RUNNING" and tasks[e] not in touched]
         # Half the cancels hit pending elements at once, the others running ones as the run goes.
-        want_cancel = self.cancel_n // 2 + int((self.cancel_n - self.cancel_n // 2) * share)
+        want_cancel = self.cancel_n // 2 + int((self.cancel_n - self.cancel_n // 2) * share + 0.5)
         pool = pending if len(self.cancelled) < self.cancel_n // 2 else running
         for e in self.rng.sample(pool, min(len(pool), want_cancel - len(self.cancelled))):
             if subprocess.run(["scancel", e], capture_output=True).returncode == 0:
                 self.cancelled.add(tasks[e])
-        want_kill = max(1, int(self.kill_n * share)) if self.kill_n else 0
+        # The i-th kill once the run is (i - 1/2) / kill_n drained: the last one before the final tasks.
+        want_kill = min(self.kill_n, int(self.kill_n * share + 0.5))
         for e in self.rng.sample(running, len(running)):
             if len(self.killed) >= want_kill:
                 break
@@ -277,7 +281,7 @@ def _resume(run: Path) -> tuple[list[int], float, dict[str, int]]:
     return sorted(t for s in new for t in s.tasks), took, calls.take()
 
 
-def measure(run: Path, args: argparse.Namespace) -> dict:  # structure: one benchmark's steps, in order
+def measure(run: Path, args: argparse.Namespace) -> dict:
     from eagle_batch.config import load_run_config
     from eagle_batch.launch.state import read_submissions
     from eagle_batch.launch.submit import submit_tasks
