@@ -67,7 +67,7 @@ def test_a_run_split_into_arrays_survives_kills_and_cancels_and_resumes_exactly_
     assert sorted(t for s in subs for t in s.tasks) == list(range(n))
     assert len({s.group for s in subs}) == 1 and subs[0].group == arrays[0]
 
-    # Cancel three pending tasks, one of each array, through the CLI (it finds each task's array).
+    # Cancel three tasks before they finish, one of each array, through the CLI (it finds each task's array).
     pick = [5, 20, 35]
     rc, out, err = cli(capsys, "cancel", run, *[a for t in pick for a in ("--task", t)])
     assert rc == 0, err
