@@ -12,6 +12,7 @@ BENCHES = {
     "prepare_hostile": "prepare's peak memory on hostile inputs (one 50 MB message in .jsonl.gz/.json/.csv)",
     "capture": "plain prefill vs eagle-batch capture vs vLLM's stock connector, one run",
     "slurm": "submit-to-done wall time of a trivial Slurm array",
+    "slurm_run": "a synthetic run on Slurm split at MaxArraySize, tasks killed and cancelled, resume, read back",
     "loader": "samples/s and MB/s of the training data path",
     "scale": "metadata calls, wall time and memory of each verb on runs of N tasks",
 }

@@ -86,8 +86,12 @@ class ExtractConfig:
     # Array tasks; the shard plan balances tokens across them.
     num_tasks: int = 1
     # What each array task does (eagle_batch/launch/work.py): capture (hidden states into the task store) |
-    # regenerate (set by `eagle-batch regenerate` for its own run) | module:function (a work of your own).
+    # regenerate (set by `eagle-batch regenerate` for its own run) | synthetic (pseudo states, no model: tests
+    # a cluster's wiring, launch/synthetic_work.py) | module:function (a work of your own).
     work: str = "capture"
+    # extract.work=synthetic: seconds each synthetic sample takes after its commit (a sleep standing for the
+    # model's time, so tasks can be signalled or killed mid-way). Default 0.
+    synthetic_sample_s: float = 0.0
     # native (vLLM extract_hidden_states + our KV connector) | hooks (worker extension) | hf | auto
     backend: str = "auto"
     max_num_seqs: int = 256
@@ -215,7 +219,12 @@ class SlurmConfig:
     mem_gb: int = 0  # 0: do not ask (exclusive nodes get all memory)
     time_min: int = 240
     exclusive: bool = False
+    # Most tasks of a submission running at once (Slurm's `%N`); shared by its arrays when it is split.
     array_parallelism: int = 64
+    # Most tasks in one Slurm array (count). A submission with more is split into near-equal arrays, which
+    # status/resume/cancel treat as one run. 0: the cluster's MaxArraySize (`scontrol show config`, read once
+    # per submission); set it when that cannot be read, or lower to submit smaller arrays. Default 0.
+    max_array_size: int = 0
     # Local executor: a slot holds its GPUs through a lock file per device, so that another local job on this
     # machine (a resume, another run) waits for them. true: this run's slots neither take nor wait for those
     # locks, and its engines share the GPUs with whatever else runs there, each within its own

@@ -57,7 +57,7 @@ def run(args: argparse.Namespace) -> int:
     from .disk_room import capture_room
     from .local import local_summary
     from .run_view import RunView
-    from .state import DONE
+    from .state import DONE, arrays_of, read_submissions
     from .status import writes_stores
     from .submit import SubmitError, check_slurm_request, live_tasks, resolve_executor, submit_tasks
 
@@ -96,9 +96,11 @@ def run(args: argparse.Namespace) -> int:
     if which == "local":
         print(local_summary(sub))
     else:
+        arrays = arrays_of(read_submissions(run_dir), sub)
         print(
-            f"submitted Slurm array {sub.job_id}: {len(todo)} task(s) of {n}, "
-            f"at most {cfg.slurm.array_parallelism} at once; logs under {run_dir}/slurm/{sub.job_id}_*/"
+            f"submitted Slurm {'arrays ' + ', '.join(arrays) if len(arrays) > 1 else 'array ' + sub.job_id}: "
+            f"{len(todo)} task(s) of {n}, at most {cfg.slurm.array_parallelism} at once; logs under "
+            f"{run_dir}/slurm/{sub.job_id}_*/" + (" (and the other arrays')" if len(arrays) > 1 else "")
         )
     if args.then_train:
         _then_train(args, cfg, train_cfgs, sub.job_id)

@@ -39,6 +39,7 @@ def run(args: argparse.Namespace) -> int:
     from eagle_batch.config.validate import check_plan_settings
 
     from .disk_room import capture_room
+    from .state import arrays_of, read_submissions
     from .status import RESUMABLE, run_status
     from .store_match import check_stores_match
     from .submit import SubmitError, submit_tasks
@@ -80,7 +81,11 @@ def run(args: argparse.Namespace) -> int:
     except SubmitError as e:
         print(f"eagle-batch resume: {e}", file=sys.stderr)
         return 1
-    print(f"submitted {'Slurm array' if sub.executor == 'slurm' else 'local job'} {sub.job_id}")
+    if sub.executor == "slurm":
+        arrays = arrays_of(read_submissions(args.run_dir), sub)
+        print(f"submitted Slurm array{'s' if len(arrays) > 1 else ''} {', '.join(arrays)}")
+    else:
+        print(f"submitted local job {sub.job_id}")
     if args.wait:
         from .follow import follow
 

@@ -230,6 +230,9 @@ class Submission:
     # local executor: the GPUs of each slot ("" = CPU), and what the user was told about that choice
     devices: list[str] = field(default_factory=list)
     note: str = ""
+    # Slurm: the first array's job id when one submission was split into several arrays (more tasks than
+    # MaxArraySize, launch.slurm_arrays); every array of that submission has it. "" for a single array.
+    group: str = ""
 
     def task_job_id(self, task_id: int) -> str:
         if self.executor == "local":
@@ -261,6 +264,11 @@ def read_submissions(run_dir: str | os.PathLike) -> list[Submission]:
                     f"{p}:{lineno} is not a submission record ({e}); restore or delete that line"
                 ) from None
     return out
+
+
+def arrays_of(subs: list[Submission], sub: Submission) -> list[str]:
+    """Job ids of every array submitted together with `sub` (itself alone when it was not split)."""
+    return [s.job_id for s in subs if s.group == sub.group] if sub.group else [sub.job_id]
 
 
 def latest_submission_of(

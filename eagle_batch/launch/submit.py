@@ -1,8 +1,9 @@
 """Build a submitit executor from `cfg.slurm` and submit extraction arrays and dependent jobs.
 
 - `make_executor(cfg, run_dir, kind)`: a Slurm executor, resources and container wrapping from the config.
-- `submit_tasks(cfg, run_dir, task_ids, kind)`: one array of `ArrayTask`s on Slurm, or the local
-  executor's slots (`launch.local`); records the submission in RUN/slurm/submissions.jsonl.
+- `submit_tasks(cfg, run_dir, task_ids, kind)`: arrays of `ArrayTask`s on Slurm (several when the tasks
+  exceed MaxArraySize, `launch.slurm_arrays`), or the local executor's slots (`launch.local`); records the
+  submission in RUN/slurm/submissions.jsonl (one line per array).
 - `submit_after(run_dir, fn, *args)`: one job that waits (`afterok`) for the run's unfinished extraction
   arrays, aggregates the task stores, then calls `fn(*args)` (used by `train --after RUN` and
   `extract --then-train`).
@@ -30,6 +31,7 @@ from eagle_batch import environment
 
 from . import state as S
 from .job import host_requeue_setup
+from .slurm_arrays import max_array_tasks, share_parallelism, split_tasks
 from .slurm_fit import check_request_fits
 from .slurm_query import controller_answers, have_slurm, is_live
 from .state import SubmitError, plan_num_tasks
@@ -215,7 +217,8 @@ def live_tasks(run_dir: str | os.PathLike) -> dict[int, str]:
 def submit_tasks(
     cfg, run_dir: str | os.PathLike, task_ids: Sequence[int], kind: str = "extract", executor: str | None = None
 ) -> S.Submission:
-    """Submit one array of ArrayTask(run_dir, t) for t in task_ids; refuse tasks already live."""
+    """Submit ArrayTask(run_dir, t) for t in task_ids; refuse tasks already live. Returns the submission's
+    (first) record; on Slurm, `arrays` names every array when there are several."""
     run_dir = Path(run_dir).resolve()  # the jobs may start elsewhere (another cwd, a compute node)
     task_ids = sorted(int(t) for t in task_ids)
     if not task_ids:
@@ -238,24 +241,49 @@ def submit_tasks(
             sub = submit_local(cfg, run_dir, task_ids, kind)
         except LocalResourceError as e:
             raise SubmitError(f"{e} Nothing was submitted.") from None
-    else:
-        ex = make_executor(cfg, run_dir, kind=kind, executor=which)
-        # Submit task *instances* (callables without arguments): submitit checkpoints and requeues the
-        # callable it ran, which must be the Checkpointable itself. One batch = one array.
-        with ex.batch():
-            pending = [ex.submit(ArrayTask(str(run_dir), t)) for t in task_ids]
+        S.append_submission(run_dir, sub)
+        return sub
+    return _submit_arrays(cfg, run_dir, task_ids, kind, which)
+
+
+def _submit_arrays(cfg, run_dir: Path, task_ids: list[int], kind: str, which: str) -> S.Submission:
+    """The tasks as one or more Slurm arrays (launch.slurm_arrays: at most the cluster's MaxArraySize each,
+    sharing slurm.array_parallelism). Each array is recorded as soon as sbatch took it, so a failure part-way
+    leaves no array unknown to `status`; the records of one submission share `group` (the first array's id).
+    Returns the first array's record."""
+    parts = split_tasks(task_ids, max_array_tasks(cfg.slurm.max_array_size))
+    ex = make_executor(cfg, run_dir, kind=kind, executor=which)
+    subs: list[S.Submission] = []
+    for part, parallelism in zip(parts, share_parallelism(cfg.slurm.array_parallelism, len(parts)), strict=True):
+        ex.update_parameters(array_parallelism=parallelism)
+        try:
+            # Submit task *instances* (callables without arguments): submitit checkpoints and requeues the
+            # callable it ran, which must be the Checkpointable itself. One batch = one array.
+            with ex.batch():
+                pending = [ex.submit(ArrayTask(str(run_dir), t)) for t in part]
+        except Exception as e:
+            if not subs:
+                raise
+            raise SubmitError(
+                f"{len(subs)} of {len(parts)} arrays of {run_dir} were submitted ({', '.join(s.job_id for s in subs)}: "
+                f"{sum(len(s.tasks) for s in subs)} tasks); the next failed: {type(e).__name__}: {e}. "
+                f"`eagle-batch resume {run_dir}` submits the tasks left out."
+            ) from None
         first = str(pending[0].job_id)
+        job_id = first.split("_")[0]
         sub = S.Submission(
-            job_id=first.split("_")[0],
+            job_id=job_id,
             executor="slurm",
-            tasks=task_ids,
+            tasks=part,
             time=time.time(),
             kind=kind,
             folder=str(run_dir / S.SLURM_DIR),
             array="_" in first,
+            group=subs[0].job_id if subs else (job_id if len(parts) > 1 else ""),
         )
-    S.append_submission(run_dir, sub)
-    return sub
+        S.append_submission(run_dir, sub)
+        subs.append(sub)
+    return subs[0]
 
 
 def _aggregate_then(run_dir: str, fn: Callable, args: tuple, kwargs: dict, aggregate: bool):

@@ -2,6 +2,7 @@
 
     capture     prepared samples -> vLLM capture -> the task's hidden-state store (`eagle-batch extract`)
     regenerate  source conversations -> the target's own answers -> output shards (`eagle-batch regenerate`)
+    synthetic   the plan's tasks -> pseudo hidden states -> task stores, no model: tests a cluster's wiring
     M:F         a function `F` of module `M` with the same signature (a work of your own; tests use it to
                 inject faults into the real launch machinery)
 
@@ -50,6 +51,7 @@ class TaskWork(Protocol):
 WORKS = {
     "capture": "eagle_batch.launch.capture_work:capture_work",
     "regenerate": "eagle_batch.regenerate.generate:regenerate_work",
+    "synthetic": "eagle_batch.launch.synthetic_work:synthetic_work",
 }
 
 
