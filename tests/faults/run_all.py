@@ -82,7 +82,9 @@ def disk_trials(base: Path, prepared: Path, ref_store: Path, trials: int, rng) -
                 res["tmpfs" if use_tmpfs else "injected"] += 1
                 st = json.loads((run / "state" / "task-00000.json").read_text())
                 err = st["last_error"]
-                assert "StoreError" in err and str(F.store_of(run)) in err and "eagle-batch resume" in err, err
+                store_dir = F.store_of(run).parent
+                assert st["status"] == "no_space" and err.startswith("stopped: no space left on device"), err
+                assert str(store_dir) in err and "eagle-batch resume" in err, err
                 n = F.assert_committed_prefix(F.store_of(run), ref_store)
                 assert n == st["samples_committed"]
                 res["committed_at_fault"].append(n)
