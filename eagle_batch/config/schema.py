@@ -108,7 +108,7 @@ class StoreConfig:
     # How hidden states are stored: bfloat16 (the model's bits, lossless) | float8_e4m3 (OCP E4M3 codes, 1
     # byte, with a float32 scale per token and layer: 0.61x bf16's bytes, ~2% relative error) | float8_e5m2
     # (E5M2 codes, the same scales: 0.52x bf16's bytes, ~4% relative error); readers return bf16 again
-    # (docs/format.md "FP8 hidden states", docs/decisions/0020).
+    # (docs/reference/store-format.md "FP8 hidden states", docs/decisions/0020).
     dtype: str = "bfloat16"
     # blosc-zstd | zstd | none
     codec: str = "blosc-zstd"

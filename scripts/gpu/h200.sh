@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# GPU validation and benchmarks on the H200 device machine (results in docs/gpu-validation.md and
-# docs/benchmarks.md). Needs vLLM 0.26.0 there: the device bundle (see docs/gpu-validation.md) must have
+# GPU validation and benchmarks on the H200 device machine (results in docs/explanation/capture-path.md and
+# docs/explanation/performance.md). Needs vLLM 0.26.0 there: the device bundle (see docs/explanation/capture-path.md) must have
 # been unpacked, i.e. /root/site/.complete exists. Usage: bash scripts/gpu/h200.sh STAGE OUTDIR
 #   validate-tp1 | validate-tp2 | validate-dsv3-tp1 | validate-dsv3-tp2 | bench-capture |
 #   bench-capture-nofsync | bench-capture-nofsync-noadaptive | bench-capture-shm | bench-capture-like-stock |
