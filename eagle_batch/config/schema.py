@@ -81,7 +81,7 @@ class ExtractConfig:
     # TP=1 only (TP>1 always runs vLLM's workers in their own processes): where the engine runs.
     # background = vLLM's engine-core process, states reach the store through the shared ring; in-process =
     # this process, no IPC but the engine shares one interpreter lock with the store's threads. auto:
-    # background for the native backend on CUDA (faster in every side-by-side H200 run: docs/decisions/0017),
+    # background for the native backend on CUDA (faster in every side-by-side H200 measurement: docs/decisions/0017),
     # in-process otherwise (CPU; hooks, whose states would travel through vLLM's RPC). An explicit
     # VLLM_ENABLE_V1_MULTIPROCESSING in the environment wins.
     engine_process: str = "auto"

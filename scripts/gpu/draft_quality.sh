@@ -6,7 +6,7 @@
 #   (floor) no training at all (the draft's initial weights, exported the same way),
 # each served by vLLM as the target's EAGLE-3 drafter on held-out prompts (greedy; identical outputs
 # required): mean acceptance length and acceptance per position at k=3 and k=5, decode tokens/s with and
-# without the draft at batch 1 and 16. Results: docs/explanation/training.md ("Draft quality at scale").
+# without the draft at batch 1 and 16. Results: docs/explanation/training.md ("Draft quality on the H200").
 #
 #   bash scripts/gpu/draft_quality.sh OUTDIR [STAGE ...]
 #   stages: setup regenerate extract-orig extract-regen train-orig train-regen train-floor evaluate summary

@@ -6,7 +6,7 @@
 # with the native backend, then with hooks -> aggregate / verify -> validate against transformers'
 # DeepseekV3ForCausalLM built from the checkpoint's language-model weights -> native vs hooks, state by
 # state -> train --local -> evaluate (the export served by vLLM as the EAGLE-3 drafter of the wrapper).
-# Results: docs/explanation/capture-path.md ("Kimi-K2.5").
+# Results: docs/how-to/kimi-k2.5.md ("Validated on the H200").
 #
 #   bash scripts/gpu/kimi.sh OUTDIR [STAGE ...]   stages: setup native hooks compare train evaluate (default: all)
 #                                                 free (optional: the free-routing model, native + validate)

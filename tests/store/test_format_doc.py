@@ -17,7 +17,7 @@ from eagle_batch.config import StoreConfig, tokenizer_sha256
 from eagle_batch.store import StoreSpec, TaskStoreWriter, open_dataset
 
 ROOT = Path(__file__).resolve().parents[2]
-DOC = ROOT / "docs" / "format.md"
+DOC = ROOT / "docs" / "reference" / "store-format.md"
 LAYERS, N, H = [2, 3, 4, 6], 6, 24
 
 # Runs each block in one namespace; after each, keeps the variables the test compares (later blocks reuse

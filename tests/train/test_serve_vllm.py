@@ -45,7 +45,7 @@ def test_untrained_export_loads_and_serves_in_vllm(tmp_path, norms):
 def test_e2e_trained_draft_beats_untrained(tmp_path):
     """prepare -> capture (vLLM) -> aggregate -> train -> export -> serve, on the real SmolLM2.
 
-    64 samples / 40 steps: recorded run (docs/explanation/training.md) gave acceptance 1.157 vs 1.000 untrained. On a
+    64 samples / 40 steps: a recorded measurement (docs/explanation/training.md) gave acceptance 1.157 vs 1.000 untrained. On a
     quiet 2-core machine this takes several minutes; on the shared CI VM (load ~20) it took ~20 minutes.
     EB_E2E_SAMPLES / EB_E2E_STEPS scale it up."""
     r = run_e2e(
