@@ -94,7 +94,7 @@ case "$stage" in
                      --phases plain,eagle-batch,stock --sweep "${SWEEP:-drop;default;cblosc:entropy=0;none:codec=none;default;drop}" \
                      --timeout 300 --json ;;
   bench-capture-fp8) # the float8 store beside plain and the bf16 store in one run (issue #25), eager engines
-                   # with a 0.3 memory share (it ran beside the draft-quality run's start in session 11)
+                   # with a 0.3 memory share (so it can run beside another job's engines)
                    python3 -m eagle_batch.bench.capture --build llama-1b --num-prompts 1024 --prompt-len 512 \
                      --no-fsync --enforce-eager --engine-process background --gpu-memory-utilization 0.3 \
                      --phases plain,eagle-batch,eagle-batch-fp8 --work-dir $work/cap --timeout 240 --json ;;
