@@ -3,8 +3,8 @@
 - Its header is exactly `metric value unit date hardware commit command raw` (tab-separated), every row has
   those eight fields, a numeric value, an ISO date, a commit id and the command that reproduces the figure.
 - Every `raw` path exists in the repository (`-` where no raw output was kept for a figure).
-- No file or folder under docs/ or benchmarks/ is named after a working session, a numbered run or an
-  attempt: names say what was measured and where, never when or in which run.
+- No file or folder under docs/ or benchmarks/ is named after when or in which run it was made (a numbered
+  run or attempt, a date): names say what was measured and where.
 """
 
 from __future__ import annotations
@@ -54,7 +54,7 @@ def test_no_docs_or_benchmarks_named_after_a_run():
         for p in (REPO / top).rglob("*")
         if DIARY_NAME.search(p.name.lower())
     ]
-    assert not bad, f"named after a session, run or date (name what and where instead): {bad}"
+    assert not bad, f"named after a run or a date (name what and where instead): {bad}"
 
 
 def test_diary_name_pattern():
