@@ -6,7 +6,7 @@
 # call with everything up returns in about a second; a changed slurm.conf restarts the Slurm daemons.
 # The node advertises 8 CPUs and 8 GPUs whatever the machine has (fake /dev-style character devices)
 # so jobs ask for GPUs exactly as on a real GPU node. Why each setting: beside it in the generated files
-# below, and in docs/slurm.md ("The local Slurm for tests"). Accounting (slurmdbd + MariaDB) is not
+# below, and in docs/how-to/slurm-cluster.md ("The local Slurm for tests"). Accounting (slurmdbd + MariaDB) is not
 # optional: without it `sacct` fails, submitit cannot tell a cancelled or OOM-killed job from a running one
 # (it never writes a result) and waits forever.
 #

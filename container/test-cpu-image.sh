@@ -18,7 +18,7 @@
 # 6-9): 11.5 min in all (base 99 s, build 273 s, pipeline in the image 304 s; 3.6 min again with the
 # image cached); add about 20 s for the apt packages and scripts/setup.sh's time on a machine that has
 # neither. Not part of .ci/run: that would take CI from ~20 to ~32 min and download ~0.9 GB each run
-# (docs/cluster.md section 7).
+# (docs/how-to/container.md section 7).
 set -euo pipefail
 
 repo="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"

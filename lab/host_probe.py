@@ -6,7 +6,7 @@ crc32c rates, the whole TaskStoreWriter with and without fsync, and the disk's f
 POOL.npz: the real SmolLM2 state pool of `eagle-batch bench store` (default: computed or read from its
 cache; copy the cached file to a machine without the model). Rows are cut to width 2048, the 1B Llama
 of `bench capture`. PROBE_SCALE=0.02 makes a seconds-long smoke run; PROBE_DIR is where stores and the
-dd file go. Writes $OUT/probe.json (docs/gpu-runs/host-probe-h200-1gpu.json came from this script).
+dd file go. Writes $OUT/probe.json (benchmarks/capture-h200/host-probe.json came from this script).
 """
 
 import json

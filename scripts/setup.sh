@@ -54,7 +54,18 @@ if [ ! -f .venv-peers/.installed ] || [ "${EAGLE_BATCH_REINSTALL:-0}" = 1 ]; the
   touch .venv-peers/.installed
 fi
 # Convert the shipped SmolLM2 GGUF to a local HF folder once (about a minute); tests and the demo use it.
-HF_HUB_OFFLINE=1 python -m eagle_batch.models.smollm2 >/dev/null 2>&1 && echo "SmolLM2 ready"
+# Its output goes to a log, shown (the tail) when the conversion fails: set-up must not report success
+# without the model the demo and the tests need.
+SMOLLM2_LOG=${TMPDIR:-/tmp}/eagle-batch-smollm2-setup.log
+if HF_HUB_OFFLINE=1 python -m eagle_batch.models.smollm2 >"$SMOLLM2_LOG" 2>&1; then
+  echo "SmolLM2 ready"
+else
+  rc=$?
+  echo "setup: converting the shipped SmolLM2 model failed (exit $rc); the last lines of $SMOLLM2_LOG:" >&2
+  tail -n 25 "$SMOLLM2_LOG" >&2
+  echo "setup: fix the cause above and run setup.sh again (the demo and the tests need this model)" >&2
+  exit 1
+fi
 if [ "$WITH_SLURM" = 1 ]; then
   bash .ci/slurm-up.sh
   # Headless Chromium: the report test opens RUN/report.html in a real browser (~20 s to install).

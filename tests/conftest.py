@@ -40,7 +40,7 @@ def _has_cuda() -> bool:
 
 
 def pytest_collection_modifyitems(config, items):
-    skip_gpu = pytest.mark.skip(reason="no CUDA GPU here (GPU results are recorded in docs/gpu-validation.md)")
+    skip_gpu = pytest.mark.skip(reason="no CUDA GPU here (GPU results: benchmarks/results.tsv)")
     skip_slurm = pytest.mark.skip(reason="no Slurm here: .ci/run installs and starts one (sbatch not on PATH)")
     skip_vllm = pytest.mark.skip(reason="vLLM is not installed (pip install -e .[cpu])")
     for item in items:

@@ -1,1 +1,1 @@
-"""Benchmarks: `eagle-batch bench NAME [--json]` prints one JSON object (numbers go in docs/benchmarks.md)."""
+"""Benchmarks: `eagle-batch bench NAME [--json]` prints one JSON object (numbers go in benchmarks/results.tsv)."""

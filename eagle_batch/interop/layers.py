@@ -1,7 +1,7 @@
 """Layer ids across conventions, converted in one place.
 
 eagle-batch and vLLM number a hidden state by the decoder layers before it: id k is the input of decoder
-layer k (id 0 the embeddings, id N the last layer's output before the final norm; docs/format.md). SGLang,
+layer k (id 0 the embeddings, id N the last layer's output before the final norm; docs/reference/store-format.md). SGLang,
 and so SpecForge, number it by the layer that produced it: its id is k - 1 (id -1 is the embeddings).
 speculators uses vLLM's ids.
 """

@@ -88,7 +88,7 @@ class SpeculatorsFormat:
         except BaseException:
             w.abort()
             raise
-        rows = w.close(fingerprint, "eagle-batch export for speculators (docs/format.md)", fsync=fsync)
+        rows = w.close(fingerprint, "eagle-batch export for speculators (docs/reference/store-format.md)", fsync=fsync)
         tmp = partial_name(out / TOKEN_FREQ)
         torch.save(dict(sorted(freq.items())), tmp)
         tmp.replace(out / TOKEN_FREQ)

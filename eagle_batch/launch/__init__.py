@@ -9,7 +9,7 @@
 - `state`, `status`: what each task recorded, reconciled with Slurm or the local executor.
 - `cli_*`: the extract, status, resume, cancel and train commands.
 
-See docs/slurm.md for how tasks checkpoint, requeue and resume, and what `status` shows.
+See docs/how-to/slurm-cluster.md for how tasks checkpoint, requeue and resume, and what `status` shows.
 """
 
 from .state import TaskState, read_state, read_submissions, state_path, store_path

@@ -88,8 +88,8 @@ def fix_expert_routing(model) -> int:
 
     A random router's scores for different experts are nearly alike, so bf16 rounding (vLLM's bf16 gate
     GEMM vs transformers' fp32 router) flips top-k choices that sit near a tie, and a flipped token
-    differs in every later layer although both engines are right (docs/gpu-validation.md, the H200
-    runs). Scaling the gate does not help: relative rounding error scales with it and sigmoid
+    differs in every later layer although both engines are right (docs/explanation/capture-path.md, "Results on
+    the H200"). Scaling the gate does not help: relative rounding error scales with it and sigmoid
     scoring saturates. noaux_tc selects on sigmoid(logit) + e_score_correction_bias but weighs by
     sigmoid(logit) alone, so a bias spaced 1.0 apart (more than sigmoid's whole range) fixes the choice
     for every token (experts 0..top_k-1) while the weights stay token-dependent: MLA, the shared expert,

@@ -7,7 +7,7 @@
 - `StoreWriterProtocol`: what the capture needs from a writer (protocol.py).
 - `store.dtype: float8_e4m3 | float8_e5m2`: float8 codes and a float32 scale per row instead of bf16
   (fp8.py: the quantization, `Fp8Rows`); readers return bf16 either way.
-Format: docs/format.md; names and layouts: format.py; a shard file's bytes: shard_codec.py.
+Format: docs/reference/store-format.md; names and layouts: format.py; a shard file's bytes: shard_codec.py.
 """
 
 # Imported eagerly, not through lazy wrappers: a wrapper named like its submodule is replaced by the module

@@ -7,7 +7,7 @@ ratio depends on the states and, with `store.adaptive`, on the CPU a node has sp
 chunks raw), so the check counts on the highest ratio measured on chat hidden states, never a typical one:
 bf16 1.41-1.61x (the README demo's chat states 1.609 with the entropy-only frames, docs/decisions/0012;
 SmolLM2's ShareGPT states on the H200 1.42x), float8 codes of SmolLM2 states 1.17x (E4M3) and 1.37x (E5M2)
-(docs/format.md, "FP8 hidden states"). A store that needs more than the space left cannot fit; one that fits
+(docs/reference/store-format.md, "FP8 hidden states"). A store that needs more than the space left cannot fit; one that fits
 only compressed may not.
 """
 

@@ -6,7 +6,7 @@ A task store is a Zarr v3 group. Token-major arrays (`hidden_states [T, L, H]`, 
 whole shard is written once, fsynced and renamed, and compression runs on our own threads) in exactly
 the layout zarr's ShardingCodec reads (shard_codec.py); tests check that plain `zarr.open_array` reads
 them back. This module is the bottom of the package's imports (with errors.py): names and layouts only,
-no file writes. See docs/format.md for the full specification.
+no file writes. See docs/reference/store-format.md for the full specification.
 """
 
 from __future__ import annotations
@@ -49,7 +49,7 @@ ZARR_NP = {"bfloat16": np.dtype("<u2"), "uint8": np.dtype("u1"), "int32": np.dty
 
 
 def float8_attributes(encoding: str) -> dict:
-    """The attributes of a float8 store's hidden_states array: what its uint8 codes mean (docs/format.md)."""
+    """The attributes of a float8 store's hidden_states array: what its uint8 codes mean (docs/reference/store-format.md)."""
     return {
         "eagle_batch": {
             "encoding": encoding,

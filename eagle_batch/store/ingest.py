@@ -18,7 +18,7 @@ Back-pressure, in the order append() meets it:
   in) their write, or IO_QUEUE_CAP shards are in flight at all.
 A shard still waiting for its chunks' compression is the compression's backlog, not the disk's: counting
 it would turn raw chunks off exactly when compression is the bottleneck and make append() wait at the
-disk's queue instead of the slots (docs/decisions/0014 has the H200 runs and their commands; 0015 the
+disk's queue instead of the slots (docs/decisions/0014 has the H200 measurements and their commands; 0015 the
 thread counts).
 
 A failed background write is kept in `failed`: the writer refuses every later commit, which could otherwise

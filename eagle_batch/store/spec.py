@@ -18,7 +18,7 @@ class StoreSpec:
     `layer_ids[j]` is the layer whose states are `hidden_states[:, j]` (semantics in `layer_semantics`, which
     refer to `num_hidden_layers`, N: 0 where the writer did not know it). `tokenizer` names the tokenizer
     (a folder or hub name, never a host path) and `tokenizer_sha256` identifies its files
-    (`eagle_batch.config.tokenizer_sha256`; docs/format.md gives the recipe). `dtype` (store.dtype) is how
+    (`eagle_batch.config.tokenizer_sha256`; docs/reference/store-format.md gives the recipe). `dtype` (store.dtype) is how
     the states are stored: `bfloat16` (the model's bits), `float8_e4m3` or `float8_e5m2` (codes and a scale
     per row, store/fp8.py).
     """

@@ -1,4 +1,4 @@
-"""EAGLE-3 draft training on a run's hidden states (docs/training.md).
+"""EAGLE-3 draft training on a run's hidden states (docs/explanation/training.md).
 
 - `model`: the draft (vLLM llama_eagle3 layout), target head, `export_draft`.
 - `data`: dataset over `open_dataset(RUN)`, token-budget length-bucketed per-rank batch plan, loader.

@@ -206,7 +206,7 @@ def _split_hi_lo(x: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, tor
 
 # The SDPA kernels the draft's attention may use: not cuDNN's, which spends ~11 ms of host time per call
 # planning for the call's shape, and a batch's padded length changes from step to step (on the H200 that was
-# ~160 ms of a 0.42 s step, with the GPU busy 30% of it: docs/training.md, "Second H200 run"). The flash and
+# ~160 ms of a 0.42 s step, with the GPU busy 30% of it: docs/explanation/training.md, "A training step on a GPU"). The flash and
 # memory-efficient kernels need no plan; math is the CPU's.
 SDPA_BACKENDS = [SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH]
 

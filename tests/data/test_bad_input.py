@@ -1,5 +1,5 @@
 """Whole-file and whole-run mistakes fail early, once, naming the file and what to do; nothing succeeds on
-nothing. One test per case of the bad-input inventory in docs/troubleshooting.md ("Bad input").
+nothing. One test per case of the bad-input inventory in docs/how-to/troubleshooting.md ("Bad input").
 
 Row-level problems (one bad line among good ones) are covered by test_inputs.py / test_prepare_cli.py.
 """

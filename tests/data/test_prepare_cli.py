@@ -1,4 +1,4 @@
-"""End to end: `eagle-batch prepare` on mixed-format input, outputs per docs/architecture.md."""
+"""End to end: `eagle-batch prepare` on mixed-format input, outputs per docs/explanation/architecture.md."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""The full fault-injection suite as a script, with trial counts (results: docs/reliability.md).
+"""The full fault-injection suite as a script, with trial counts (results: docs/explanation/reliability.md).
 
     python tests/faults/run_all.py [--kills 50] [--disk 10] [--corrupt 25] [--seed 0] [--workdir DIR] [--pytest]
 

@@ -1,7 +1,7 @@
 """SIGKILL the real task (prepared samples -> run_capture, hf backend -> TaskStoreWriter) at random points of
 capture + write; every resume must give data bit-identical to an uninterrupted run, sample by sample.
 
-CI runs 4 kills; `python tests/faults/run_all.py` runs >= 50 (docs/reliability.md, "Fault-injection suite").
+CI runs 4 kills; `python tests/faults/run_all.py` runs >= 50 (docs/explanation/reliability.md, "Fault-injection suite").
 The store-only SIGKILL trials are tests/store/test_kill.py; this adds the engine, the capture writer
 thread, run_capture's skip-what-is-committed and the task's state file.
 """

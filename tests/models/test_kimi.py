@@ -4,7 +4,7 @@ loader and model class, compared against a transformers DeepSeek-V3 built from i
 What the CPU can and cannot show: vLLM's CPU MLA kernels give wrong states, so nothing here compares vLLM's
 states with transformers'. The engine test compares vLLM's two capture paths (native and hooks) with each
 other on the same engine computation: the layer-id -> residual-stream mapping and the wrapper plumbing.
-The cosines against transformers are the H200's job (scripts/gpu/kimi.sh, docs/gpu-validation.md).
+The cosines against transformers are the H200's job (scripts/gpu/kimi.sh, docs/explanation/capture-path.md).
 """
 
 from __future__ import annotations

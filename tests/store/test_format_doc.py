@@ -1,4 +1,4 @@
-"""docs/format.md's Python blocks, run as a third-party reader would: in a process that never imports
+"""docs/reference/store-format.md's Python blocks, run as a third-party reader would: in a process that never imports
 eagle-batch, against a store the writer made; what they read must be what the reader reads. Also the
 page's claim that `zarr.open_group` fails on a complete store without the bfloat16 registration, and the
 call it gives instead."""
@@ -17,7 +17,7 @@ from eagle_batch.config import StoreConfig, tokenizer_sha256
 from eagle_batch.store import StoreSpec, TaskStoreWriter, open_dataset
 
 ROOT = Path(__file__).resolve().parents[2]
-DOC = ROOT / "docs" / "format.md"
+DOC = ROOT / "docs" / "reference" / "store-format.md"
 LAYERS, N, H = [2, 3, 4, 6], 6, 24
 
 # Runs each block in one namespace; after each, keeps the variables the test compares (later blocks reuse
@@ -28,7 +28,7 @@ import numpy as np
 blocks = json.load(open(sys.argv[1]))
 ns, seen = {"__name__": "__main__"}, {}
 for k, code in enumerate(blocks):
-    exec(compile(code, f"docs/format.md block {k}", "exec"), ns)
+    exec(compile(code, f"docs/reference/store-format.md block {k}", "exec"), ns)
     for name in ("ids", "mask", "hs", "last", "pairs", "offsets", "sample_ids", "attrs"):
         if name in ns and f"{name}@{k}" not in seen:
             seen[f"{name}@{k}"] = ns[name]

@@ -106,14 +106,14 @@ def test_roundtrip_raw_codes_verify_and_format_version(tmp_path, fp8_spec, f8, s
 
 
 def test_plain_zarr_and_numpy_dequantize_like_the_reader(tmp_path, fp8_spec, f8, small_cfg):
-    """docs/format.md, "FP8 hidden states": its block, run where eagle-batch cannot be imported, reads sample 3
+    """docs/reference/store-format.md, "FP8 hidden states": its block, run where eagle-batch cannot be imported, reads sample 3
     of a float8 store as the reader's float32 dequantization, with a code table equal to ml_dtypes'."""
     import re
     import subprocess
     import sys
     from pathlib import Path
 
-    doc = (Path(__file__).resolve().parents[2] / "docs" / "format.md").read_text()
+    doc = (Path(__file__).resolve().parents[2] / "docs" / "reference" / "store-format.md").read_text()
     (block,) = re.findall(r"```python\n(.*?)```", doc.split("\n## FP8 hidden states")[1], flags=re.S)
     samples = [make_sample(i) for i in range(6)]
     write(tmp_path / "task-00000.zarr", fp8_spec, small_cfg, samples)

@@ -1,6 +1,6 @@
 """SIGKILL a writer subprocess at random moments, resume, and compare with an uninterrupted run.
 
-CI runs 5 kill points on one store; tests/stress/kill_writer.py runs >= 50 (docs/reliability.md).
+CI runs 5 kill points on one store; tests/stress/kill_writer.py runs >= 50 (docs/explanation/reliability.md).
 """
 
 from __future__ import annotations

@@ -106,7 +106,7 @@ def test_random_bits_round_trip(tmp_path_factory, hs):
 def test_resume_continues_identically(tmp_path, spec, small_cfg):
     samples = [make_sample(i) for i in range(30)]
     write_store(tmp_path / "ref.zarr", spec, small_cfg, samples, commit_every=4)
-    # Same samples in three sessions, with appends after the last commit of a session being dropped.
+    # Same samples over three openings of the writer, with appends after an opening's last commit dropped.
     with TaskStoreWriter.open(tmp_path / "b.zarr", spec, small_cfg) as w:
         for s in samples[:11]:
             w.append(*s)

@@ -7,7 +7,7 @@ Not collected by pytest (no test_ prefix). Each store is written by a child proc
 commit every 3, 8-token chunks in 32-token shards so every kill lands among many shard writes); after
 every kill the store must show a committed prefix of the reference (via the record, the reader, and
 plain zarr which trusts shapes); after the final resume it must equal the uninterrupted run, down to
-the shard files' crc32c. Results go to docs/reliability.md ("Store kill trials").
+the shard files' crc32c. Results go to docs/explanation/reliability.md ("Store kill trials").
 """
 
 from __future__ import annotations

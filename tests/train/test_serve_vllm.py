@@ -45,7 +45,7 @@ def test_untrained_export_loads_and_serves_in_vllm(tmp_path, norms):
 def test_e2e_trained_draft_beats_untrained(tmp_path):
     """prepare -> capture (vLLM) -> aggregate -> train -> export -> serve, on the real SmolLM2.
 
-    64 samples / 40 steps: recorded run (docs/training.md) gave acceptance 1.157 vs 1.000 untrained. On a
+    64 samples / 40 steps: a recorded measurement (docs/explanation/training.md) gave acceptance 1.157 vs 1.000 untrained. On a
     quiet 2-core machine this takes several minutes; on the shared CI VM (load ~20) it took ~20 minutes.
     EB_E2E_SAMPLES / EB_E2E_STEPS scale it up."""
     r = run_e2e(
@@ -216,7 +216,7 @@ def test_served_acceptance_per_position_matches_the_teacher_forced_chain(tmp_pat
     about the draft's inputs (layers, which state pairs with which token, norm, vocabulary map, fed-back
     state, positions of later steps) would open a gap. 12 steps: the draft is half right at position 1,
     so agreement is not the trivial 0 = 0 or 1 = 1 (recorded: 0.526/0.080/0.003 against
-    0.539/0.084/0.004, docs/training.md)."""
+    0.539/0.084/0.004, docs/explanation/training.md)."""
     from train_serve_agreement import run
 
     r = run(tmp_path / "agree", prompts=16, max_tokens=64, steps=12, k=3)

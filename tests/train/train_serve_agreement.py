@@ -2,7 +2,7 @@
 
     PYTHONPATH=. python tests/train/train_serve_agreement.py WORKDIR [--prompts 16] [--max-tokens 64] [--steps 120]
 
-Used by test_serve_vllm.py (12 steps) and runnable by hand to record numbers (docs/training.md).
+Used by test_serve_vllm.py (12 steps) and runnable by hand to record numbers (docs/explanation/training.md).
 
 The real SmolLM2 answers PROMPTS of the demo chats greedily (vLLM); those answers become the training set
 (as `eagle-batch regenerate` makes one); `eagle-batch prepare / extract / train` capture them and fit a draft
