@@ -28,7 +28,7 @@
 set -euo pipefail
 out=${1:?output folder}
 shift
-stages=${*:-setup capture final-layer train evaluate bench probe}
+stages=${*:-setup capture bytes final-layer train evaluate bench probe}
 tok=$(realpath "${TOK:-.devdata/tokenizer}")
 work=${WORK:-/root/ebwide}
 repo=$(pwd)
@@ -71,7 +71,7 @@ gpu_peak() {
 # skips the stages that need its output, and the others still run.
 read -r -a stage_list <<< "$stages"
 if [ "${#stage_list[@]}" -gt 1 ]; then
-  declare -A needs=([capture]=setup [final-layer]=capture [train]=capture [evaluate]=train [bench]=setup [probe]=capture)
+  declare -A needs=([capture]=setup [bytes]=capture [final-layer]=capture [train]=capture [evaluate]=train [bench]=setup [probe]=capture)
   declare -A failed=()
   # The stages run from a copy: a checkout updated while they run (a later call's tree) does not change them.
   self=$work/kimi_width.run.sh
@@ -153,6 +153,8 @@ EOF
       step aggregate eagle-batch aggregate "$run"
       step verify eagle-batch verify "$run"
       step validate eagle-batch validate "$run" --samples 16 --json || true
+      ;;
+    bytes)
       # Bytes per token: the committed store files over the tokens they hold (and the raw bf16 size).
       python3 - "$run" > "$out/store-bytes.json" <<'PY'
 import json, sys
@@ -160,7 +162,7 @@ from pathlib import Path
 from eagle_batch.store import open_dataset
 run = Path(sys.argv[1])
 ds = open_dataset(run)
-tokens = int(ds.lengths.sum())
+tokens = int(ds.lengths().sum())
 stores = sorted((run / "stores").glob("task-*.zarr"))
 files = [f for s in stores for f in s.rglob("*") if f.is_file()]
 disk = sum(f.stat().st_size for f in files)
@@ -218,6 +220,8 @@ PY
     bench)
       # Room on the disk: the stock connector writes every request's states uncompressed.
       rm -rf "$run"/train/*/checkpoints
+      # The stock phase starts vLLM's engine process after CUDA is initialised: spawn, not fork.
+      export VLLM_WORKER_MULTIPROC_METHOD=spawn
       # Eager engines (no compile / CUDA graphs: a shorter start for each of the four engines; a
       # prefill-only batch of 8192 tokens runs no CUDA graph either way); the store without fsync as the
       # stock connector writes (docs/benchmarks.md); engine in vLLM's background process.
@@ -238,7 +242,7 @@ PY
     probe)
       # The largest train.batch_tokens whose steps fit: 3 steps each, doubling, within PROBE_S seconds.
       t0=$(date +%s)
-      bt=32768
+      bt=${PROBE_START:-32768}
       while [ $(( $(date +%s) - t0 )) -lt "$PROBE_S" ]; do
         dir=$work/probe-$bt
         rc=0
