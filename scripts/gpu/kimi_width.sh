@@ -21,10 +21,10 @@
 # Every command's output is OUTDIR/NAME.txt, wall times OUTDIR/times.tsv (scripts/gpu/cli_run.sh).
 # Input: TOK (default .devdata/tokenizer), the SmolLM2 tokenizer files (see scripts/gpu/kimi.sh).
 # Knobs: LAYERS (8), EXPERTS (16), CHATS (120 chats of TURNS=10 exchanges from the demo chats, one sample per
-# assistant turn: ~250k tokens), STEPS (training steps, 0 = two epochs), PROMPTS (bench prompts of 512
+# assistant turn: 56k tokens), STEPS (training steps, 0 = two epochs), PROMPTS (bench prompts of 512
 # tokens, 512), BENCH_EXTRA (more bench arguments), PROBE_S (150), EXTRA (key=value overrides for every
 # command), WORK (/root/ebwide); for a CPU dry run: HIDDEN (a narrower width), DROP_CACHES=0 (leave the
-# page cache of a shared machine alone). The CPU dry run: docs/how-to/kimi-k2.5-planning.md.
+# page cache of a shared machine alone). Results and commands: benchmarks/kimi-width-7168-h100/.
 set -euo pipefail
 out=${1:?output folder}
 shift
