@@ -1,6 +1,11 @@
-"""A tiny random-weight Kimi-K2.5 checkpoint laid out as the real moonshotai/Kimi-K2.5 folder is.
+"""A random-weight Kimi-K2.5 checkpoint laid out as the real moonshotai/Kimi-K2.5 folder is.
 
     python -m eagle_batch.models.kimi OUT [--fixed-route] [--layers 8] [--hidden 1024] [--experts 16]
+    python -m eagle_batch.models.kimi OUT --fixed-route --real-width --layers 8 --experts 16   # ~17 GB, on a GPU
+
+Tiny by default; `--real-width` gives the real text width, heads, MLP sizes and vocabulary (REAL_WIDTH), so
+its decoder layers are the real model's and only the depth and the expert count are smaller. The weights
+are drawn tensor by tensor on the GPU when there is one (`kimi_weights.py`: a 7168-wide model in seconds).
 
 The product's target class, `KimiK25ForConditionalGeneration`: a DeepSeek-V3 text model (MLA with the real
 head dims and q_lora_rank, routed + shared experts, `noaux_tc` sigmoid routing, first layer dense, the real
@@ -21,7 +26,7 @@ What matches the real checkpoint (and why it matters):
 - Tokenizer: the SmolLM2 BPE vocabulary (no hub download) plus Kimi's special tokens (`<|im_user|>`,
   `<|im_assistant|>`, `<|im_middle|>`, `<|im_end|>`, `<|media_pad|>`, ...) and a Kimi-K2.5-style chat
   template written for this project (system default, role markers, a `<think>` block driven by the
-  `thinking` template argument); text_config.vocab_size covers it (rounded up to 64).
+  `thinking` template argument); text_config.vocab_size covers it (rounded up to 64, or the real 163,840).
 - preprocessor_config.json: a `media_proc_cfg` that vLLM 0.26's `KimiK25FusedVisionProcessor` reads when
   the engine serves the wrapper multimodally (`eagle-batch evaluate`; numba must be installed).
 
@@ -88,6 +93,19 @@ TEXT_DEFAULTS: dict[str, Any] = dict(
     rope_parameters=YARN_ROPE,
     tie_word_embeddings=False,
     num_nextn_predict_layers=0,
+)
+
+# Kimi-K2.5's real text width, attention heads, MLP sizes, routing top-k and vocabulary (hub config.json):
+# with TEXT_DEFAULTS' real MLA dims this is one of its decoder layers exactly, so a few layers and experts
+# of it fit one GPU (`python -m eagle_batch.models.kimi OUT --real-width --layers 8 --experts 16`: ~17 GB).
+REAL_WIDTH: dict[str, Any] = dict(
+    hidden_size=7168,
+    num_attention_heads=64,
+    num_key_value_heads=64,
+    intermediate_size=18432,
+    moe_intermediate_size=2048,
+    num_experts_per_tok=8,
+    vocab_size=163840,
 )
 
 # A tiny MoonViT-3D: 2 blocks of width 128 (2 heads of 64, a head size every attention backend takes).
@@ -286,39 +304,6 @@ def _vision_weights(vc: dict, text_hidden: int, dtype, std: float, gen) -> dict:
     return out
 
 
-def _text_weights(
-    text_cfg: dict, dtype, std: float, seed: int, fixed_route: bool, tmp: Path
-) -> tuple[dict, str | None]:
-    """The DeepSeek-V3 text model's weights under the real checkpoint's names (`language_model.` + HF's
-    per-expert names, which transformers' save_pretrained writes back from its fused expert tensors)."""
-    import torch
-    from safetensors.torch import load_file
-    from transformers import AutoConfig, AutoModelForCausalLM
-
-    d = dict(text_cfg)
-    d.pop("architectures", None)
-    config = AutoConfig.for_model(d.pop("model_type"), **d)
-    torch.manual_seed(seed)
-    model = AutoModelForCausalLM.from_config(config, dtype=dtype)
-    with torch.no_grad():
-        for p in model.parameters():
-            if p.dim() >= 2:
-                p.normal_(0.0, std)
-    if fixed_route:
-        from .tiny import fix_expert_routing
-
-        if not fix_expert_routing(model):
-            raise RuntimeError("fixed routing asked for, but the text model has no noaux_tc router")
-    model.save_pretrained(tmp, safe_serialization=True)
-    state = {}
-    for f in sorted(tmp.glob("*.safetensors")):
-        state.update(load_file(str(f)))
-    gen_cfg = tmp / "generation_config.json"
-    # The real checkpoint keeps the routers' correction bias in float32 (vLLM loads it into a float32 parameter).
-    state = {k: v.float() if k.endswith("e_score_correction_bias") else v for k, v in state.items()}
-    return {WEIGHT_PREFIX + k: v for k, v in state.items()}, (gen_cfg.read_text() if gen_cfg.is_file() else None)
-
-
 def build_kimi_model(
     dest: str | os.PathLike,
     fixed_route: bool = False,
@@ -329,21 +314,26 @@ def build_kimi_model(
     text: dict | None = None,
     vision: dict | None = None,
     int4_experts: bool = False,
+    device: str | None = None,
 ) -> Path:
     """Build (once; `.complete` marker) the checkpoint folder and return its path.
 
     `int4_experts`: store the routed experts as INT4 compressed-tensors (pack-quantized, group 32) with the
     real checkpoint's `quantization_config`, as Kimi-K2.5 ships them (`int4.py`).
 
-    `text` / `vision`: overrides of TEXT_DEFAULTS / VISION_DEFAULTS (e.g. `{"num_hidden_layers": 4}`).
+    `text` / `vision`: overrides of TEXT_DEFAULTS / VISION_DEFAULTS (e.g. `{"num_hidden_layers": 4}`;
+    `REAL_WIDTH` is the real model's width, heads, MLP sizes and vocabulary). `text["vocab_size"]`: default
+    the tokenizer's size rounded up to 64; never below it.
     `init_std`: std of the random matrices (0.02 = DeepSeek-V3's initializer_range, which keeps a 1024-wide
-    model's activations in range). Weights are seeded: the same call builds the same model.
+    model's activations in range). `device`: where the weights are drawn (default: cuda if available);
+    `kimi_weights` says what the values are. The same seed on the same device type builds the same model.
     """
     dest = Path(dest)
     if is_complete(dest):
         return dest
     import torch
-    from safetensors.torch import save_file
+
+    from . import kimi_weights
 
     tok = kimi_tokenizer(tokenizer)
     ids = {
@@ -352,64 +342,93 @@ def build_kimi_model(
         "pad": tok.convert_tokens_to_ids("[PAD]"),
         "media": tok.convert_tokens_to_ids("<|media_pad|>"),
     }
-    cfg = kimi_config_dict(_round_up(len(tok), 64), ids, text, vision)
+    text = dict(text or {})
+    vocab = int(text.pop("vocab_size", 0) or _round_up(len(tok), 64))
+    if vocab < len(tok):
+        raise ValueError(f"vocab_size {vocab} is below the tokenizer's {len(tok)} tokens")
+    cfg = kimi_config_dict(vocab, ids, text, vision)
     torch_dtype = getattr(torch, dtype)
     cfg["dtype"] = dtype
     if int4_experts:  # the real config carries it at both levels; vLLM 0.26 copies text_config's up anyway
         from .int4 import QUANT_CONFIG
 
         cfg["quantization_config"] = cfg["text_config"]["quantization_config"] = QUANT_CONFIG
+    device = device or kimi_weights.default_device()
+
+    def tensors():
+        tc = cfg["text_config"]
+        for name, t in kimi_weights.text_tensors(tc, torch_dtype, init_std, seed, fixed_route, len(tok), device):
+            yield WEIGHT_PREFIX + name, t
+        gen = torch.Generator().manual_seed(seed + 1)
+        yield from _vision_weights(cfg["vision_config"], tc["hidden_size"], torch_dtype, init_std, gen).items()
 
     def write(tmp: Path) -> None:
-        state, gen_cfg = _text_weights(cfg["text_config"], torch_dtype, init_std, seed, fixed_route, tmp / "text")
-        gen = torch.Generator().manual_seed(seed + 1)
-        state.update(
-            _vision_weights(cfg["vision_config"], cfg["text_config"]["hidden_size"], torch_dtype, init_std, gen)
-        )
+        transform = None
         if int4_experts:
-            from .int4 import quantize_experts
-
-            state = quantize_experts(state)
-        for f in (tmp / "text").iterdir():
-            f.unlink()
-        (tmp / "text").rmdir()
-        save_file(state, str(tmp / "model.safetensors"), metadata={"format": "pt"})
+            from .int4 import quantize_experts as transform
+        kimi_weights.write_weights(tmp, tensors(), transform)
         (tmp / "config.json").write_text(json.dumps(cfg, indent=2) + "\n")
         (tmp / "preprocessor_config.json").write_text(json.dumps({"media_proc_cfg": MEDIA_PROC_CFG}, indent=2) + "\n")
-        if gen_cfg:
-            (tmp / "generation_config.json").write_text(gen_cfg)
+        gen_cfg = {"bos_token_id": ids["bos"], "eos_token_id": ids["eos"], "pad_token_id": ids["pad"]}
+        (tmp / "generation_config.json").write_text(json.dumps(gen_cfg, indent=2) + "\n")
         tok.save_pretrained(tmp)
 
     routing = "fixed-route" if fixed_route else "free routing"
     experts = ", INT4 experts" if int4_experts else ""
-    return write_model_folder(dest, write, f"tiny {ARCHITECTURE} ({routing}{experts}) seed={seed} init_std={init_std}")
+    tc = cfg["text_config"]
+    shape = (
+        f"hidden {tc['hidden_size']}, {tc['num_hidden_layers']} layers, {tc['n_routed_experts']} experts, vocab {vocab}"
+    )
+    return write_model_folder(
+        dest, write, f"random {ARCHITECTURE} ({shape}; {routing}{experts}) seed={seed} init_std={init_std} on {device}"
+    )
 
 
 def main(argv: list[str] | None = None) -> int:
-    """`python -m eagle_batch.models.kimi OUT [--fixed-route] [...]`: a tiny random Kimi-K2.5 folder."""
+    """`python -m eagle_batch.models.kimi OUT [--fixed-route] [...]`: a random Kimi-K2.5 folder."""
     import argparse
 
     ap = argparse.ArgumentParser(prog="python -m eagle_batch.models.kimi", description=main.__doc__)
     ap.add_argument("dest")
     ap.add_argument("--fixed-route", action="store_true", help="every token picks the same experts (validation)")
-    ap.add_argument("--layers", type=int, default=TEXT_DEFAULTS["num_hidden_layers"], help="text decoder layers")
-    ap.add_argument("--hidden", type=int, default=TEXT_DEFAULTS["hidden_size"], help="text hidden size")
-    ap.add_argument("--experts", type=int, default=TEXT_DEFAULTS["n_routed_experts"], help="routed experts")
-    ap.add_argument("--top-k", type=int, default=TEXT_DEFAULTS["num_experts_per_tok"], help="experts per token")
+    ap.add_argument(
+        "--real-width",
+        action="store_true",
+        help="the real text width, heads, MLP sizes, top-k and vocabulary (REAL_WIDTH: hidden 7168, 64 heads, "
+        "vocab 163,840); --layers / --experts still choose the depth and the expert count",
+    )
+    ap.add_argument("--layers", type=int, default=None, help="text decoder layers (default 8)")
+    ap.add_argument("--hidden", type=int, default=None, help="text hidden size (default 1024)")
+    ap.add_argument("--experts", type=int, default=None, help="routed experts (default 16)")
+    ap.add_argument("--top-k", type=int, default=None, help="experts per token (default 4; 8 with --real-width)")
+    ap.add_argument("--vocab", type=int, default=None, help="text vocabulary size (default: the tokenizer's)")
     ap.add_argument("--rope", choices=["yarn", "default"], default="yarn", help="yarn = the real model's rope")
     ap.add_argument("--int4-experts", action="store_true", help="routed experts as INT4 compressed-tensors")
     ap.add_argument("--tokenizer", default=None, help="base tokenizer folder (default: the real SmolLM2's)")
     ap.add_argument("--dtype", default="bfloat16")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--init-std", type=float, default=0.02)
+    ap.add_argument("--device", default=None, help="where the weights are drawn (default: cuda if available)")
     a = ap.parse_args(argv)
-    text: dict[str, Any] = dict(
+    text: dict[str, Any] = dict(REAL_WIDTH) if a.real_width else {}
+    given = dict(
         num_hidden_layers=a.layers, hidden_size=a.hidden, n_routed_experts=a.experts, num_experts_per_tok=a.top_k
     )
+    text.update({k: v for k, v in given.items() if v is not None})
+    if a.vocab is not None:
+        text["vocab_size"] = a.vocab
     if a.rope == "default":
         text.update(rope_parameters={"rope_type": "default", "rope_theta": 50000.0}, max_position_embeddings=4096)
     path = build_kimi_model(
-        a.dest, a.fixed_route, a.dtype, a.seed, a.tokenizer, a.init_std, text=text, int4_experts=a.int4_experts
+        a.dest,
+        a.fixed_route,
+        a.dtype,
+        a.seed,
+        a.tokenizer,
+        a.init_std,
+        text=text,
+        int4_experts=a.int4_experts,
+        device=a.device,
     )
     print(path)
     return 0

@@ -296,9 +296,15 @@ def _log_record(r: _Run, win: _Window, gnorm: torch.Tensor | None) -> dict:
         "tokens_per_s": win.tokens * r.world / elapsed,
         "data_wait_frac": win.wait / elapsed,
         "checkpoint_s": win.checkpoint_s,  # saving, outside the rate and the wait above
+        # The most GPU memory this rank's tensors held so far (torch's allocator; 0 on the CPU), in GiB.
+        "peak_gpu_memory_gib": _peak_gpu_gib(r.device),
         "steps_in_window": win.steps,
         "time": time.time(),
     }
+
+
+def _peak_gpu_gib(device: torch.device) -> float:
+    return round(torch.cuda.max_memory_allocated(device) / 2**30, 3) if device.type == "cuda" else 0.0
 
 
 def _train_step(r: _Run, ddp: Any, batch: dict, plan: dict, kernels: CrossEntropyKernels, autocast: bool):
