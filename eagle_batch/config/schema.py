@@ -241,7 +241,9 @@ class SlurmConfig:
     # Requeues after time limit / preemption (submitit's max_num_timeout).
     max_num_timeout: int = 20
     additional_sbatch: list[str] = field(default_factory=list)
-    setup: list[str] = field(default_factory=list)  # shell lines run before each task
+    # Shell lines run before each task, verbatim (not quoted): your own shell code by design (module load,
+    # exports). Anyone who can edit the config can run code as you: it is owner-only in RUN (ownership.py).
+    setup: list[str] = field(default_factory=list)
     container: ContainerConfig = field(default_factory=ContainerConfig)
 
 

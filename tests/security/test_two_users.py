@@ -152,7 +152,7 @@ def test_a_replaced_submitit_pickle_is_not_run_by_the_batch_step(two_users, vict
     r = two_users.run(VICTIM, *step, env=SLURM_ENV)
     assert r.returncode == 3 and not pwned.exists(), r.stderr
     want = (
-        f"{run / 'slurm'} (the run's submitit jobs and slot files; owner {ATTACKER}, mode 0775) belongs to {ATTACKER}"
+        f"{run / 'slurm'} (the run's submitit jobs and slot files; owner {ATTACKER}, mode 2775) belongs to {ATTACKER}"
     )
     assert want in r.stderr, r.stderr
     # submitit's own entry, which the batch step ran before, would have run the payload as the victim.
@@ -207,14 +207,16 @@ def test_a_planted_checkpoint_or_latest_is_refused_and_a_pickle_never_runs(two_u
     r = two_users.run(
         VICTIM,
         "-c",
-        f"import os, shutil; os.unlink({str(ck / 'latest')!r}); open({str(ck / 'latest')!r}, 'w').write('../../tmp/evil.pt')",
+        f"import os; os.unlink({str(ck / 'latest')!r}); fd = os.open({str(ck / 'latest')!r}, os.O_WRONLY | os.O_CREAT, 0o600)\n"
+        "os.write(fd, b'../../tmp/evil.pt')",
     )
     r = two_users.run(VICTIM, "-c", load)
     assert f"REFUSED {ck / 'latest'} names '../../tmp/evil.pt', not a step-XXXXXXXX.pt file of {ck}" in r.stdout
     r = two_users.run(
         VICTIM,
         "-c",
-        f"import shutil; shutil.copy({str(evil)!r}, {str(ck / 'step-00000009.pt')!r})\n"
+        f"import os, shutil; shutil.copy({str(evil)!r}, {str(ck / 'step-00000009.pt')!r})\n"
+        f"os.chmod({str(ck / 'step-00000009.pt')!r}, 0o600)\n"
         f"open({str(ck / 'latest')!r}, 'w').write('step-00000009.pt')",
     )
     r = two_users.run(VICTIM, "-c", load)
