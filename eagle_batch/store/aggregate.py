@@ -79,7 +79,7 @@ def _store_summary(store: Path, run: Path, done: dict) -> tuple[dict, dict, list
         and isinstance(arrays, dict)
         and isinstance(lengths, list)
     ):
-        names = token_arrays(StoreSpec.from_attributes(attrs).dtype)
+        names = token_arrays(str(attrs.get("dtype", "bfloat16")))
         if all(n in arrays for n in names):
             return attrs, {n: arrays[n] for n in names}, [int(x) for x in lengths]
     root_meta = _store_json(store / "zarr.json", run, "the store's root group metadata")
@@ -150,7 +150,7 @@ def aggregate(run_dir, *, fsync: bool = True, each: Callable[[list[Path]], Itera
     samples = tokens = 0
     stores = task_stores(run)
     for store in each(stores):
-        rel = str(store.relative_to(run))
+        rel = f"stores/{store.name}"
         done = _marker(store, run)  # one read per complete store (the marker holds what the index needs)
         if done is None:
             incomplete.append({"path": rel, "committed_samples": committed_samples(store)})
@@ -158,7 +158,7 @@ def aggregate(run_dir, *, fsync: bool = True, each: Callable[[list[Path]], Itera
         attrs, layout, lengths = _store_summary(store, run, done)
         if common is None:
             common, first = attrs, store
-        else:
+        elif attrs != common:  # equal attributes cannot mismatch: the specs are built only for those that differ
             bad = StoreSpec.from_attributes(attrs).mismatches(StoreSpec.from_attributes(common))
             if bad:
                 raise StoreMismatchError(

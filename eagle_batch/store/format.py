@@ -310,7 +310,8 @@ def task_stores(run: Path) -> list[Path]:
     root = Path(run) / "stores"
     try:
         with os.scandir(root) as it:
-            return sorted(root / e.name for e in it if e.name.endswith(".zarr") and e.is_dir())
+            names = sorted(e.name for e in it if e.name.endswith(".zarr") and e.is_dir())  # str sorts fast; Path slow
+        return [root / name for name in names]
     except (FileNotFoundError, NotADirectoryError):
         return []
 

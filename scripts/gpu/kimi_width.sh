@@ -224,7 +224,7 @@ PY
       export VLLM_WORKER_MULTIPROC_METHOD=spawn
       # Eager engines (no compile / CUDA graphs: a shorter start for each of the four engines; a
       # prefill-only batch of 8192 tokens runs no CUDA graph either way); the store without fsync as the
-      # stock connector writes (docs/benchmarks.md); engine in vLLM's background process.
+      # stock connector writes (docs/explanation/performance.md); engine in vLLM's background process.
       step bench-capture python3 -m eagle_batch.bench.capture --model "$model" --num-prompts "$PROMPTS" \
         --prompt-len 512 --work-dir "$work/cap" --no-fsync --engine-process background --enforce-eager \
         --phases plain,eagle-batch,eagle-batch-fp8,stock --fp8-dtype float8_e5m2 --timeout 300 --json \
