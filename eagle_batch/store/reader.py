@@ -203,8 +203,10 @@ class TaskStore:
 
     def _chunk_crc_ok(self, name: str, k: int) -> bool:
         """Whether shard k of a store still being written is whole although a chunk's crc32c differs from this
-        reader's record (damage.live_tail_intact); a finished store's record never changes: that is damage."""
-        if self.is_complete:
+        reader's record (damage.live_tail_intact). A finished store's record never changes: once it is complete
+        and this reader's record is its last one, a mismatch is damage; a reader whose record is older than the
+        completion (it opened the store while it was written) checks the live tail as before."""
+        if self.is_complete and int(read_record(self.path).get("commit", 0)) == int(self.record.get("commit", 0)):
             return False
         fd, index, _ = self._shards[(name, k)]
         if not live_tail_intact(self._decoders[name], fd, self._tables[name][k]):
