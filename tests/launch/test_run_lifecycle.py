@@ -69,6 +69,10 @@ def test_resume_repair_resubmits_a_finished_local_task_whose_store_was_damaged(f
     r = cli("resume", run, "--repair", "--wait", "--interval", "0.5", env={})
     assert r.returncode == 0, r.stderr + r.stdout
     assert "resubmitting 1 task(s): 0" in r.stdout, r.stdout
+    # The repair committed a new record: the aggregate view made before it is stale until aggregated again.
+    stale = cli("verify", run, "--no-progress", env={})
+    assert stale.returncode == 1 and "stale" in stale.stdout + stale.stderr
+    assert cli("aggregate", run, "--no-progress", env={}).returncode == 0
     assert cli("verify", run, "--no-progress", env={}).returncode == 0
 
 
