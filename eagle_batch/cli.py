@@ -32,6 +32,25 @@ COMMANDS: dict[str, tuple[str, str]] = {
 }
 
 
+# What exit status 1 means for each command (the other statuses mean the same everywhere: EXIT_CODES).
+EXIT_FAILED: dict[str, str] = {
+    "regenerate": "with --wait, a task failed or gave up; else the plan holds nothing to generate",
+    "prepare": "no usable sample in the data (every row bad, empty or too short)",
+    "extract": "with --wait, a task failed or gave up",
+    "status": "not used",
+    "resume": "a task cannot be resubmitted, or with --wait, a task failed again",
+    "cancel": "Slurm refused to cancel a job",
+    "aggregate": "no task store is complete, or with --require-all, one is missing or incomplete",
+    "verify": "a store is damaged, or holds no sample",
+    "validate": "a layer's captured states differ from the transformers reference beyond the thresholds",
+    "train": "the training failed (a rank crashed more often than train.max_restarts)",
+    "evaluate": "an output with the draft differed from the target alone's beyond the tie tolerance",
+    "export-data": "not used",
+    "import-data": "not used",
+    "demo": "a step failed, or the outputs with the draft differed from the target's",
+    "bench": "the benchmark failed",
+}
+
 # OS errors about a path (permissions, a file where a folder should be, a full or read-only disk) are the
 # user's environment, not a bug: reported as one line naming the path.
 _ENVIRONMENT_ERRNOS = {
@@ -72,25 +91,61 @@ def _parse(parser: argparse.ArgumentParser, command: argparse.ArgumentParser | N
         return parser.parse_args(argv)
 
 
+# What the exit status means, for every command (the reference lists each command's own meaning of 1).
+EXIT_CODES: dict[int, str] = {
+    0: "success",
+    1: "the work ran and failed, or a check found a problem (the command's own meaning is listed with it)",
+    2: "a usage or input mistake: a bad argument, config key, data file or run folder; reported before any work starts",
+    130: "interrupted (Ctrl-C)",
+}
+
+
+def _formatter(prog: str) -> argparse.HelpFormatter:
+    """Help keeps the descriptions' own line breaks (the module docstrings), wrapped at 100 columns."""
+    return argparse.RawDescriptionHelpFormatter(prog, width=100, max_help_position=32)
+
+
+def add_command(sub, name: str) -> argparse.ArgumentParser:
+    """The parser of one command, its arguments added (imports the command's module)."""
+    module_name, help_ = COMMANDS[name]
+    module = importlib.import_module(module_name)
+    p = sub.add_parser(name, help=help_, description=command_description(name), formatter_class=_formatter)
+    p.set_defaults(_module=module_name, command=name)
+    module.add_arguments(p)
+    return p
+
+
+def command_description(name: str) -> str:
+    """A command's --help text above its options: its module's docstring (the one-line help if it has none)."""
+    module = importlib.import_module(COMMANDS[name][0])
+    return (module.__doc__ or COMMANDS[name][1]).strip()
+
+
+def build_parser(commands=()) -> tuple[argparse.ArgumentParser, dict[str, argparse.ArgumentParser]]:
+    """The `eagle-batch` parser; the commands named in `commands` get their arguments (their modules are
+    imported), the others only their name and one-line help."""
+    from eagle_batch import __version__
+
+    parser = argparse.ArgumentParser(prog="eagle-batch", formatter_class=_formatter)
+    parser.add_argument("--version", action="version", version=f"eagle-batch {__version__}")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+    loaded = {}
+    for name, (module, help_) in COMMANDS.items():
+        if name in commands:
+            loaded[name] = add_command(sub, name)
+        else:
+            sub.add_parser(name, help=help_, description=help_).set_defaults(_module=module, command=name)
+    return parser, loaded
+
+
 def main(argv: list[str] | None = None) -> int:
     from eagle_batch.config import ConfigError
     from eagle_batch.errors import UserError
 
     argv = list(sys.argv[1:] if argv is None else argv)
-    parser = argparse.ArgumentParser(prog="eagle-batch")
-    from eagle_batch import __version__
-
-    parser.add_argument("--version", action="version", version=f"eagle-batch {__version__}")
-    sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
     chosen = argv[0] if argv else None
-    chosen_parser = None
-    for name, (module, help_) in COMMANDS.items():
-        p = sub.add_parser(name, help=help_, description=help_)
-        p.set_defaults(_module=module, command=name)
-        if name == chosen:
-            importlib.import_module(module).add_arguments(p)
-            chosen_parser = p
-    args = _parse(parser, chosen_parser, argv)
+    parser, loaded = build_parser([chosen] if chosen in COMMANDS else [])
+    args = _parse(parser, loaded.get(chosen), argv)
     try:
         return int(importlib.import_module(args._module).run(args) or 0)
     except ConfigError as e:
