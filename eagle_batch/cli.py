@@ -24,7 +24,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "verify": ("eagle_batch.store.cli_verify", "re-check checksums, offsets, dtypes and values"),
     "validate": ("eagle_batch.capture.cli_validate", "compare captured states with transformers"),
     "train": ("eagle_batch.launch.cli_train", "train an EAGLE-3 draft on a run's hidden states"),
-    "evaluate": ("eagle_batch.train.cli_evaluate", "serve the draft with vLLM: acceptance, identical outputs"),
+    "evaluate": ("eagle_batch.evaluate.cli", "serve the draft with vLLM: acceptance, identical outputs"),
     "export-data": ("eagle_batch.interop.cli_export", "a run's hidden states as speculators' or SpecForge's files"),
     "import-data": ("eagle_batch.interop.cli_import", "a speculators data folder -> an eagle-batch task store"),
     "demo": ("eagle_batch.demo", "run the whole pipeline on the embedded SmolLM2 default"),

@@ -158,8 +158,8 @@ def _aggregate_and_verify(run_dir: Path) -> bool:
 
 def _train_and_serve(args: argparse.Namespace, cfg, model_path: Path, extra: list[str]):
     """Train and export the draft, serve it next to the target; with --baseline also an untrained draft."""
+    from eagle_batch.evaluate.serve_check import BUILTIN_PROMPTS, measure_acceptance
     from eagle_batch.launch.local_train import run_local
-    from eagle_batch.train.serve_check import BUILTIN_PROMPTS, measure_acceptance
 
     _say(f"train: {cfg.train.steps} steps of EAGLE-3 draft training on the captured states")
     result = run_local(cfg)

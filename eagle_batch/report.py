@@ -4,7 +4,7 @@
     write_report(run_dir, summary, train_dir, evaluation=acc, baseline=untrained_acc)
 
 Everything is read from the run directory (config.yaml, prepared/summary.json, the task states, the stores,
-the training metrics) plus the evaluation results handed in (`train.serve_check.measure_acceptance`'s dicts).
+the training metrics) plus the evaluation results handed in (`evaluate.serve_check.measure_acceptance`'s dicts).
 The page is self-contained (plots inlined as PNG) and links the outputs by relative paths, so it can be
 opened from the run directory on any machine.
 """

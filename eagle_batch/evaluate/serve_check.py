@@ -1,6 +1,6 @@
 """Serve an exported draft with vLLM as the EAGLE-3 drafter and measure what it buys.
 
-    from eagle_batch.train.serve_check import measure_acceptance
+    from eagle_batch.evaluate.serve_check import measure_acceptance
     r = measure_acceptance(target_path, draft_dir, prompts, k=3)
     r["mean_acceptance_length"], r["identical_outputs"]
 
@@ -32,6 +32,8 @@ import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
+
+from eagle_batch import environment
 
 # Short, varied prompts for a quick look at a draft (the demo, `eagle-batch evaluate` without --prompts);
 # a real evaluation uses held-out prompts of the user's own data.
@@ -82,7 +84,7 @@ def divergence(prompt: int, target: list[int], top: list, with_draft: list[int],
 
 
 def _engine_env(extra: dict[str, str] | None = None) -> dict[str, str]:
-    env = dict(os.environ, **(extra or {}))
+    env = environment.child_environment(extra)
     env.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
     env.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
     env.setdefault("HF_HUB_OFFLINE", "1")
@@ -123,7 +125,7 @@ def _run_engine(spec: dict, timeout_s: float, env: dict[str, str] | None = None)
         inp, out = Path(d) / "in.json", Path(d) / "out.json"
         inp.write_text(json.dumps(spec))
         proc = subprocess.run(
-            [sys.executable, "-m", "eagle_batch.train.serve_check", str(inp), str(out)],
+            [sys.executable, "-m", "eagle_batch.evaluate.serve_check", str(inp), str(out)],
             env=_engine_env(env),
             capture_output=True,
             text=True,

@@ -1,7 +1,7 @@
 """`eagle-batch evaluate RUN [--draft DIR] [--prompts FILE]`: serve the exported draft with vLLM and measure it.
 
 The target (the run's model.path) generates greedily twice, alone and with the draft as its EAGLE-3
-drafter (`speculative_config` method `eagle3`), each engine in its own process (train/serve_check.py):
+drafter (`speculative_config` method `eagle3`), each engine in its own process (evaluate/serve_check.py):
 outputs must be identical, or part only where the target alone was near-tied between the two tokens
 (`--tie-tolerance`; the exit status is 1 otherwise); the draft's worth is the mean acceptance length (tokens per target forward)
 and the acceptance per draft position, next to the decode speed with and without it.
@@ -184,9 +184,9 @@ def run(args: argparse.Namespace) -> int:
     """Every (draft, k) pair on the same prompts; the target alone runs once and its outputs are the
     reference for all of them."""
     from eagle_batch.config import load_run_config
+    from eagle_batch.train.trainer import output_dir
 
     from .serve_check import BUILTIN_PROMPTS, measure_acceptance
-    from .trainer import output_dir
 
     if args.batch_invariant:
         import torch
