@@ -11,6 +11,7 @@ import errno
 import importlib
 import os
 import sys
+import textwrap
 
 # name -> (module, one-line help), in data-flow order.
 COMMANDS: dict[str, tuple[str, str]] = {
@@ -35,13 +36,13 @@ COMMANDS: dict[str, tuple[str, str]] = {
 # What exit status 1 means for each command (the other statuses mean the same everywhere: EXIT_CODES).
 EXIT_FAILED: dict[str, str] = {
     "regenerate": "with --wait, a task failed or gave up; else the plan holds nothing to generate",
-    "prepare": "no usable sample in the data (every row bad, empty or too short)",
+    "prepare": "not used (bad rows and data with no usable sample are input mistakes: 2)",
     "extract": "with --wait, a task failed or gave up",
     "status": "not used",
-    "resume": "a task cannot be resubmitted, or with --wait, a task failed again",
+    "resume": "with --wait, a resubmitted task failed again",
     "cancel": "Slurm refused to cancel a job",
-    "aggregate": "no task store is complete, or with --require-all, one is missing or incomplete",
-    "verify": "a store is damaged, or holds no sample",
+    "aggregate": "a store is damaged, or with --require-all, one is missing or incomplete (2: none complete yet)",
+    "verify": "a store is damaged (2: nothing extracted yet)",
     "validate": "a layer's captured states differ from the transformers reference beyond the thresholds",
     "train": "the training failed (a rank crashed more often than train.max_restarts)",
     "evaluate": "an output with the draft differed from the target alone's beyond the tie tolerance",
@@ -66,6 +67,9 @@ _ENVIRONMENT_ERRNOS = {
     errno.ENAMETOOLONG,
 }
 
+
+# A full filesystem or quota: the work failed (exit 1). The other path errors are a path given wrong (exit 2).
+_FULL_ERRNOS = {errno.ENOSPC, errno.EDQUOT}
 
 _ENVIRONMENT_HINTS = {
     errno.EACCES: "check its permissions, or choose a path you can write",
@@ -94,8 +98,10 @@ def _parse(parser: argparse.ArgumentParser, command: argparse.ArgumentParser | N
 # What the exit status means, for every command (the reference lists each command's own meaning of 1).
 EXIT_CODES: dict[int, str] = {
     0: "success",
-    1: "the work ran and failed, or a check found a problem (the command's own meaning is listed with it)",
-    2: "a usage or input mistake: a bad argument, config key, data file or run folder; reported before any work starts",
+    1: "the work ran and failed, or a check found a problem (the command's own meaning is listed with it), "
+    "or the disk is full",
+    2: "a usage or input mistake: a bad argument, config key or data file, a path that is missing or cannot be "
+    "written, a run folder at the wrong stage (nothing extracted yet); reported before any work starts",
     130: "interrupted (Ctrl-C)",
 }
 
@@ -126,7 +132,15 @@ def build_parser(commands=()) -> tuple[argparse.ArgumentParser, dict[str, argpar
     imported), the others only their name and one-line help."""
     from eagle_batch import __version__
 
-    parser = argparse.ArgumentParser(prog="eagle-batch", formatter_class=_formatter)
+    parser = argparse.ArgumentParser(
+        prog="eagle-batch",
+        formatter_class=_formatter,
+        epilog="exit status:\n"
+        + "\n".join(
+            textwrap.fill(text, 100, initial_indent=f"  {code:>3}  ", subsequent_indent=" " * 7)
+            for code, text in EXIT_CODES.items()
+        ),
+    )
     parser.add_argument("--version", action="version", version=f"eagle-batch {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
     loaded = {}
@@ -138,6 +152,16 @@ def build_parser(commands=()) -> tuple[argparse.ArgumentParser, dict[str, argpar
     return parser, loaded
 
 
+def _check_run_folders(parser: argparse.ArgumentParser | None, args: argparse.Namespace) -> None:
+    """Every positional argument named RUN is a run folder: checked before the command runs, so that a
+    mistyped path is reported as such (not as a missing file inside it)."""
+    from eagle_batch.cli_common import RUN, require_run_folder
+
+    for action in parser._actions if parser is not None else ():
+        if not action.option_strings and action.metavar == RUN and getattr(args, action.dest, None):
+            require_run_folder(getattr(args, action.dest))
+
+
 def main(argv: list[str] | None = None) -> int:
     from eagle_batch.config import ConfigError
     from eagle_batch.errors import UserError
@@ -147,6 +171,7 @@ def main(argv: list[str] | None = None) -> int:
     parser, loaded = build_parser([chosen] if chosen in COMMANDS else [])
     args = _parse(parser, loaded.get(chosen), argv)
     try:
+        _check_run_folders(loaded.get(chosen), args)
         return int(importlib.import_module(args._module).run(args) or 0)
     except ConfigError as e:
         print(f"eagle-batch {args.command}: configuration error: {e}", file=sys.stderr)
@@ -163,7 +188,7 @@ def main(argv: list[str] | None = None) -> int:
         # A folder or file the user named that cannot be read or written: the path, the reason, what to do.
         hint = _ENVIRONMENT_HINTS.get(e.errno, "")
         print(f"eagle-batch {args.command}: {e.filename}: {e.strerror}{'; ' + hint if hint else ''}", file=sys.stderr)
-        return 1
+        return 1 if e.errno in _FULL_ERRNOS else 2  # a full disk fails the work; a wrong path is the input
     except KeyboardInterrupt:
         return 130
 

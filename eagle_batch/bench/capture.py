@@ -90,13 +90,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--codec",
         default="",
-        choices=["", "blosc-zstd", "zstd", "none"],
+        choices=["blosc-zstd", "zstd", "none"],
         help="store.codec for the eagle-batch phase (default: the config's)",
     )
     p.add_argument(
         "--store-dtype",
         default="",
-        choices=["", "bfloat16", "float8_e4m3", "float8_e5m2"],
+        choices=["bfloat16", "float8_e4m3", "float8_e5m2"],
         help="store.dtype for the eagle-batch phase (default: the config's); float8 is quantized on the GPU",
     )
     p.add_argument(

@@ -130,7 +130,7 @@ def run(args: argparse.Namespace) -> int:
             "rows": summary["rows_read"],
             "samples": summary["samples"],
             "tokens": summary["tokens"],
-            "masked_fraction": summary["masked_fraction"],
+            "loss_token_fraction": summary["loss_token_fraction"],
             "workers": workers,
             "process_s": summary["process_s"],
             "rows_per_s": summary["rows_per_s"],

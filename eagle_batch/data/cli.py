@@ -69,7 +69,7 @@ def _print_summary(s: dict, out_dir: str) -> None:
             if s.get("rows_with_unrendered_fields")
             else []
         ),
-        f"  tokens: {s['tokens']:,} ({s['loss_tokens']:,} masked, {s['masked_fraction']:.1%})",
+        f"  tokens: {s['tokens']:,} ({s['loss_tokens']:,} with loss, {s['loss_token_fraction']:.1%}: the assistant tokens the draft learns)",
     ]
     if pct:
         lines.append(
@@ -108,7 +108,7 @@ def run(args: argparse.Namespace) -> int:
         summary = prepare(cfg, workers=workers, progress=not args.no_progress, force=args.force)
     except BadRowError as e:
         print(f"eagle-batch prepare: bad row: {e}", file=sys.stderr)
-        return 1
+        return e.exit_code
     out_dir = os.path.join(cfg.run_dir, "prepared")
     _print_summary(summary, out_dir)
     if args.json:

@@ -74,7 +74,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--dtype",
         default="",
-        choices=["", "bfloat16", "float16", "float32"],
+        choices=["bfloat16", "float16", "float32"],
         help="both engines' compute dtype (default: the run's model.dtype); float32 makes the draft's "
         "verification forward and plain decoding agree to far more digits, so near-tied greedy tokens "
         "rarely differ between them",

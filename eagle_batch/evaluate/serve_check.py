@@ -259,8 +259,10 @@ def _engine_main(inp: Path, out: Path) -> None:
     from vllm import LLM, SamplingParams
     from vllm.inputs import TokensPrompt
 
-    from eagle_batch.capture.vllm_compat import cpu_mla_engine_args
+    from eagle_batch.capture.vllm_compat import cpu_mla_engine_args, quiet_expected_warnings
     from eagle_batch.config import model_info
+
+    quiet_expected_warnings()
 
     spec = json.loads(inp.read_text())
     kwargs: dict[str, Any] = dict(

@@ -12,7 +12,7 @@ FORMATS = ("speculators", "specforge")
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("source", metavar="RUN", help="a run directory (aggregated: RUN/dataset.json) or one task store")
+    p.add_argument("source", metavar="PATH", help="a run folder (aggregated: RUN/dataset.json) or one task store")
     p.add_argument(
         "out", metavar="OUT", help="output folder (new or empty, or an earlier export of the same data to resume)"
     )

@@ -70,7 +70,7 @@ def run(args: argparse.Namespace) -> int:
         sub = submit_tasks(cfg, args.run_dir, todo, kind="resume")
     except SubmitError as e:
         print(f"eagle-batch resume: {e}", file=sys.stderr)
-        return 1
+        return e.exit_code
     print(f"submitted {'Slurm array' if sub.executor == 'slurm' else 'local job'} {sub.job_id}")
     if args.wait:
         from .follow import follow

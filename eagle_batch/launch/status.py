@@ -46,7 +46,7 @@ class TaskRow:
     tokens_committed: int
     tokens_total: int
     progress: float  # tokens committed / tokens total (samples if tokens unknown)
-    tok_s: float  # of the current or last attempt
+    tok_s: float  # capture tok/s: a running task's steady rate; a done task's average over its attempts
     eta_s: float | None
     attempts: int
     failures: int
@@ -154,6 +154,8 @@ def task_rows(run_dir: str | os.PathLike, num_tasks: int) -> list[TaskRow]:
         stot, ttot = stot or plan.get(t, (0, 0))[0], ttot or plan.get(t, (0, 0))[1]
         progress = tc / ttot if ttot else (sc / stot if stot else (1.0 if state == "done" else 0.0))
         tok_s = st.tok_s if st else 0.0
+        if state == "done" and st:
+            tok_s = average_capture_rate(st)
         eta = (ttot - tc) / tok_s if state == "running" and tok_s > 0 and ttot else None
         rows.append(
             TaskRow(
@@ -284,6 +286,14 @@ def _derive(st: S.TaskState | None, sub: S.Submission | None, sstate: str, repai
     return "unknown"
 
 
+def average_capture_rate(st) -> float:
+    """A task's capture tok/s over its whole life: tokens committed / the wall seconds of its attempts
+    (engine start-up included). A finished task shows this, not the steady rate of its last attempt, which
+    a short task (one or two commits) never measures."""
+    seconds = sum(max(0.0, (a.ended or a.started) - a.started) for a in st.attempts)
+    return st.tokens_committed / seconds if seconds > 0 else 0.0
+
+
 def totals(rows: list[TaskRow]) -> dict:
     by_state: dict[str, int] = {}
     for r in rows:
@@ -315,7 +325,20 @@ def totals(rows: list[TaskRow]) -> dict:
 
 def run_status(run_dir: str | os.PathLike) -> dict:
     rows = task_rows(run_dir, S.plan_num_tasks(run_dir))
-    return {"run_dir": str(run_dir), "tasks": [asdict(r) for r in rows], "totals": totals(rows)}
+    tot = totals(rows)
+    if tot["all_done"]:  # nothing runs: the run's average capture rate, not 0
+        tot["tok_s"] = round(run_average_rate(run_dir, [r.task_id for r in rows], tot["tokens_committed"]), 1)
+    return {"run_dir": str(run_dir), "tasks": [asdict(r) for r in rows], "totals": tot}
+
+
+def run_average_rate(run_dir, task_ids: list[int], tokens: int) -> float:
+    """A finished run's capture tok/s: its tokens / the wall time from its first attempt's start to its last
+    attempt's end (engine start-ups and any wait between tasks included)."""
+    attempts = [a for t in task_ids for a in (getattr(S.read_state(run_dir, t), "attempts", None) or [])]
+    if not attempts:
+        return 0.0
+    span = max((a.ended or a.started) for a in attempts) - min(a.started for a in attempts)
+    return tokens / span if span > 0 else 0.0
 
 
 def progress_line(status: dict) -> str:
@@ -324,5 +347,6 @@ def progress_line(status: dict) -> str:
     eta = f" eta {t['eta_s']:.0f}s" if t["eta_s"] is not None else (" eta estimating" if t.get("estimating") else "")
     return (
         f"{t['done']}/{t['tasks']} tasks done | {t['progress'] * 100:5.1f}% tokens "
-        f"({t['tokens_committed']}/{t['tokens_total']}) | {t['tok_s']:.0f} tok/s{eta} | {states}"
+        f"({t['tokens_committed']}/{t['tokens_total']}) | {t['tok_s']:.0f} capture tok/s"
+        f"{' (average)' if t['all_done'] else ''}{eta} | {states}"
     )

@@ -10,7 +10,7 @@ from pathlib import Path
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("path", help="a task store (RUN/stores/task-00000.zarr) or a run directory")
+    p.add_argument("path", metavar="PATH", help="a run folder, or one task store (RUN/stores/task-00000.zarr)")
     p.add_argument(
         "--no-values",
         action="store_true",
@@ -33,7 +33,7 @@ def run(args: argparse.Namespace) -> int:
         problems = verify(args.path, check_values=not args.no_values, each=bar)
     except StoreError as e:
         print(f"eagle-batch verify: {e}", file=sys.stderr)
-        return 2
+        return e.exit_code
     samples = sum(committed_samples(s) for s in stores)
     if args.json:
         print(
@@ -67,4 +67,4 @@ def run(args: argparse.Namespace) -> int:
             )
         else:
             print(f"OK: {len(stores)} store(s), {samples} samples verified")
-    return 1 if problems or samples == 0 else 0
+    return 1 if problems else 2 if samples == 0 else 0  # nothing extracted yet: the run's stage, not damage
