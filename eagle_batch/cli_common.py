@@ -15,14 +15,15 @@ RUN = "RUN"
 
 
 def require_run_folder(path: str) -> None:
-    """A RUN argument names a run folder (the config's run_dir, with its config.yaml, or a folder of task
-    stores made by import-data), or the command stops here with a usage error (exit 2) that says why not."""
+    """A RUN argument names a run folder (the config's run_dir: config.yaml, prepared/, stores/), or the
+    command stops here with a usage error (exit 2) that says why not."""
     folder = Path(path)
     if not folder.exists():
         raise UserError(f"RUN folder {path} does not exist: name a run folder (the run_dir of its config)", 2)
     if not folder.is_dir():
         raise UserError(f"{path} is a file, not a RUN folder: name the run folder (the run_dir of its config)", 2)
-    if not (folder / RESOLVED_NAME).is_file() and not (folder / "stores").is_dir():  # stores only: imported
+    # config.yaml: a run; prepared/ or stores/ alone: a run's parts (import-data writes stores only)
+    if not (folder / RESOLVED_NAME).is_file() and not any((folder / d).is_dir() for d in ("prepared", "stores")):
         raise UserError(
             f"{path} is not a run folder (no {RESOLVED_NAME}): run `eagle-batch prepare CONFIG run_dir={path}` "
             "first, or name the folder a run was prepared in",
