@@ -22,8 +22,9 @@ def require_run_folder(path: str) -> None:
         raise UserError(f"RUN folder {path} does not exist: name a run folder (the run_dir of its config)", 2)
     if not folder.is_dir():
         raise UserError(f"{path} is a file, not a RUN folder: name the run folder (the run_dir of its config)", 2)
-    # config.yaml: a run; prepared/ or stores/ alone: a run's parts (import-data writes stores only)
-    if not (folder / RESOLVED_NAME).is_file() and not any((folder / d).is_dir() for d in ("prepared", "stores")):
+    # config.yaml: a run; prepared/, stores/, state/ or slurm/ alone: a run's parts (import-data writes stores)
+    parts = ("prepared", "stores", "state", "slurm")
+    if not (folder / RESOLVED_NAME).is_file() and not any((folder / d).is_dir() for d in parts):
         raise UserError(
             f"{path} is not a run folder (no {RESOLVED_NAME}): run `eagle-batch prepare CONFIG run_dir={path}` "
             "first, or name the folder a run was prepared in",
