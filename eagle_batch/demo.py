@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from eagle_batch import environment
-from eagle_batch.cli_common import int_at_least
+from eagle_batch.cli.common import int_at_least
 
 DATA_FILE = Path(__file__).parent / "demo_data" / "chat.jsonl"
 

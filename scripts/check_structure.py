@@ -14,10 +14,9 @@
       4  launch | interop | evaluate                                      jobs that run capture and train;
                                                                           peers' formats; serving a draft
       5  regenerate                                                       a run of its own, through launch
-      6  cli, cli_common, bench, demo, report, reference, __main__        the user-facing top; every verb
-         and every module named cli.py or cli_*.py in any package         module belongs here, wherever it
-                                                                          lives (the verbs parse arguments
-                                                                          and may call any stage)
+      6  cli (one module per command), bench, demo, report, reference,    the user-facing top: the verbs
+         __main__, and any module named cli.py or cli_*.py elsewhere      parse arguments and may call any
+                                                                          stage
 
   So train imports neither capture nor data: what serving a draft needs from them lives in evaluate.
 - no import cycle between modules, lazy imports (inside functions) included: an edge A -> B for every
@@ -49,7 +48,7 @@ LAYERS: list[set[str]] = [
     {"data", "capture", "train"},
     {"launch", "interop", "evaluate"},
     {"regenerate"},
-    {"cli", "cli_common", "bench", "demo", "report", "reference", "__main__"},
+    {"cli", "bench", "demo", "report", "reference", "__main__"},
 ]
 ENVIRONMENT_MODULE = f"{PKG}.environment"
 _ENVIRON_NAMES = {"environ", "environb", "getenv", "getenvb", "putenv", "unsetenv"}

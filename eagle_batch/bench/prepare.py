@@ -20,7 +20,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from eagle_batch.cli_common import int_at_least
+from eagle_batch.cli.common import int_at_least
 
 _WORDS = (
     "the a model data token layer state draft batch cluster node job queue memory cache file "

@@ -24,7 +24,7 @@ import time
 from datetime import datetime
 
 from eagle_batch import environment
-from eagle_batch.cli_common import float_at_least, int_at_least
+from eagle_batch.cli.common import float_at_least, int_at_least
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:

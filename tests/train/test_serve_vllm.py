@@ -73,8 +73,8 @@ def test_evaluate_cli_compares_several_drafts_against_one_run_of_the_target(tmp_
     import argparse
 
     from eagle_batch.cli import main
+    from eagle_batch.cli.evaluate import add_arguments
     from eagle_batch.config import load_config, save_config
-    from eagle_batch.evaluate.cli import add_arguments
 
     target = servable_smollm2(tmp_path / "smollm2")
     run = tmp_path / "run"
@@ -134,7 +134,7 @@ def test_evaluate_options_become_engine_args(tmp_path, monkeypatch):
     from types import SimpleNamespace
 
     import eagle_batch.config as config
-    from eagle_batch.evaluate import cli as cli_evaluate
+    from eagle_batch.cli import evaluate as cli_evaluate
     from eagle_batch.evaluate import serve_check
 
     draft = tmp_path / "draft"
@@ -197,7 +197,7 @@ def test_divergences_tell_near_ties_from_errors(monkeypatch):
     assert r["divergences"][0]["logprob_gap"] == pytest.approx(0.006)
     assert r["divergences"][1]["logprob_gap"] == pytest.approx(1.7) and r["divergences"][2]["logprob_gap"] is None
     assert not r["outputs_verified"]
-    from eagle_batch.evaluate.cli import _divergence_line
+    from eagle_batch.cli.evaluate import _divergence_line
 
     line = _divergence_line(r["divergences"], r["tie_tolerance"])
     assert "1 of 3 part at a near-tie" in line and "prompt 2 at token 1 (4 alone, 40 with the draft; gap 1.7)" in line
@@ -249,7 +249,7 @@ def test_reference_logprobs_are_kept_only_where_the_untimed_pass_agrees():
 def test_a_divergence_past_the_reference_logprobs_says_so():
     """Where the plain run has no logprobs (its second pass parted earlier) the divergence is not a near-tie,
     and the report says the reference is missing rather than that the token was outside its top 2."""
-    from eagle_batch.evaluate.cli import _divergence_line
+    from eagle_batch.cli.evaluate import _divergence_line
     from eagle_batch.evaluate.serve_check import divergence
 
     top = [[[5, -0.1], [6, -3.0]]]  # logprobs for position 0 only

@@ -22,10 +22,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from eagle_batch.progress import progress
-
-    from .errors import StoreError
-    from .record import committed_samples
-    from .verify import store_paths, verify
+    from eagle_batch.store.errors import StoreError
+    from eagle_batch.store.record import committed_samples
+    from eagle_batch.store.verify import store_paths, verify
 
     try:
         stores = store_paths(Path(args.path))

@@ -15,7 +15,7 @@ import copy
 import json
 import sys
 
-from eagle_batch.cli_common import add_config_arguments, config_from_args, config_sources
+from eagle_batch.cli.common import add_config_arguments, config_from_args, config_sources
 from eagle_batch.config import RunConfig
 
 
@@ -101,7 +101,7 @@ def task_configs(args: argparse.Namespace) -> list[RunConfig]:
 
 
 def run(args: argparse.Namespace) -> int:
-    from .submit import resolve_executor
+    from eagle_batch.launch.submit import resolve_executor
 
     cfgs = task_configs(args)
     for note in filter(None, map(untrained_note, cfgs)):
@@ -123,7 +123,7 @@ def run(args: argparse.Namespace) -> int:
         )
         return 2
     if use_slurm:
-        from .train_job import submit_training
+        from eagle_batch.launch.train_job import submit_training
 
         _, ids = submit_training(cfgs, after=args.after)
         print(
@@ -131,7 +131,7 @@ def run(args: argparse.Namespace) -> int:
             + (f" (after {args.after})" if args.after else "")
         )
         return 0
-    from .local_train import run_local
+    from eagle_batch.launch.local_train import run_local
 
     rc = 0
     for c in cfgs:

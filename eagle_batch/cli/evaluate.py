@@ -19,7 +19,7 @@ import json
 import sys
 from pathlib import Path
 
-from eagle_batch.cli_common import float_at_least, int_at_least, share_or_default
+from eagle_batch.cli.common import float_at_least, int_at_least, share_or_default
 from eagle_batch.errors import UserError
 
 
@@ -184,9 +184,8 @@ def run(args: argparse.Namespace) -> int:
     """Every (draft, k) pair on the same prompts; the target alone runs once and its outputs are the
     reference for all of them."""
     from eagle_batch.config import load_run_config
+    from eagle_batch.evaluate.serve_check import BUILTIN_PROMPTS, measure_acceptance
     from eagle_batch.train.trainer import output_dir
-
-    from .serve_check import BUILTIN_PROMPTS, measure_acceptance
 
     if args.batch_invariant:
         import torch

@@ -13,7 +13,7 @@ import json
 import sys
 from pathlib import Path
 
-from eagle_batch.cli_common import int_at_least
+from eagle_batch.cli.common import int_at_least
 from eagle_batch.errors import UserError
 
 
@@ -53,12 +53,11 @@ def validate_run(
 ):
     import numpy as np
 
+    from eagle_batch.capture.hf import hf_hidden_states, load_hf_model
+    from eagle_batch.capture.validate import LayerAccumulator
     from eagle_batch.config import load_run_config, model_info, resolve_layer_ids
     from eagle_batch.progress import progress, silence_library_progress
     from eagle_batch.store import StoreError
-
-    from .hf import hf_hidden_states, load_hf_model
-    from .validate import LayerAccumulator
 
     run_dir = Path(run_dir)
     cfg = load_run_config(run_dir)

@@ -20,9 +20,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from eagle_batch.progress import progress
-
-    from .aggregate import aggregate, left_out, previous_index
-    from .errors import StoreError
+    from eagle_batch.store.aggregate import aggregate, left_out, previous_index
+    from eagle_batch.store.errors import StoreError
 
     t0 = time.perf_counter()
     before = previous_index(args.run_dir)

@@ -28,11 +28,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     from eagle_batch.config import ConfigError, check_values, load_run_config, save_config
     from eagle_batch.config.validate import check_plan_settings
-
-    from .disk_room import capture_room
-    from .status import RESUMABLE, run_status
-    from .store_match import check_stores_match
-    from .submit import SubmitError, submit_tasks
+    from eagle_batch.launch.disk_room import capture_room
+    from eagle_batch.launch.status import RESUMABLE, run_status
+    from eagle_batch.launch.store_match import check_stores_match
+    from eagle_batch.launch.submit import SubmitError, submit_tasks
 
     bad = [o for o in args.overrides if not o.startswith("slurm.")]
     if bad:
@@ -73,7 +72,7 @@ def run(args: argparse.Namespace) -> int:
         return e.exit_code
     print(f"submitted {'Slurm array' if sub.executor == 'slurm' else 'local job'} {sub.job_id}")
     if args.wait:
-        from .follow import follow
+        from eagle_batch.launch.follow import follow
 
         return 0 if follow(args.run_dir, args.interval)["totals"]["all_done"] else 1
     return 0
@@ -84,10 +83,9 @@ def _request_repairs(run_dir: str, dry_run: bool) -> list[int]:
     import json
     import time
 
+    from eagle_batch.launch.state import repair_path, store_path
+    from eagle_batch.launch.status import run_status
     from eagle_batch.store import verify
-
-    from .state import repair_path, store_path
-    from .status import run_status
 
     damaged = []
     for r in run_status(run_dir)["tasks"]:

@@ -7,7 +7,7 @@ import json
 import os
 import sys
 
-from eagle_batch.cli_common import add_config_arguments, config_from_args, int_at_least
+from eagle_batch.cli.common import add_config_arguments, config_from_args, int_at_least
 
 EPILOG = """bad input rows: with data.on_bad_row=skip (the default) every row that cannot be used is counted by
 reason in the summary and listed with its file and line in RUN/prepared/bad_rows.jsonl; data.on_bad_row=error
@@ -33,7 +33,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def _print_summary(s: dict, out_dir: str) -> None:
-    from .tally import reasons_text
+    from eagle_batch.data.tally import reasons_text
 
     pct = s.get("length_percentiles") or {}
     lines = [
@@ -100,7 +100,7 @@ def _print_summary(s: dict, out_dir: str) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from .preparation import BadRowError, prepare
+    from eagle_batch.data.preparation import BadRowError, prepare
 
     cfg = config_from_args(args)
     workers = args.workers or min(os.cpu_count() or 1, 8)

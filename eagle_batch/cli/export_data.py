@@ -69,7 +69,7 @@ def _peer(args: argparse.Namespace, layers, target: str):
     from eagle_batch.errors import UserError
 
     if args.format == "speculators":
-        from .speculators import SpeculatorsFormat
+        from eagle_batch.interop.speculators import SpeculatorsFormat
 
         return SpeculatorsFormat(layers)
     if not target:
@@ -78,9 +78,8 @@ def _peer(args: argparse.Namespace, layers, target: str):
             "config.yaml names it otherwise)"
         )
     from eagle_batch.config import model_info
+    from eagle_batch.interop.specforge import SpecForgeFormat
     from eagle_batch.train.target import final_norm_weight
-
-    from .specforge import SpecForgeFormat
 
     try:
         weight = final_norm_weight(target)
@@ -91,11 +90,10 @@ def _peer(args: argparse.Namespace, layers, target: str):
 
 def run(args: argparse.Namespace) -> int:
     from eagle_batch.errors import UserError
+    from eagle_batch.interop.export import check_out_folder, export
+    from eagle_batch.interop.layers import peer_layers
     from eagle_batch.progress import progress
     from eagle_batch.store import open_dataset
-
-    from .export import check_out_folder, export
-    from .layers import peer_layers
 
     check_out_folder(Path(args.out), "OUT", "an export")  # before the source is read: nothing is half done
     ds = open_dataset(args.source)

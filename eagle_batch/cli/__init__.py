@@ -1,7 +1,8 @@
 """`eagle-batch` command line: a thin dispatcher.
 
-Each command lives next to the stage it drives and is imported only when called (vLLM and torch are
-slow to import). A command module exposes `add_arguments(parser)` and `run(args) -> int`.
+One module per command in this package (eagle_batch/cli/NAME.py), imported only when called (vLLM and
+torch are slow to import). A command module exposes `add_arguments(parser)` and `run(args) -> int`; its
+docstring is the command's --help description.
 """
 
 from __future__ import annotations
@@ -15,21 +16,21 @@ import textwrap
 
 # name -> (module, one-line help), in data-flow order.
 COMMANDS: dict[str, tuple[str, str]] = {
-    "regenerate": ("eagle_batch.regenerate.cli", "the target writes the answers of a chat dataset itself"),
-    "prepare": ("eagle_batch.data.cli", "chat datasets -> token ids, loss masks and a shard plan"),
-    "extract": ("eagle_batch.launch.cli_extract", "submit the hidden-state extraction array"),
-    "status": ("eagle_batch.launch.cli_status", "show every task of a run"),
-    "resume": ("eagle_batch.launch.cli_resume", "resubmit only unfinished or failed tasks"),
-    "cancel": ("eagle_batch.launch.cli_cancel", "cancel a run's Slurm jobs"),
-    "aggregate": ("eagle_batch.store.cli_aggregate", "build one zero-copy view over all task stores"),
-    "verify": ("eagle_batch.store.cli_verify", "re-check checksums, offsets, dtypes and values"),
-    "validate": ("eagle_batch.capture.cli_validate", "compare captured states with transformers"),
-    "train": ("eagle_batch.launch.cli_train", "train an EAGLE-3 draft on a run's hidden states"),
-    "evaluate": ("eagle_batch.evaluate.cli", "serve the draft with vLLM: acceptance, identical outputs"),
-    "export-data": ("eagle_batch.interop.cli_export", "a run's hidden states as speculators' or SpecForge's files"),
-    "import-data": ("eagle_batch.interop.cli_import", "a speculators data folder -> an eagle-batch task store"),
+    "regenerate": ("eagle_batch.cli.regenerate", "the target writes the answers of a chat dataset itself"),
+    "prepare": ("eagle_batch.cli.prepare", "chat datasets -> token ids, loss masks and a shard plan"),
+    "extract": ("eagle_batch.cli.extract", "submit the hidden-state extraction array"),
+    "status": ("eagle_batch.cli.status", "show every task of a run"),
+    "resume": ("eagle_batch.cli.resume", "resubmit only unfinished or failed tasks"),
+    "cancel": ("eagle_batch.cli.cancel", "cancel a run's Slurm jobs"),
+    "aggregate": ("eagle_batch.cli.aggregate", "build one zero-copy view over all task stores"),
+    "verify": ("eagle_batch.cli.verify", "re-check checksums, offsets, dtypes and values"),
+    "validate": ("eagle_batch.cli.validate", "compare captured states with transformers"),
+    "train": ("eagle_batch.cli.train", "train an EAGLE-3 draft on a run's hidden states"),
+    "evaluate": ("eagle_batch.cli.evaluate", "serve the draft with vLLM: acceptance, identical outputs"),
+    "export-data": ("eagle_batch.cli.export_data", "a run's hidden states as speculators' or SpecForge's files"),
+    "import-data": ("eagle_batch.cli.import_data", "a speculators data folder -> an eagle-batch task store"),
     "demo": ("eagle_batch.demo", "run the whole pipeline on the embedded SmolLM2 default"),
-    "bench": ("eagle_batch.bench.cli", "benchmarks that print one JSON object"),
+    "bench": ("eagle_batch.cli.bench", "benchmarks that print one JSON object"),
 }
 
 
@@ -155,7 +156,7 @@ def build_parser(commands=()) -> tuple[argparse.ArgumentParser, dict[str, argpar
 def _check_run_folders(parser: argparse.ArgumentParser | None, args: argparse.Namespace) -> None:
     """Every positional argument named RUN is a run folder: checked before the command runs, so that a
     mistyped path is reported as such (not as a missing file inside it)."""
-    from eagle_batch.cli_common import RUN, require_run_folder
+    from eagle_batch.cli.common import RUN, require_run_folder
 
     for action in parser._actions if parser is not None else ():
         if not action.option_strings and action.metavar == RUN and getattr(args, action.dest, None):
