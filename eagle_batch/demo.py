@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from eagle_batch import environment
-from eagle_batch.cli_common import int_at_least
+from eagle_batch.cli.common import int_at_least
 from eagle_batch.errors import UserError
 from eagle_batch.ownership import make_run_dir, write_private
 
@@ -181,14 +181,14 @@ def _aggregate_and_verify(run_dir: Path) -> bool:
 
 def _train_and_serve(args: argparse.Namespace, cfg, model_path: Path, extra: list[str]):
     """Train and export the draft, serve it next to the target; with --baseline also an untrained draft."""
+    from eagle_batch.evaluate.serve_check import BUILTIN_PROMPTS, measure_acceptance
     from eagle_batch.launch.local_train import run_local
-    from eagle_batch.train.serve_check import BUILTIN_PROMPTS, measure_acceptance
 
     _say(f"train: {cfg.train.steps} steps of EAGLE-3 draft training on the captured states")
     result = run_local(cfg)
     export_dir = Path(result["export_dir"])
     _say(f"exported the draft to {export_dir}; serving it with vLLM as the EAGLE-3 drafter")
-    acc = measure_acceptance(model_path, export_dir, BUILTIN_PROMPTS, k=3, max_tokens=64)
+    acc = measure_acceptance(model_path, export_dir, BUILTIN_PROMPTS, k=3, max_tokens=64, say=_say)
     baseline = None
     if args.baseline:
         # The same draft with zero training steps: its initial weights, exported the same way.
@@ -203,13 +203,15 @@ def _train_and_serve(args: argparse.Namespace, cfg, model_path: Path, extra: lis
             k=3,
             max_tokens=64,
             reference=acc.get("reference"),
+            say=_say,
         )
     return result, acc, baseline
 
 
 def _summary(cfg, prep: dict, which: str, result: dict, acc: dict, baseline: dict | None, t_start: float) -> dict:
     from eagle_batch.launch import run_status
-    from eagle_batch.report import capture_seconds, store_bytes
+    from eagle_batch.report import capture_seconds, store_bytes, training_figures
+    from eagle_batch.train.trainer import output_dir
 
     run_dir = Path(cfg.run_dir)
     status = run_status(run_dir)
@@ -222,10 +224,11 @@ def _summary(cfg, prep: dict, which: str, result: dict, acc: dict, baseline: dic
         "conversations_kept": int(prep.get("rows_kept", 0)),
         "samples": int(status["totals"]["samples_committed"]),
         "tokens": tokens,
-        "capture_tok_s (incl. engine start)": round(tokens / max(capture_s, 1e-9), 1),
+        "capture_tokens_per_s": round(tokens / max(capture_s, 1e-9), 1),
         "bytes_per_token": round(disk / max(tokens, 1), 1),
         "compression_ratio": round(raw / max(disk, 1), 3),
         "train_steps": result.get("step"),
+        **training_figures(output_dir(cfg)),
         "acceptance_length": round(acc["mean_acceptance_length"], 3),
         "identical_outputs": acc["identical_outputs"],
         "k": 3,
@@ -246,6 +249,13 @@ def _print_summary(cfg, summary: dict, acc: dict, baseline: dict | None) -> None
     )
     (run_dir / "demo-summary.json").write_text(json.dumps(summary, indent=1))
     print("\n== eagle-batch demo summary ==")
-    for k, v in summary.items():
-        print(f"  {k:>28}: {v}")
-    print(f"  {'report':>28}: {report}")
+    print(summary_text(summary, report))
+
+
+def summary_text(summary: dict, report: Path) -> str:
+    """The summary as aligned `key  value unit` lines (the report explains each key)."""
+    from eagle_batch.report import SUMMARY_FIELDS
+
+    width = max(len(k) for k in [*summary, "report"])
+    lines = [f"  {k:<{width}}  {v} {SUMMARY_FIELDS.get(k, ('', ''))[0]}".rstrip() for k, v in summary.items()]
+    return "\n".join([*lines, f"  {'report':<{width}}  {report}"])

@@ -18,6 +18,10 @@ scheduler, the launcher or the machine tells a process about itself:
 - `VLLM_ENABLE_V1_MULTIPROCESSING`, `VLLM_USE_V2_MODEL_RUNNER`, `VLLM_CPU_KVCACHE_SPACE`: vLLM's own
   switches (engine core in a separate process; which model runner; a CPU engine's KV cache), set before an
   engine starts unless the user set them.
+- `EB_BENCH_DIR`: where `bench slurm` makes its temporary run folder (default /tmp; it must be on a
+  filesystem the Slurm nodes see).
+- Child processes (engines, task processes, benchmark children) start from a copy of this environment
+  (`child_environment`), with what they need added.
 
 Nothing else in the package reads `os.environ` for a setting of its own.
 """
@@ -200,3 +204,33 @@ def set_offline_defaults(**extra: str) -> None:
     pool fighting the data workers; `extra` adds more (a user's own setting of any of them wins)."""
     for key, value in {"HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false", **extra}.items():
         os.environ.setdefault(key, value)
+
+
+def child_environment(extra: Mapping[str, str] | None = None, drop_prefix: str = "") -> dict[str, str]:
+    """A copy of this process's environment for a child process: `extra` added (it wins), and every variable
+    whose name starts with `drop_prefix` (when given) left out."""
+    env = {k: v for k, v in os.environ.items() if not (drop_prefix and k.startswith(drop_prefix))}
+    env.update(extra or {})
+    return env
+
+
+def child_pythonpath(env: dict[str, str], first: str) -> dict[str, str]:
+    """`env` with `first` put before its PYTHONPATH (a child that must import this eagle_batch)."""
+    env["PYTHONPATH"] = os.pathsep.join([first, env.get("PYTHONPATH", "")])
+    return env
+
+
+def set_variables(values: Mapping[str, str]) -> None:
+    """Set variables in this process's environment (a rank's ranks, a child's vLLM switch): what this
+    process and the children it starts afterwards read."""
+    os.environ.update(values)
+
+
+def set_vllm_multiprocessing(enabled: bool) -> None:
+    """Run vLLM's engine core in a process of its own (or not), whatever the environment said."""
+    os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "1" if enabled else "0"
+
+
+def bench_dir(environ: Mapping[str, str] | None = None) -> str:
+    """EB_BENCH_DIR: where `bench slurm` makes its temporary run folder (default /tmp)."""
+    return _env(environ).get("EB_BENCH_DIR", "/tmp")

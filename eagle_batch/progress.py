@@ -54,3 +54,13 @@ def _columns(stream: TextIO) -> int:
         return os.get_terminal_size(stream.fileno()).columns or 80
     except (OSError, ValueError, AttributeError):
         return 80
+
+
+def silence_library_progress() -> None:
+    """No progress bars from the libraries either (transformers' "Loading checkpoint shards", the hub's
+    downloads): what `--no-progress` promises covers every bar the command would show."""
+    from huggingface_hub.utils import disable_progress_bars
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.disable_progress_bar()
+    disable_progress_bars()

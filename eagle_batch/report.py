@@ -4,7 +4,7 @@
     write_report(run_dir, summary, train_dir, evaluation=acc, baseline=untrained_acc)
 
 Everything is read from the run directory (config.yaml, prepared/summary.json, the task states, the stores,
-the training metrics) plus the evaluation results handed in (`train.serve_check.measure_acceptance`'s dicts).
+the training metrics) plus the evaluation results handed in (`evaluate.serve_check.measure_acceptance`'s dicts).
 The page is self-contained (plots inlined as PNG) and links the outputs by relative paths, so it can be
 opened from the run directory on any machine.
 """
@@ -37,6 +37,70 @@ def _read_json(path: Path) -> Any:
         return json.loads(path.read_text())
     except (OSError, ValueError):
         return None
+
+
+# The run summary's keys (demo-summary.json, the report's Numbers table): unit, and what the number means.
+SUMMARY_FIELDS: dict[str, tuple[str, str]] = {
+    "executor": ("", "where the extraction tasks ran: slurm (a Slurm array) or local (submitit's local executor)"),
+    "tasks": ("", "extraction tasks, each with its own vLLM engine writing its own task store"),
+    "conversations_kept": (
+        "",
+        "conversations prepare kept from the data (the rest are counted by reason in prepared/summary.json)",
+    ),
+    "samples": (
+        "",
+        "samples stored: one per conversation (one per assistant turn where the chat template rewrites earlier turns)",
+    ),
+    "tokens": ("tokens", "tokens stored: every token of every sample, prompt and answers"),
+    "capture_tokens_per_s": (
+        "tokens/s",
+        "capture tok/s: tokens stored / the wall time of the extraction "
+        "tasks' attempts, engine start-ups included (the steady rate is in the plot below)",
+    ),
+    "bytes_per_token": ("bytes", "bytes on disk per token for all captured layers (raw bf16: layers x hidden x 2)"),
+    "compression_ratio": ("x", "raw bf16 bytes / bytes on disk (lossless for store.dtype bfloat16)"),
+    "train_steps": ("steps", "optimizer steps the draft trained"),
+    "train_step_s": ("s", "mean wall time of one training step (waiting for data included, checkpoint saves not)"),
+    "training_tokens_per_s": ("tokens/s", "training tok/s: tokens through the draft per second, over the run"),
+    "train_time_acceptance_length": (
+        "tokens",
+        'the training log\'s "train-time accept": the acceptance length '
+        "estimated on the last training batches, where the draft continues the "
+        "data's own answers (teacher-forced) that it was fitted on; above the served "
+        "figure, by far for a draft trained briefly on little data",
+    ),
+    "acceptance_length": (
+        "tokens per target forward",
+        "served: mean acceptance length, tokens the target keeps "
+        "per forward pass with the draft, on new prompts it answers greedily (1.0 = the draft "
+        "never helps; k+1 at best)",
+    ),
+    "untrained_acceptance_length": (
+        "tokens per target forward",
+        "the same for the untrained draft: the floor the training must beat",
+    ),
+    "identical_outputs": ("", "greedy outputs with the draft equal the target alone's (they must)"),
+    "k": ("draft tokens", "draft tokens proposed per step when serving (num_speculative_tokens)"),
+    "wall_s": ("s", "the whole run's wall time, from materializing the model to this report"),
+}
+
+
+def training_figures(train_dir: Path) -> dict[str, float]:
+    """From metrics.jsonl: mean seconds per step, training tok/s over the run, and the last train-time
+    acceptance estimate (empty where no step was logged)."""
+    path = Path(train_dir) / "metrics.jsonl"
+    recs = [json.loads(x) for x in path.read_text().splitlines() if x.strip()] if path.is_file() else []
+    recs = [r for r in recs if "step_s" in r and "tokens_per_s" in r]
+    if not recs:
+        return {}
+    seconds = sum(r["step_s"] * r.get("steps_in_window", 1) for r in recs)
+    steps = sum(r.get("steps_in_window", 1) for r in recs)
+    tokens = sum(r["tokens_per_s"] * r["step_s"] * r.get("steps_in_window", 1) for r in recs)
+    return {
+        "train_step_s": round(seconds / max(steps, 1), 3),
+        "training_tokens_per_s": round(tokens / max(seconds, 1e-9), 1),
+        "train_time_acceptance_length": round(recs[-1].get("expected_acceptance_length", 0.0), 3),
+    }
 
 
 def store_bytes(run_dir: Path) -> tuple[int, int]:
@@ -242,20 +306,8 @@ def write_report(
         "fitted an EAGLE-3 draft on the stored states; <b>evaluate</b> served the target with and without "
         "the draft in vLLM, greedily, and compared.</p>",
     ]
-    rows = []
-    explain = {
-        "samples": "samples stored",
-        "tokens": "tokens stored (every token of every sample)",
-        "bytes_per_token": "bytes on disk per token for all captured layers (raw bf16: layers x hidden x 2)",
-        "compression_ratio": "raw bf16 bytes / bytes on disk (lossless)",
-        "acceptance_length": "mean acceptance length: tokens the target keeps per forward pass with the "
-        "draft (1.0 = the draft never helps; k+1 at best)",
-        "untrained_acceptance_length": "the same for the untrained draft: the floor the training must beat",
-        "identical_outputs": "greedy outputs with the draft equal the target alone's (they must)",
-    }
-    for k, v in summary.items():
-        rows.append((k, v, explain.get(k, "")))
-    parts.append("<h2>Numbers</h2>" + _table(rows, ("", "value", "what it means")))
+    rows = [(k, v, *SUMMARY_FIELDS.get(k, ("", ""))) for k, v in summary.items()]
+    parts.append("<h2>Numbers</h2>" + _table(rows, ("", "value", "unit", "what it means")))
     acc_rows = _acceptance_rows(evaluation, baseline)
     if acc_rows:
         k = len((evaluation or baseline).get("accepted_per_position") or [])

@@ -24,9 +24,10 @@ if [ "$#" -gt 0 ]; then
 fi
 # Lint and format (the pre-commit hooks' checks) before the suite: a failure here fails the run, after the tests.
 rc=0
-echo "ruff check, ruff format --check, structure (import cycles, module and function length)"
+echo "ruff check, ruff format --check, structure (layers, import cycles, module and function length), generated reference"
 ruff check --output-format concise . && ruff format --check --quiet . || rc=1
 python scripts/check_structure.py || rc=1
+python -m eagle_batch.reference --check || rc=1  # docs/reference/ matches the parsers and the schema
 # The fault-injection suite forks task processes from the test process; it runs in a pytest process of
 # its own so that no thread left behind by earlier in-process vLLM engines is inherited by a fork.
 # Two pytest processes side by side (EB_TEST_SPLIT=0 runs one): the tests that start vLLM engines in one, one at

@@ -26,13 +26,14 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import shutil
 import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
+
+from eagle_batch import environment
 
 PHASES = ("plain", "eagle-batch", "stock")
 # The eagle-batch phase again with a float8 store.dtype (--fp8-dtype; codes quantized on the GPU before the
@@ -89,13 +90,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--codec",
         default="",
-        choices=["", "blosc-zstd", "zstd", "none"],
+        choices=["blosc-zstd", "zstd", "none"],
         help="store.codec for the eagle-batch phase (default: the config's)",
     )
     p.add_argument(
         "--store-dtype",
         default="",
-        choices=["", "bfloat16", "float8_e4m3", "float8_e5m2"],
+        choices=["bfloat16", "float8_e4m3", "float8_e5m2"],
         help="store.dtype for the eagle-batch phase (default: the config's); float8 is quantized on the GPU",
     )
     p.add_argument(
@@ -180,7 +181,7 @@ def _prompts(args, seed=1):
 
 
 def _child(args) -> int:
-    os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = args.mp
+    environment.set_variables({"VLLM_ENABLE_V1_MULTIPROCESSING": args.mp})
     path = Path(args.model_path)
     layer_ids = _layer_ids(args, path)
     work = Path(args.work_dir)
@@ -257,8 +258,7 @@ def _run_phase(args, name: str, path: Path, work: Path, mp: str, store_dtype: st
     )
     cmd += ["--codec", args.codec] * bool(args.codec) + ["--sweep", args.sweep] * bool(args.sweep)
     cmd += ["--store-dtype", store_dtype] * bool(store_dtype)
-    env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join([str(Path(__file__).resolve().parents[2]), env.get("PYTHONPATH", "")])
+    env = environment.child_pythonpath(environment.child_environment(), str(Path(__file__).resolve().parents[2]))
     t0 = time.perf_counter()
     try:
         proc = subprocess.run(cmd, env=env, timeout=args.timeout, capture_output=True, text=True)

@@ -11,6 +11,8 @@ import sys
 import time
 from pathlib import Path
 
+from eagle_batch import environment
+
 
 def _du(path: Path) -> int:
     return sum(f.stat().st_size for f in path.rglob("*") if f.is_file()) if path.exists() else 0
@@ -180,7 +182,7 @@ def phase_stock(args, cfg, samples, warm, work: Path) -> dict:
     # Its files are written, and their locks released, on engine steps after the request finished: the
     # background engine process keeps stepping; an in-process engine would not, and waiting for a file's
     # lock (load_hidden_states) would never end.
-    os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "1"
+    environment.set_vllm_multiprocessing(True)
     b._start(
         speculative_config=compat.speculative_config(b.layer_ids),
         kv_transfer_config={

@@ -33,6 +33,8 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from eagle_batch import environment
+
 if TYPE_CHECKING:
     from eagle_batch.capture.sink import CollectingSink
 
@@ -347,8 +349,7 @@ def _run_cell(args, name: str, tp: int, path: Path, res: Path) -> dict:
     cmd += ["--gpu-memory-utilization", str(args.gpu_memory_utilization), "--min-cosine", str(args.min_cosine)]
     cmd += ["--max-rel-err", str(args.max_rel_err), "--model-path", str(path), "--result", str(res)]
     cmd += ["--fp32-reference"] * args.fp32_reference
-    env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join([str(Path(__file__).resolve().parents[2]), env.get("PYTHONPATH", "")])
+    env = environment.child_pythonpath(environment.child_environment(), str(Path(__file__).resolve().parents[2]))
     t0 = time.perf_counter()
     proc = subprocess.run(cmd, env=env, timeout=args.timeout, capture_output=True, text=True)
     if proc.returncode != 0 or not res.is_file():

@@ -37,7 +37,7 @@ from pathlib import Path
 
 import numpy as np
 
-from eagle_batch.cli_common import int_at_least, int_list_at_least
+from eagle_batch.cli.common import int_at_least, int_list_at_least
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:

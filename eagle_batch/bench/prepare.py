@@ -20,7 +20,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from eagle_batch.cli_common import int_at_least
+from eagle_batch.cli.common import int_at_least
 
 _WORDS = (
     "the a model data token layer state draft batch cluster node job queue memory cache file "
@@ -130,7 +130,7 @@ def run(args: argparse.Namespace) -> int:
             "rows": summary["rows_read"],
             "samples": summary["samples"],
             "tokens": summary["tokens"],
-            "masked_fraction": summary["masked_fraction"],
+            "loss_token_fraction": summary["loss_token_fraction"],
             "workers": workers,
             "process_s": summary["process_s"],
             "rows_per_s": summary["rows_per_s"],

@@ -23,7 +23,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from eagle_batch.cli_common import int_at_least
+from eagle_batch.cli.common import int_at_least
 
 GOOD = [
     {"messages": [{"role": "user", "content": f"Question {i}?"}, {"role": "assistant", "content": f"Answer {i}."}]}

@@ -32,7 +32,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from eagle_batch.cli_common import float_at_least, int_at_least
+from eagle_batch.cli.common import float_at_least, int_at_least
 
 VERBS = (
     "status",

@@ -20,36 +20,36 @@ from collections.abc import Callable
 from .oscalls import MetadataCalls
 
 
-def _status(run: str, as_json: bool) -> Callable[[], object]:
-    from eagle_batch.launch import cli_status
+def _verb(*argv: str) -> Callable[[], object]:
+    """The command as `eagle-batch ARGV` parses it, run in this process (its imports done before counting)."""
+    import importlib
 
-    return lambda: cli_status.run(argparse.Namespace(run_dir=run, json=as_json, wait=False))
+    from eagle_batch.cli import _parse, build_parser
+
+    parser, loaded = build_parser([argv[0]])
+    args = _parse(parser, loaded[argv[0]], list(argv))
+    module = importlib.import_module(args._module)
+    return lambda: module.run(args)
+
+
+def _status(run: str, as_json: bool) -> Callable[[], object]:
+    return _verb("status", run, *(["--json"] if as_json else []))
 
 
 def _resume_dry(run: str) -> Callable[[], object]:
-    from eagle_batch.launch import cli_resume
-
-    args = argparse.Namespace(run_dir=run, overrides=[], wait=False, interval=None, dry_run=True, repair=False)
-    return lambda: cli_resume.run(args)
+    return _verb("resume", run, "--dry-run")
 
 
 def _cancel(run: str) -> Callable[[], object]:
-    from eagle_batch.launch import cli_cancel
-
-    return lambda: cli_cancel.run(argparse.Namespace(run_dir=run, task=[]))
+    return _verb("cancel", run)
 
 
 def _aggregate(run: str) -> Callable[[], object]:
-    from eagle_batch.store import cli_aggregate
-
-    return lambda: cli_aggregate.run(argparse.Namespace(run_dir=run, require_all=False, no_progress=True, json=True))
+    return _verb("aggregate", run, "--no-progress", "--json")
 
 
 def _verify(run: str, jobs: int) -> Callable[[], object]:
-    from eagle_batch.store import cli_verify
-
-    args = argparse.Namespace(path=run, no_values=False, no_progress=True, json=True, jobs=jobs or 1)
-    return lambda: cli_verify.run(args)
+    return _verb("verify", run, "--no-progress", "--json", "--jobs", str(jobs or 1))
 
 
 def _loader(run: str) -> Callable[[], object]:

@@ -23,7 +23,8 @@ import tempfile
 import time
 from datetime import datetime
 
-from eagle_batch.cli_common import float_at_least, int_at_least
+from eagle_batch import environment
+from eagle_batch.cli.common import float_at_least, int_at_least
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -64,7 +65,7 @@ def run(args: argparse.Namespace) -> int:
     tmp = None
     folder = args.folder
     if not folder:
-        tmp = tempfile.TemporaryDirectory(prefix="eb-bench-slurm-", dir=os.environ.get("EB_BENCH_DIR", "/tmp"))
+        tmp = tempfile.TemporaryDirectory(prefix="eb-bench-slurm-", dir=environment.bench_dir())
         folder = tmp.name
     cfg = RunConfig(run_dir=folder)
     cfg.slurm = SlurmConfig(

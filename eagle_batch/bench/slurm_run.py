@@ -36,7 +36,8 @@ import time
 from collections import Counter
 from pathlib import Path
 
-from eagle_batch.cli_common import float_at_least, int_at_least
+from eagle_batch import environment
+from eagle_batch.cli.common import float_at_least, int_at_least
 
 SLURM_TOOLS = ("sacct", "squeue", "scontrol", "sbatch", "scancel", "sinfo", "srun")
 
@@ -242,7 +243,7 @@ def run(args: argparse.Namespace) -> int:
     parent = Path(args.dir) if args.dir else None
     tmp = None
     if parent is None:
-        tmp = tempfile.TemporaryDirectory(prefix="eb-bench-slurm-run-", dir=os.environ.get("EB_BENCH_DIR", "/tmp"))
+        tmp = tempfile.TemporaryDirectory(prefix="eb-bench-slurm-run-", dir=environment.bench_dir())
         parent = Path(tmp.name)
     parent.mkdir(parents=True, exist_ok=True)
     try:

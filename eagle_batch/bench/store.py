@@ -34,7 +34,7 @@ from pathlib import Path
 
 import numpy as np
 
-from eagle_batch.cli_common import float_at_least, int_at_least, int_in
+from eagle_batch.cli.common import float_at_least, int_at_least, int_in
 
 WIDE = 7168
 LAYER_IDS = [2, 15, 27, 30]  # EAGLE-3 default for a 30-layer model: [2, N//2, N-3, N]

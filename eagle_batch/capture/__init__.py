@@ -6,8 +6,8 @@
 Modules: `engine` (run_capture), `backend` (the backend protocol, registry, vLLM engine settings),
 `native` + `connector` (our vLLM KV connector) + `shm` (the shared-memory ring), `hooks` (fallback), `hf`
 (reference), `sink` (the hand-over types), `writer` (checks + the store-writer thread), `layers`
-(layer-id semantics), `vllm_compat` (everything vLLM-version-dependent), `validate` / `cli_validate`
-(`eagle-batch validate`). vLLM is imported only when an engine starts.
+(layer-id semantics), `vllm_compat` (everything vLLM-version-dependent), `validate`
+(the comparison behind `eagle-batch validate`, whose command is eagle_batch/cli/validate.py). vLLM is imported only when an engine starts.
 """
 
 from .backend import BACKENDS, CaptureBackend, make_backend, open_backend

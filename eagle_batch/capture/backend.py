@@ -156,8 +156,11 @@ class VllmBackend:
 
 
 def start_engine_defaults(what: str) -> None:
-    """What every vLLM engine eagle-batch starts needs from the environment (a CPU engine's KV cache)."""
+    """What every vLLM engine eagle-batch starts needs from the environment (a CPU engine's KV cache), and
+    its task log without the warnings it gets by design (vllm_compat.EXPECTED_WARNINGS)."""
     import torch
+
+    compat.quiet_expected_warnings()
 
     gib = environment.set_cpu_kv_cache_default(torch.cuda.is_available())
     if gib is not None:

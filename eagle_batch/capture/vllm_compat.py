@@ -320,3 +320,44 @@ def token_major_kv_layout() -> str:
     except ImportError:
         return "NHD"
     return KVCacheLayout.LBNHC.name
+
+
+# vLLM warnings every eagle-batch engine gets by design, with nothing for the user to do: dropped from task
+# logs so that what remains there is worth reading. vLLM's logger (its module) -> the starts of its messages.
+EXPECTED_WARNINGS: dict[str, tuple[str, ...]] = {
+    # The engines take token ids (skip_tokenizer_init): vLLM's chat-template warm-up then has no tokenizer and
+    # logs its traceback, and the EOS id comes from the sampling parameters instead.
+    "vllm.renderers.base": ("Chat template warmup failed", "Using None for EOS token id"),
+    # The capture connector is a KV connector by design (capture/connector.py).
+    "vllm.distributed.kv_transfer.kv_connector.v1.base": ("Initializing KVConnectorBase_V1",),
+    "vllm.v1.attention.backends.utils": ("KV connector cache layout",),
+    # CPU engines (CI, the demo): thread binding, eager mode and a fixed seed are chosen on purpose.
+    "vllm.v1.worker.cpu_worker": ("CPU backend doesn't allow to use `torch.set_num_threads`",),
+    "vllm.config.vllm": ("Enforce eager set", "Inductor compilation was disabled", "Model Runner V2 requires Triton"),
+    "vllm.engine.arg_utils": ("The global random seed is set to",),
+    "vllm.platforms.cpu": ("Triton is not installed", "Reset SSM cache type"),
+    # Our sampling parameters never set min_p or logit_bias.
+    "vllm.v1.sample.logits_processor": ("min_p and logit_bias parameters won't work",),
+}
+
+
+class _DropExpected:
+    """A logging filter on one vLLM logger: drops the records that start with its expected messages."""
+
+    def __init__(self, starts: tuple[str, ...]):
+        self.starts = starts
+
+    def filter(self, record) -> bool:
+        return not str(record.msg).startswith(self.starts)
+
+
+def quiet_expected_warnings() -> None:
+    """Before an engine starts in this process: vLLM's loggers drop EXPECTED_WARNINGS (and a dropped record's
+    traceback). Filters sit on the emitting loggers, which vLLM's own logging configuration leaves alone.
+    Idempotent; a logger a later vLLM renames simply logs again."""
+    import logging
+
+    for name, starts in EXPECTED_WARNINGS.items():
+        logger = logging.getLogger(name)
+        if not any(isinstance(f, _DropExpected) for f in logger.filters):
+            logger.addFilter(_DropExpected(starts))

@@ -19,12 +19,15 @@ class ModelConfig:
     path: str = MISSING
     # Name recorded in store attributes; defaults to the folder name.
     name: str = ""
+    # Recorded with the name (a commit or tag of the weights); "" = not recorded. Never downloaded.
     revision: str = ""
     # Tokenizer folder if it differs from `path`.
     tokenizer: str = ""
     # Chat template override (a Jinja file path); default: the tokenizer's own template.
     chat_template: str = ""
+    # The engine's compute dtype: bfloat16 | float16 | float32 (the stored states are bf16 unless store.dtype).
     dtype: str = "bfloat16"
+    # GPUs one engine spans (vLLM tensor parallelism); one array task holds that many GPUs.
     tensor_parallel_size: int = 1
     # Hidden-state layer ids to capture; id k = residual stream after k decoder layers, id N = last
     # layer's output before the final norm. None -> EAGLE-3 default [2, N//2, N-3, N].
@@ -37,6 +40,7 @@ class ModelConfig:
     engine_trust_remote_code: bool = False
     # Deprecated: both of the above at once (the one flag of earlier releases); set the one you need instead.
     trust_remote_code: bool = False
+    # The engine's context length in tokens; must exceed data.max_length (vLLM needs one position to generate).
     max_model_len: int = 4096
 
 
@@ -46,13 +50,22 @@ class DataConfig:
     inputs: list[str] = field(default_factory=list)
     # auto | messages | sharegpt | prompt_response | alpaca (instruction, input, output)
     format: str = "auto"
+    # The field holding the turns in the messages format ([{role, content}, ...]).
     messages_field: str = "messages"
+    # The field holding the turns in the sharegpt format ([{from, value}, ...]).
     conversations_field: str = "conversations"
+    # prompt_response format: the fields of the user turn, the assistant answer and an optional system prompt.
     prompt_field: str = "prompt"
+    # prompt_response format: the field of the assistant's answer (the tokens with loss).
     response_field: str = "response"
+    # prompt_response format: the field of an optional system prompt ("" or absent: none).
     system_field: str = "system"
+    # Tokens per sample (prompt and answer together); longer samples are cut at this length.
     max_length: int = 2048
+    # Samples with fewer loss tokens (assistant tokens the draft trains on) are dropped and counted; 0 keeps
+    # every sample that has any.
     min_loss_tokens: int = 1
+    # Drop a sample whose token ids and loss mask equal an earlier one's (counted as duplicate).
     dedupe: bool = True
     # skip: count and report bad rows; error: stop at the first one (file and line named)
     on_bad_row: str = "skip"
@@ -67,6 +80,7 @@ class DataConfig:
     # the loss, kept in the context; 1/true or absent: trained (Axolotl's `weight`; others name it `train`
     # or `training`). "" trains every assistant turn. Only assistant turns are ever trained on.
     turn_train_field: str = "weight"
+    # Keyword arguments for the chat template (e.g. {enable_thinking: false}).
     chat_template_kwargs: dict[str, Any] = field(default_factory=dict)
     limit: int = 0  # read at most this many rows (0 = all); for smoke runs
     # Caps on untrusted input, applied while reading (before anything is parsed whole or tokenized): a record
@@ -94,10 +108,15 @@ class ExtractConfig:
     synthetic_sample_s: float = 0.0
     # native (vLLM extract_hidden_states + our KV connector) | hooks (worker extension) | hf | auto
     backend: str = "auto"
+    # vLLM: sequences one engine step holds at most.
     max_num_seqs: int = 256
+    # vLLM: tokens one engine step processes at most (the prefill chunk size).
     max_num_batched_tokens: int = 8192
+    # vLLM: the share of each GPU's memory the engine takes (weights, activations, KV cache), in (0, 1].
     gpu_memory_utilization: float = 0.85
+    # vLLM: no CUDA graphs or compilation (faster start, slower steps).
     enforce_eager: bool = False
+    # vLLM: split long prompts over several steps (max_num_batched_tokens each).
     enable_chunked_prefill: bool = True
     # TP=1 only (TP>1 always runs vLLM's workers in their own processes): where the engine runs.
     # background = vLLM's engine-core process, states reach the store through the shared ring; in-process =
@@ -113,15 +132,18 @@ class ExtractConfig:
     batch_samples: int = 512
     # Minimum seconds between commits (a commit is also forced on checkpoint / exit).
     commit_interval_s: float = 30.0
+    # Check every captured state for NaN or Inf before it is stored; one fails the task, naming the sample.
     check_finite: bool = True
     # Before submitting, the tokens left to capture are checked against the free space under RUN/stores
     # (launch/disk_room.py): an error when they cannot fit even at the best compression measured, a warning
     # when they fit only compressed; false skips the check. `resume` checks the same and takes it too. It applies
     # to the command it is given to: not saved in RUN/config.yaml, not part of the run's fingerprint.
     check_disk: bool = True
-    # validate: thresholds against the transformers reference
+    # validate: the lowest cosine similarity per layer between captured and transformers states that passes.
     validate_min_cosine: float = 0.999
+    # validate: the largest relative error per layer (norm of the difference / norm of the reference) that passes.
     validate_max_rel_err: float = 0.05
+    # More vLLM engine arguments, passed as they are (e.g. {quantization: fp8}).
     extra_engine_args: dict[str, Any] = field(default_factory=dict)
 
 
@@ -149,16 +171,20 @@ class StoreConfig:
     # states: 64 tokens at hidden 7168 x 4 layers, 256 at 2048. Per-chunk work on the capture's threads is
     # fixed-cost Python, so chunks much smaller than that cap the write rate (docs/decisions/0013).
     chunk_tokens: int = 0
+    # Rows (tokens) per shard file; a multiple of chunk_tokens.
     shard_tokens: int = 4096
+    # fsync every shard and commit before it counts as written (crash-safe); false is faster and may lose
+    # the last commit to a power cut.
     fsync: bool = True
     # blosc-zstd only: when every compression thread is busy while the disk keeps up, store the chunk
     # uncompressed (a blosc "memcpyed" frame every blosc reader decodes) instead of making the engine wait.
     # Compression then uses the CPU the node has spare; false compresses every chunk whatever it costs in
     # throughput (docs/decisions/0014).
     adaptive: bool = True
-    # Compression threads (0: every CPU of the allocation but two, which the engine keeps) and shard-writing
-    # threads for hidden_states (0: as many as shard writes may be queued, so none waits for a thread).
+    # Compression threads (0: every CPU of the allocation but two, which the engine keeps).
     encode_threads: int = 0
+    # Shard-writing threads for hidden_states (0: as many as shard writes may be queued, so none waits for a
+    # thread).
     io_threads: int = 0
     # A folder for the writer's timeline (one JSON line per append, encode, shard write and commit; see
     # eagle_batch/store/trace.py), to see which stage a capture waits for; "" = off.
@@ -172,6 +198,7 @@ class RegenerateConfig:
 
     # The regeneration job's own run directory (plan, task states, logs, output/); default RUN/regenerate.
     run_dir: str = ""
+    # Array tasks; conversations are split evenly between them.
     num_tasks: int = 1
     # all: every assistant turn, each generated given the regenerated history before it (assistant turns
     # that carry tool calls are kept as they are: the tool results after them answer those calls) |
@@ -180,9 +207,13 @@ class RegenerateConfig:
     # Sampling: greedy by default (reproducible, resumes byte for byte); set the temperature you will serve
     # with to train on the distribution the draft will see.
     temperature: float = 0.0
+    # Sampling: nucleus cut-off (1.0 = off).
     top_p: float = 1.0
+    # Sampling: the k most likely tokens only (-1 = off).
     top_k: int = -1
+    # The longest answer generated per assistant turn, in tokens.
     max_tokens: int = 1024
+    # Sampling seed (each conversation's own seed is derived from it, so resumes are reproducible).
     seed: int = 0
     # Passed to the chat template when rendering prompts (e.g. {enable_thinking: false}); default: the same
     # as data.chat_template_kwargs, so prepare later renders the conversations the way they were generated.
@@ -192,6 +223,7 @@ class RegenerateConfig:
     # An answer that hit max_tokens (finish reason "length") lacks its end: counted as cut_off, and kept
     # (the conversation ends with it) only when true.
     keep_cut_off: bool = False
+    # vLLM: the share of each GPU's memory the regeneration engine takes, in (0, 1].
     gpu_memory_utilization: float = 0.85
 
 
@@ -199,9 +231,11 @@ class RegenerateConfig:
 class ContainerConfig:
     # none | apptainer | pyxis
     runtime: str = "none"
+    # apptainer: the .sif file; pyxis: the image (squashfs file or registry reference).
     image: str = ""
     # host:container bind mounts; the run, model and data folders are added automatically.
     binds: list[str] = field(default_factory=list)
+    # More arguments for `apptainer exec` or srun's pyxis options, passed as they are.
     extra_args: list[str] = field(default_factory=list)
 
 
@@ -209,15 +243,24 @@ class ContainerConfig:
 class SlurmConfig:
     # auto (slurm when sbatch is on PATH, else local) | slurm | local
     executor: str = "auto"
+    # sbatch --partition ("" = the cluster's default).
     partition: str = ""
+    # sbatch --account ("" = your default account).
     account: str = ""
+    # sbatch --qos ("" = the default).
     qos: str = ""
+    # sbatch --constraint, node features (e.g. "h200").
     constraint: str = ""
+    # Nodes per task (a model whose tensor parallelism spans nodes).
     nodes: int = 1
+    # GPUs per node each task asks for.
     gpus_per_node: int = 8
+    # CPU cores per task (the store's compression threads use them).
     cpus_per_task: int = 32
     mem_gb: int = 0  # 0: do not ask (exclusive nodes get all memory)
+    # Time limit per task, in minutes; a task checkpoints and is requeued before it.
     time_min: int = 240
+    # sbatch --exclusive: the whole node for each task.
     exclusive: bool = False
     # Most tasks of a submission running at once (Slurm's `%N`); shared by its arrays when it is split.
     array_parallelism: int = 64
@@ -240,6 +283,7 @@ class SlurmConfig:
     max_attempts: int = 3
     # Requeues after time limit / preemption (submitit's max_num_timeout).
     max_num_timeout: int = 20
+    # More #SBATCH lines, without the prefix (e.g. ["--reservation=big"]).
     additional_sbatch: list[str] = field(default_factory=list)
     # Shell lines run before each task, verbatim (not quoted): your own shell code by design (module load,
     # exports). Anyone who can edit the config can run code as you: it is owner-only in RUN (ownership.py).
@@ -251,10 +295,12 @@ class SlurmConfig:
 class TrainConfig:
     # Where checkpoints / metrics / export go (default RUN/train/<name>).
     output_dir: str = ""
+    # The draft's name: its folder RUN/train/<name> and the name in its exported config.
     name: str = "draft"
-    # 0 (with epochs 0): no training step; the initial draft is exported, a baseline for trained drafts.
+    # Optimizer steps to train for. 0 (with epochs 0): no training step; the initial draft is exported, a
+    # baseline for trained drafts.
     steps: int = 1000
-    epochs: int = 0  # >0 overrides steps
+    epochs: int = 0  # passes over the training data; >0 overrides steps
     # >0: fit the run into this many seconds from its first step (overrides steps / epochs once measured):
     # after a few warm-up steps the speed is measured and the schedule's total set so the cosine ends
     # with the budget; the draft is exported as usual.
@@ -266,6 +312,7 @@ class TrainConfig:
     # every rank from the last checkpoint, with what is left of max_time_s (launch/local_train.py). 0 with
     # one rank: the trainer runs in the CLI's own process.
     max_restarts: int = 2
+    # The peak learning rate (reached after warmup_steps; cosine decay to min_lr_ratio x lr after).
     # lr, optimizer, ttt_*, lm_head_*, norm_*: speculators' EAGLE-3 recipe. On the same states and token budget
     # it trains a better draft than SpecForge's settings (AdamW, 7 TTT steps decayed by 0.8, a random trainable
     # lm_head, no extra norms), and its 3 TTT steps train 1.7x the tokens/s of 7 (decision 0021).
@@ -273,27 +320,43 @@ class TrainConfig:
     # muon (Muon on the draft's 2-D weights except lm_head, AdamW on the rest, as speculators trains its
     # drafts) | adamw (AdamW on every trainable parameter); train/optim.py
     optimizer: str = "muon"
+    # The learning rate at the end of the cosine schedule, as a share of lr.
     min_lr_ratio: float = 0.1
+    # Steps of linear warm-up from 0 to lr.
     warmup_steps: int = 50
+    # AdamW weight decay (decoupled).
     weight_decay: float = 0.0
+    # Tokens per optimizer step and rank (samples are packed up to it).
     batch_tokens: int = 16384
+    # Tokens per sample in training; longer samples are cut.
     max_length: int = 2048
     ttt_steps: int = 3  # unrolled training-time-test steps (SpecForge: 7)
     ttt_decay: float = 1.0  # loss weight decay over TTT steps (SpecForge: 0.8)
     precision: str = "bf16"  # bf16 | fp32
+    # Gradient norm clipping (0 = off).
     grad_clip: float = 0.5
+    # Seed of the draft's initial weights and the data order.
     seed: int = 0
+    # Tokens the draft predicts: the most frequent loss tokens of the training data (capped at the target's
+    # vocabulary).
     draft_vocab_size: int = 32000
+    # DataLoader worker processes (0 loads batches in the training process).
     num_workers: int = 4
+    # Batches each DataLoader worker loads ahead.
     prefetch_factor: int = 4
+    # Steps between checkpoints (one is also written at the end and on a stop signal).
     checkpoint_every: int = 200
+    # Steps between lines in metrics.jsonl and the progress output.
     log_every: int = 10
+    # Also write TensorBoard event files under output_dir (when tensorboard is installed).
     tensorboard: bool = True
     # One Slurm array task per entry: a list of override dicts, e.g. [{train.lr: 1e-4}, {train.lr: 3e-4}]
     sweep: list[dict[str, Any]] = field(default_factory=list)
-    # Draft shape overrides (default: from the target model).
+    # Draft shape overrides (0: the target's): the MLP width,
     draft_intermediate_size: int = 0
+    # the attention heads,
     draft_num_heads: int = 0
+    # and the key/value heads (must divide the attention heads).
     draft_num_kv_heads: int = 0
     # Target layer ids fed to the draft's fc (default: every stored layer except the last, N).
     aux_layer_ids: list[int] = field(default_factory=list)
@@ -342,7 +405,9 @@ class TrainConfig:
     # EAGLE-3; train/model.py): an RMSNorm over the concatenated aux states before fc; the residual taken
     # after hidden_norm; the normed state fed back to the next draft step.
     norm_before_fc: bool = True
+    # See norm_before_fc: the residual taken after hidden_norm.
     norm_before_residual: bool = True
+    # See norm_before_fc: the normed state fed back to the next draft step.
     norm_output: bool = True
 
 

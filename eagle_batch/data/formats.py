@@ -50,7 +50,7 @@ BAD_ROW_REASONS = {
 
 # Reasons a sample (not a row) is dropped after tokenization; not input errors.
 DROP_REASONS = {
-    "too_few_loss_tokens": "fewer than data.min_loss_tokens masked tokens (after truncation)",
+    "too_few_loss_tokens": "fewer than data.min_loss_tokens loss tokens (assistant tokens the draft learns; after truncation)",
     "duplicate": "the same token ids and mask as an earlier sample (data.dedupe=true)",
 }
 

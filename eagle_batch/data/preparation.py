@@ -312,7 +312,7 @@ def _write_plan(cfg: RunConfig, files: list[Path], tally: Tally, out: Path) -> d
         },
         "tokens": int(lengths.sum()),
         "loss_tokens": int(loss.sum()),
-        "masked_fraction": round(float(loss.sum() / max(lengths.sum(), 1)), 6),
+        "loss_token_fraction": round(float(loss.sum() / max(lengths.sum(), 1)), 6),
         "length_percentiles": _percentiles(lengths),
         "tasks": {
             "num_tasks": num_tasks,

@@ -22,7 +22,9 @@ from eagle_batch.errors import UserError
 
 from .formats import BAD_ROW_REASONS
 
-DROP_DETAIL = {"too_few_loss_tokens": "fewer masked tokens than data.min_loss_tokens after truncation"}
+DROP_DETAIL = {
+    "too_few_loss_tokens": "fewer loss tokens (assistant tokens the draft learns) than data.min_loss_tokens after truncation"
+}
 # Reasons that mean "this row is not in the shape the config expects": the file's fields are then shown.
 SHAPE_REASONS = ("unknown_format", "not_a_list", "not_an_object")
 # A file whose rows fail to decode this often (and at least this many) is probably in another encoding; fewer

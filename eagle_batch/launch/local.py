@@ -59,6 +59,7 @@ from eagle_batch.ownership import user_temp_dir
 
 from . import proc
 from . import state as S
+from .submitit_local import detached_executor
 
 SLOTS = "slots.json"
 CANCELLED = "cancelled"
@@ -200,47 +201,6 @@ def exit_message(ex: dict) -> str:
 
 
 # ------------------------------------------------------------------------------------------ submitting
-def _detached_executor(folder: Path, timeout_min: float):
-    """submitit's LocalExecutor whose job controller runs in a session of its own, without the CLI's terminal
-    or pipes: like a Slurm job, a local job outlives the command that submitted it. Ctrl-C on `extract
-    --wait` stops following, not the tasks; `eagle-batch extract ... | tee log` returns when the command is
-    done, not when the job is (the controller would otherwise hold the pipe open).
-
-    submitit 1.5.4's `start_controller` inherits stdio and the process group; this is the same controller
-    (`python -m submitit.local._local FOLDER`) with the same environment, started detached."""
-    import submitit
-    from submitit.local.local import LocalJob
-
-    class DetachedLocalExecutor(submitit.LocalExecutor):
-        def _submit_command(self, command: str):
-            env = dict(
-                os.environ,
-                SUBMITIT_LOCAL_NTASKS="1",
-                SUBMITIT_LOCAL_COMMAND=command,
-                SUBMITIT_LOCAL_TIMEOUT_S=str(int(60 * self.parameters.get("timeout_min", timeout_min))),
-                SUBMITIT_LOCAL_SIGNAL_DELAY_S=str(int(self.parameters.get("signal_delay_s", 30))),
-                SUBMITIT_LOCAL_NODEID="0",
-                SUBMITIT_LOCAL_JOB_NUM_NODES="1",
-                SUBMITIT_STDERR_TO_STDOUT="",
-                SUBMITIT_EXECUTOR="local",
-                SUBMITIT_LOCAL_WITH_SHELL="",
-            )
-            env.pop("CUDA_VISIBLE_DEVICES", None)  # the slot hands each task its devices (run_slot)
-            process = subprocess.Popen(
-                [sys.executable, "-m", "submitit.local._local", str(self.folder)],
-                env=env,
-                stdin=subprocess.DEVNULL,
-                stdout=subprocess.DEVNULL,
-                stderr=subprocess.DEVNULL,
-                start_new_session=True,
-            )
-            return LocalJob(folder=self.folder, job_id=str(process.pid), process=process, tasks=[0])
-
-    ex = DetachedLocalExecutor(folder=folder)
-    ex.update_parameters(timeout_min=timeout_min)
-    return ex
-
-
 def submit_local(cfg, run_dir: Path, task_ids: Sequence[int], kind: str) -> S.Submission:
     """Start one slot job per GPU group; each claims and runs `task_ids` in order (LocalResourceError when
     a task would need more GPUs than the machine has)."""
@@ -261,7 +221,7 @@ def submit_local(cfg, run_dir: Path, task_ids: Sequence[int], kind: str) -> S.Su
     sub_dir.mkdir(exist_ok=False)
     slots = []
     for k, devices in enumerate(plan.devices):
-        ex = _detached_executor(sub_dir, SLOT_JOB_TIMEOUT_MIN)  # slot logs: PID_0_log.{out,err}
+        ex = detached_executor(sub_dir, SLOT_JOB_TIMEOUT_MIN)  # slot logs: PID_0_log.{out,err}
         job = ex.submit(
             run_slot,
             str(run_dir),
@@ -318,7 +278,7 @@ class _SlotLimits:
 
 
 def _task_env(devices: list[str]) -> dict:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("SUBMITIT_")}  # the task is no submitit job
+    env = environment.child_environment(drop_prefix="SUBMITIT_")  # the task is no submitit job
     env["CUDA_VISIBLE_DEVICES"] = ",".join(devices)
     return env
 

@@ -133,7 +133,7 @@ def _attempt(cfg: RunConfig, nproc: int, stop_event, should_stop: Callable[[], b
 def _rank_main(rank: int, world: int, cfg: RunConfig, folder: str, stop_event) -> None:
     """A rank process: train, hand the result (rank 0) or a UserError back to the parent through `folder`."""
     faulthandler.enable()  # a native abort (CUDA, gloo, OpenMP) then prints each Python thread's stack
-    os.environ.update(environment.rank_environment(rank, world, os.path.join(folder, "rendezvous")))
+    environment.set_variables(environment.rank_environment(rank, world, os.path.join(folder, "rendezvous")))
     from eagle_batch.train.trainer import shutdown_distributed, train
 
     try:

@@ -66,7 +66,7 @@ class TaskRow:
     tokens_committed: int
     tokens_total: int
     progress: float  # tokens committed / tokens total (samples if tokens unknown)
-    tok_s: float  # of the current or last attempt
+    tok_s: float  # capture tok/s: a running task's steady rate; a done task's average over its attempts
     eta_s: float | None
     attempts: int
     failures: int
@@ -151,16 +151,12 @@ def task_rows(run_dir: str | os.PathLike, num_tasks: int, view: RunView | None =
             last_error = local_words(state, run_dir) if local else slurm
         last_error = note or last_error
         reason = reasons.get(job_id, "") if state == "pending" else ""
-        if never_starts(reason):
-            last_error = (
-                f"Slurm will not start it: pending for {reason} ({never_starts(reason)}); "
-                f"`eagle-batch cancel {run_dir}`, correct the setting, then `eagle-batch resume {run_dir}`"
-            )
+        last_error = _never_starts_message(reason, run_dir) if never_starts(reason) else last_error
         sc, stot = (st.samples_committed, st.samples_total) if st else (0, 0)
         tc, ttot = (st.tokens_committed, st.tokens_total) if st else (0, 0)
         stot, ttot = stot or plan.get(t, (0, 0))[0], ttot or plan.get(t, (0, 0))[1]
         progress = tc / ttot if ttot else (sc / stot if stot else (1.0 if state == "done" else 0.0))
-        tok_s = st.tok_s if st else 0.0
+        tok_s = (average_capture_rate(st) if state == "done" else st.tok_s) if st else 0.0
         eta = (ttot - tc) / tok_s if state == "running" and tok_s > 0 and ttot else None
         rows.append(
             TaskRow(
@@ -183,6 +179,13 @@ def task_rows(run_dir: str | os.PathLike, num_tasks: int, view: RunView | None =
             )
         )
     return rows
+
+
+def _never_starts_message(reason: str, run_dir: Path) -> str:
+    return (
+        f"Slurm will not start it: pending for {reason} ({never_starts(reason)}); "
+        f"`eagle-batch cancel {run_dir}`, correct the setting, then `eagle-batch resume {run_dir}`"
+    )
 
 
 class LocalView:
@@ -342,6 +345,14 @@ def _derive(st: S.TaskState | None, sub: S.Submission | None, sstate: str, repai
     return "unknown"
 
 
+def average_capture_rate(st) -> float:
+    """A task's capture tok/s over its whole life: tokens committed / the wall seconds of its attempts
+    (engine start-up included). A finished task shows this, not the steady rate of its last attempt, which
+    a short task (one or two commits) never measures."""
+    seconds = sum(max(0.0, (a.ended or a.started) - a.started) for a in st.attempts)
+    return st.tokens_committed / seconds if seconds > 0 else 0.0
+
+
 def totals(rows: list[TaskRow]) -> dict:
     by_state: dict[str, int] = {}
     for r in rows:
@@ -388,10 +399,25 @@ def latest_submissions(subs: list[S.Submission]) -> dict[int, tuple[S.Submission
 
 def run_status(run_dir: str | os.PathLike, view: RunView | None = None) -> dict:
     check_run(run_dir)  # what the run's config and state say is read only from files of the owner's own
-    rows = task_rows(run_dir, S.plan_num_tasks(run_dir), view)
+    num_tasks = S.plan_num_tasks(run_dir)
+    view = view if view is not None else RunView.read(run_dir, num_tasks)
+    rows = task_rows(run_dir, num_tasks, view)
+    tot = totals(rows)
+    if tot["all_done"]:  # nothing runs: the run's average capture rate, not 0
+        tot["tok_s"] = round(run_average_rate(view.states.values(), tot["tokens_committed"]), 1)
     # vars(), not dataclasses.asdict: a row's fields are flat, and asdict's deep copy was most of the time of a
     # status of 10,000 tasks.
-    return {"run_dir": str(run_dir), "tasks": [dict(vars(r)) for r in rows], "totals": totals(rows)}
+    return {"run_dir": str(run_dir), "tasks": [dict(vars(r)) for r in rows], "totals": tot}
+
+
+def run_average_rate(states, tokens: int) -> float:
+    """A finished run's capture tok/s: its tokens / the wall time from its first attempt's start to its last
+    attempt's end (engine start-ups and any wait between tasks included), from the states already read."""
+    attempts = [a for st in states for a in (getattr(st, "attempts", None) or [])]
+    if not attempts:
+        return 0.0
+    span = max((a.ended or a.started) for a in attempts) - min(a.started for a in attempts)
+    return tokens / span if span > 0 else 0.0
 
 
 def progress_line(status: dict) -> str:
@@ -400,5 +426,6 @@ def progress_line(status: dict) -> str:
     eta = f" eta {t['eta_s']:.0f}s" if t["eta_s"] is not None else (" eta estimating" if t.get("estimating") else "")
     return (
         f"{t['done']}/{t['tasks']} tasks done | {t['progress'] * 100:5.1f}% tokens "
-        f"({t['tokens_committed']}/{t['tokens_total']}) | {t['tok_s']:.0f} tok/s{eta} | {states}"
+        f"({t['tokens_committed']}/{t['tokens_total']}) | {t['tok_s']:.0f} capture tok/s"
+        f"{' (average)' if t['all_done'] else ''}{eta} | {states}"
     )

@@ -11,7 +11,6 @@ job's stderr, and only then hands over to submitit.
 
 from __future__ import annotations
 
-import os
 import sys
 from pathlib import Path
 
@@ -35,14 +34,15 @@ def main(argv: list[str] | None = None) -> int:
     if len(args) != 1:
         print("usage: python -m eagle_batch.launch.submitit_entry FOLDER", file=sys.stderr)
         return 2
-    os.environ["SUBMITIT_FOLDER"] = args[0]
+    from eagle_batch import environment
+
+    environment.set_variables({"SUBMITIT_FOLDER": args[0]})  # what submitit's JobEnvironment reads
     paths = job_environment.JobEnvironment().paths
     try:
         check_job_folder(Path(paths.folder), Path(paths.submitted_pickle))
     except ControlPlaneError as e:
         print(f"eagle-batch: refusing to run this job: {e}", file=sys.stderr)
         return 3
-    from eagle_batch import environment
     from eagle_batch.ownership import cache_warnings
 
     for line in cache_warnings(environment.code_caches()):

@@ -28,6 +28,8 @@ class StoreError(UserError, RuntimeError):
 class StoreLockedError(StoreError):
     """Another process holds the store's writer lock."""
 
+    exit_code = 1  # nothing wrong with the input: the work cannot run now
+
 
 class StoreMismatchError(StoreError):
     """An existing store was written with a different spec or layout than the one asked for."""
@@ -35,6 +37,8 @@ class StoreMismatchError(StoreError):
 
 class StoreCorruptError(StoreError):
     """Committed data is missing or damaged."""
+
+    exit_code = 1  # a failed check, not a usage mistake
 
 
 class DamagedDataError(StoreCorruptError):

@@ -5,5 +5,5 @@
 - `trainer.train(cfg)`: TTT loop, checkpoint/resume, metrics, DDP.
 - `optim.DraftOptimizer`: the optimizers (Muon + AdamW by default, or AdamW) and their one LR schedule.
 - `cli`: `eagle-batch train CONFIG [k=v ...] [--local] [--after RUN]`.
-- `serve_check.measure_acceptance(target, draft_dir, prompts, k)`: vLLM EAGLE-3 serving check.
+- serving the exported draft with vLLM (`eagle-batch evaluate`) is eagle_batch/evaluate/.
 """

@@ -294,6 +294,7 @@ def _log_record(r: _Run, win: _Window, gnorm: torch.Tensor | None) -> dict:
         "expected_acceptance_length": 1.0 + sum(chain),
         "grad_norm": float(gnorm) if gnorm is not None else 0.0,
         "tokens_per_s": win.tokens * r.world / elapsed,
+        "step_s": elapsed / max(1, win.steps),  # wall seconds per step in this window (data wait included)
         "data_wait_frac": win.wait / elapsed,
         "checkpoint_s": win.checkpoint_s,  # saving, outside the rate and the wait above
         # The most GPU memory this rank's tensors held so far (torch's allocator; 0 on the CPU), in GiB.

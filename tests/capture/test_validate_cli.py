@@ -7,9 +7,9 @@ import argparse
 import pytest
 import torch
 
-from eagle_batch.capture import cli_validate
 from eagle_batch.capture.engine import run_capture
 from eagle_batch.capture.validate import LayerAccumulator
+from eagle_batch.cli import validate as cli_validate
 from eagle_batch.config import load_config, save_config
 
 

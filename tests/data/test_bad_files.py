@@ -154,7 +154,7 @@ def test_empty_message_list_has_its_own_reason(tmp_path, model, capsys):
 def test_rows_of_another_format_suggest_data_format_not_the_field_already_set(tmp_path, model, capsys, fmt, row, want):
     path = _jsonl(tmp_path / "chats.jsonl", [row] * 3)
     rc, err = _prepare(tmp_path, model, [path], f"data.format={fmt}", capsys=capsys)
-    assert rc == 1
+    assert rc == 2
     assert f"as data.format={fmt}" in err and f"the rows are in the {want.split('=')[1]} format: set {want}" in err
     assert "data.messages_field=messages" not in err and "data.conversations_field=conversations" not in err
     assert "Traceback" not in err

@@ -54,13 +54,13 @@ def test_empty_input_file_is_an_error_and_nothing_is_submitted(tmp_path, model):
     empty = tmp_path / "empty.jsonl"
     empty.write_text("")
     r, cfg = prepare(tmp_path, model, [empty])
-    assert r.returncode == 1
+    assert r.returncode == 2
     assert "nothing to prepare: no sample from 1 input file(s) (0 rows read)" in r.stderr
     assert f"{empty}: no rows (the file is empty)" in r.stderr
     no_traceback(r)
     assert not (tmp_path / "run" / "prepared").exists()
     r = cli("extract", cfg)
-    assert r.returncode == 1 and "prepare CONFIG" in r.stderr and "plan.json does not exist" in r.stderr
+    assert r.returncode == 2 and "prepare CONFIG" in r.stderr and "plan.json does not exist" in r.stderr
     no_traceback(r)
     assert not (tmp_path / "run" / "slurm").exists()
 
@@ -72,7 +72,7 @@ def test_parquet_with_other_column_names_fails_once_with_its_columns_and_the_key
     path = tmp_path / "chats.parquet"
     pq.write_table(pa.Table.from_pylist([{"conversation": CONV, "id": i} for i in range(4)]), path)
     r, _ = prepare(tmp_path, model, [path])
-    assert r.returncode == 1
+    assert r.returncode == 2
     assert f"{path}: none of its 4 rows could be used (unknown_format: 4)" in r.stderr
     assert "Its rows have the fields conversation, id" in r.stderr
     assert "set data.messages_field=conversation" in r.stderr
@@ -86,7 +86,7 @@ def test_parquet_with_other_column_names_fails_once_with_its_columns_and_the_key
 def test_jsonl_where_no_row_has_the_field_names_its_fields(tmp_path, model):
     path = jsonl(tmp_path / "dialogs.jsonl", [{"dialog": CONV, "lang": "en"}] * 3)
     r, _ = prepare(tmp_path, model, [path], "data.format=messages")
-    assert r.returncode == 1
+    assert r.returncode == 2
     assert f"{path}: none of its 3 rows could be used (not_a_list: 3)" in r.stderr
     assert "Its rows have the fields dialog, lang" in r.stderr and "data.messages_field=dialog" in r.stderr
     no_traceback(r)
@@ -132,7 +132,7 @@ def test_json_array_cut_off_mid_record_keeps_the_complete_records_and_says_where
     assert f"record 5 (it starts at byte {offset}" in bad["detail"] and "5 complete records" in bad["detail"]
     # data.on_bad_row=error stops there instead, naming the file and the offset.
     r, _ = prepare(tmp_path, model, [path], "data.on_bad_row=error", run="strict")
-    assert r.returncode == 1 and f"{path} row 5: truncated_file" in r.stderr and f"byte {offset}" in r.stderr
+    assert r.returncode == 2 and f"{path} row 5: truncated_file" in r.stderr and f"byte {offset}" in r.stderr
     no_traceback(r)
 
 
@@ -199,7 +199,7 @@ def test_tool_call_only_turn_is_not_trained_as_an_empty_answer(tmp_path, model):
     assert trained.count("<|im_end|>") == 1 and "Hello Ann." in trained  # only the real answer's end
     # data.empty_assistant_turns=skip: the row is skipped under its own reason instead.
     r, _ = prepare(tmp_path, model, [path], "data.empty_assistant_turns=skip", run="skip")
-    assert r.returncode == 1 and "empty_assistant_turn: 1" in r.stderr
+    assert r.returncode == 2 and "empty_assistant_turn: 1" in r.stderr
     no_traceback(r)
 
 
@@ -212,7 +212,7 @@ def test_latin1_file_is_called_not_utf8(tmp_path, model):
         )
     )
     r, _ = prepare(tmp_path, model, [path])
-    assert r.returncode == 1
+    assert r.returncode == 2
     assert f"{path}: 6 of 6 rows are not valid UTF-8: the file is probably in another encoding" in r.stderr
     assert "iconv -f latin1 -t utf-8" in r.stderr
     no_traceback(r)

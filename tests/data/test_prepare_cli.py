@@ -80,7 +80,7 @@ def test_prepare_end_to_end(tmp_path, smollm2_path, smollm2_tokenizer, capsys):
     assert summary["samples"] == len(GOOD)
     assert summary["skipped_by_reason"] == {"invalid_json": 1, "no_assistant_turn": 1, "undecodable_bytes": 1}
     assert summary["samples_dropped_by_reason"] == {"duplicate": 1}
-    assert 0 < summary["masked_fraction"] < 1
+    assert 0 < summary["loss_token_fraction"] < 1
     bad = [json.loads(x) for x in (run / "prepared" / "bad_rows.jsonl").read_text().splitlines()]
     assert {(b["line"], b["reason"]) for b in bad} == {
         (len(GOOD) + 1, "duplicate"),
@@ -142,7 +142,7 @@ def test_prepare_is_deterministic_across_workers(tmp_path, smollm2_path):
 def test_on_bad_row_error_names_file_and_line(tmp_path, smollm2_path, capsys):
     data = _write_jsonl(tmp_path / "chat.jsonl", GOOD[:2], extra_lines=[b"{not json\n"])
     cfg = _config(tmp_path, smollm2_path, [data], on_bad_row="error")
-    assert main(["prepare", str(cfg), "--workers", "1", "--no-progress"]) == 1
+    assert main(["prepare", str(cfg), "--workers", "1", "--no-progress"]) == 2
     err = capsys.readouterr().err
     assert f"{data}:3: invalid_json" in err and "data.on_bad_row=skip" in err
     assert not (tmp_path / "run" / "prepared").exists()  # nothing half-written

@@ -115,7 +115,7 @@ FAULTS = ("flip", "truncate", "delete", "stray", "record-past")
 
 
 def corrupt_trials(base: Path, ref_run: Path, trials: int, rng) -> dict:
-    from eagle_batch.launch.cli_resume import _request_repairs
+    from eagle_batch.cli.resume import _request_repairs
     from eagle_batch.store import verify
 
     ref_store = F.store_of(ref_run)

@@ -116,27 +116,27 @@ def test_specforge_group_folders():
 
 def test_export_refusals_name_the_fix(tmp_path, store, samples, target, capsys):
     out = tmp_path / "o"
-    assert main(["export-data", str(store), str(out), "--format", "specforge", "--no-progress"]) == 1
+    assert main(["export-data", str(store), str(out), "--format", "specforge", "--no-progress"]) == 2
     assert "--target MODEL_DIR" in capsys.readouterr().err
     # A store without the num_hidden_layers attribute (written before it existed) needs N from somewhere.
     old = write_store(tmp_path / "old.zarr", samples[:2], num_hidden_layers=0)
-    assert main(["export-data", str(old), str(out), "--format", "speculators"]) == 1
+    assert main(["export-data", str(old), str(out), "--format", "speculators"]) == 2
     assert "--num-hidden-layers N" in capsys.readouterr().err
     assert main(["export-data", str(old), str(out), "--format", "speculators", "--target", str(target)]) == 0
     capsys.readouterr()
     # OUT holds that export: another source's export there is refused, the same one resumes.
-    assert main(["export-data", str(store), str(out), "--format", "speculators", "--json"]) == 1
+    assert main(["export-data", str(store), str(out), "--format", "speculators", "--json"]) == 2
     assert "export into an empty folder" in capsys.readouterr().err
     assert (
         main(["export-data", str(old), str(out), "--format", "speculators", "--num-hidden-layers", "6", "--json"]) == 0
     )
     assert json.loads(capsys.readouterr().out)["skipped"] == 2
-    assert main(["export-data", str(old), str(out), "--format", "speculators", "--num-hidden-layers", "7"]) == 1
+    assert main(["export-data", str(old), str(out), "--format", "speculators", "--num-hidden-layers", "7"]) == 2
     assert "not the last layer N=7" in capsys.readouterr().err  # the store records no N: the given one is used
     busy = tmp_path / "busy"
     busy.mkdir()
     (busy / "x").write_text("user file")
-    assert main(["export-data", str(store), str(busy), "--format", "speculators"]) == 1
+    assert main(["export-data", str(store), str(busy), "--format", "speculators"]) == 2
     assert "not empty" in capsys.readouterr().err
 
 

@@ -44,9 +44,9 @@ def test_import_names_the_bad_file(tmp_path, store, capsys):
     )
     dest = tmp_path / "imported" / "task-00000.zarr"
     rc = main(["import-data", str(src), str(dest), "--aux-layer-ids", "2", "3", "4", "--num-hidden-layers", "6"])
-    assert rc == 1
+    assert rc == 2
     err = capsys.readouterr().err
     assert str(f) in err and "is not [T, 4, 32]" in err
     assert verify(dest) == []  # the failed import left a consistent store: what it committed, nothing half
     rc = main(["import-data", str(src), str(dest), "--aux-layer-ids", "4", "3", "--num-hidden-layers", "6"])
-    assert rc == 1 and "ascending" in capsys.readouterr().err
+    assert rc == 2 and "ascending" in capsys.readouterr().err

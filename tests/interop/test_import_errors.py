@@ -35,12 +35,12 @@ def src(tmp_path, store, capsys) -> Path:
 def test_missing_or_unrelated_src_is_named_before_any_store(tmp_path, capsys):
     dest = tmp_path / "dest" / "task-00000.zarr"
     rc, _, err = _run(["import-data", tmp_path / "nope", dest, *AUX], capsys)
-    assert rc == 1 and f"SRC {tmp_path / 'nope'} does not exist" in err and "hs_0" not in err
+    assert rc == 2 and f"SRC {tmp_path / 'nope'} does not exist" in err and "hs_0" not in err
     other = tmp_path / "other"
     other.mkdir()
     (other / "notes.txt").write_text("x")
     rc, _, err = _run(["import-data", other, dest, *AUX], capsys)
-    assert rc == 1 and "is not a speculators data folder: no state.json" in err and "and no hidden_states/" in err
+    assert rc == 2 and "is not a speculators data folder: no state.json" in err and "and no hidden_states/" in err
     assert not dest.exists() and not dest.parent.exists()
 
 
@@ -49,14 +49,14 @@ def test_src_without_hidden_states_says_to_generate_them(src, tmp_path, capsys):
         f.unlink()
     dest = tmp_path / "dest.zarr"
     rc, _, err = _run(["import-data", src, dest, *AUX], capsys)
-    assert rc == 1 and "has no hs_0.safetensors" in err and "generate-offline-data" in err
+    assert rc == 2 and "has no hs_0.safetensors" in err and "generate-offline-data" in err
     assert not dest.exists()
 
 
 def test_wrong_aux_count_creates_nothing_and_the_corrected_rerun_works(src, tmp_path, capsys):
     dest = tmp_path / "imported" / "task-00000.zarr"
     rc, _, err = _run(["import-data", src, dest, "--aux-layer-ids", "2", "4", "--num-hidden-layers", "6"], capsys)
-    assert rc == 1
+    assert rc == 2
     assert "hs_0.safetensors: hidden_states" in err and "give 3 ids to --aux-layer-ids" in err
     assert not dest.exists()  # validated before the store was created
     rc, out, err = _run(["import-data", src, dest, *AUX, "--json"], capsys)
@@ -75,7 +75,7 @@ def test_an_empty_store_of_another_spec_is_replaced_one_with_samples_is_not(src,
 
     # Now it holds 12 committed samples: another spec is refused and the samples stay.
     rc, _, err = _run(["import-data", src, dest, "--aux-layer-ids", "2", "3", "4", "--num-hidden-layers", "7"], capsys)
-    assert rc == 1 and "written for a different model/config" in err
+    assert rc == 2 and "written for a different model/config" in err
     assert len(open_dataset(dest)) == 12 and verify(dest) == []
 
 
@@ -83,9 +83,9 @@ def test_import_into_a_file_path(src, tmp_path, capsys):
     afile = tmp_path / "afile"
     afile.write_text("x")
     rc, _, err = _run(["import-data", src, afile, *AUX], capsys)
-    assert rc == 1 and f"STORE {afile} is a file" in err and "Not a directory" not in err
+    assert rc == 2 and f"STORE {afile} is a file" in err and "Not a directory" not in err
     rc, _, err = _run(["import-data", src, afile / "task-00000.zarr", *AUX], capsys)
-    assert rc == 1 and f"{afile} is a file, not a folder" in err
+    assert rc == 2 and f"{afile} is a file, not a folder" in err
     assert afile.read_text() == "x"
 
 
@@ -93,7 +93,7 @@ def test_export_into_a_file_path(store, tmp_path, capsys):
     afile = tmp_path / "afile"
     afile.write_text("x")
     rc, _, err = _run(["export-data", store, afile, "--format", "speculators"], capsys)
-    assert rc == 1 and f"OUT {afile} is a file" in err and "File exists" not in err
+    assert rc == 2 and f"OUT {afile} is a file" in err and "File exists" not in err
     rc, _, err = _run(["export-data", store, afile / "out", "--format", "speculators"], capsys)
-    assert rc == 1 and f"{afile} is a file, not a folder" in err
+    assert rc == 2 and f"{afile} is a file, not a folder" in err
     assert afile.read_text() == "x"

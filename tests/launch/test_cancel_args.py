@@ -5,7 +5,7 @@ from __future__ import annotations
 import time
 
 from eagle_batch.cli import main
-from eagle_batch.launch.cli_cancel import _ranges
+from eagle_batch.cli.cancel import _ranges
 from eagle_batch.launch.state import Submission, append_submission
 
 

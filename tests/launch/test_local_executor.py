@@ -151,7 +151,7 @@ def test_local_tasks_get_the_gpus_the_config_asks_for(tmp_path):
 def test_more_gpus_per_task_than_the_machine_has_is_refused_before_anything_starts(tmp_path):
     run, cfg = make_run(tmp_path, 2, work_fn="tests.slurm.work:env_probe_work", gpus_per_node=2)
     r = cli("extract", cfg, env={"CUDA_VISIBLE_DEVICES": "0"})
-    assert r.returncode == 1
+    assert r.returncode == 2
     assert "slurm.gpus_per_node=2 asks for 2 GPUs per task but this machine has 1 (0)" in r.stderr
     assert "Nothing was submitted" in r.stderr
     no_traceback(r)

@@ -125,7 +125,7 @@ def test_commands_on_a_run_without_samples_fail_and_say_why(tmp_path, model):
     }
     for argv, message in expected.items():
         r = cli(*argv)
-        assert r.returncode == 1, (argv, r.stdout, r.stderr)
+        assert r.returncode == 2, (argv, r.stdout, r.stderr)
         assert message in r.stderr, (argv, r.stderr)
         assert "OK" not in r.stdout
         no_traceback(r)

@@ -183,7 +183,8 @@ def test_validate_cli_on_kimi(kimi_path, tmp_path, capsys):
     wrote, so the comparison itself is exact; the H200 compares vLLM's capture)."""
     import argparse
 
-    from eagle_batch.capture import cli_validate, run_capture
+    from eagle_batch.capture import run_capture
+    from eagle_batch.cli import validate as cli_validate
     from eagle_batch.config import load_config, save_config
     from eagle_batch.store import StoreSpec, TaskStoreWriter
 

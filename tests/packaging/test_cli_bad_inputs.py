@@ -139,7 +139,7 @@ if not torch.cuda.is_available():  # on a GPU machine the option is valid
 def test_bad_input_gives_a_message_not_a_traceback(bad, argv, expect):
     fill = {k: str(v) for k, v in bad.items()}
     r = cli(*(a.format(**fill) for a in argv))
-    assert r.returncode != 0, (argv, r.stdout)
+    assert r.returncode == 2, (argv, r.returncode, r.stdout)  # a usage or input mistake
     assert "Traceback" not in r.stderr + r.stdout, r.stderr[-4000:]
     assert r.stderr.strip(), "an error must say something"
     assert expect.format(**fill) in r.stderr, r.stderr

@@ -1,7 +1,7 @@
 """Every `eagle-batch` command README.md shows is a real command, and the README's commands run.
 
 - README drift: each `eagle-batch ...` line of README's code blocks (continuation lines joined) and each
-  row of its "CLI reference" table names a command registered in `eagle_batch/cli.py:COMMANDS` (and a
+  row of its "CLI reference" table names a command registered in `eagle_batch/cli/__init__.py:COMMANDS` (and a
   benchmark of `eagle_batch/bench/cli.py:BENCHES`), uses only options that command's parser defines, and
   the code-block command lines parse with the real parsers. The table lists every registered command.
 - "Running on a cluster": the walk-through block itself (prepare, extract, status, resume, aggregate,
@@ -36,8 +36,8 @@ sys.path.insert(0, str(REPO / "tests" / "faults"))
 
 import faultlib as F  # noqa: E402  (tiny_llama(): the fault suite's local model; DATA: the demo chats)
 
-from eagle_batch.bench.cli import BENCHES  # noqa: E402
 from eagle_batch.cli import COMMANDS  # noqa: E402
+from eagle_batch.cli.bench import BENCHES  # noqa: E402
 
 
 # ------------------------------------------------------------------------------------ README parsing
@@ -87,10 +87,10 @@ def cluster_block() -> list[list[str]]:
 
 
 def parser_for(argv: list[str]) -> tuple[argparse.ArgumentParser, list[str]]:
-    """The real parser of `eagle-batch argv[0] ...` (as eagle_batch/cli.py builds it) and the argv it parses;
+    """The real parser of `eagle-batch argv[0] ...` (as eagle_batch/cli builds it) and the argv it parses;
     for `bench NAME`, the benchmark's own parser (as eagle_batch/bench/cli.py builds it) and NAME's args."""
     cmd = argv[0]
-    assert cmd in COMMANDS, f"README shows `eagle-batch {cmd}`, which is not a command of eagle_batch/cli.py"
+    assert cmd in COMMANDS, f"README shows `eagle-batch {cmd}`, which is not a command of eagle_batch/cli"
     if cmd == "bench":
         name = argv[1]
         assert name in BENCHES, f"README shows `eagle-batch bench {name}`, not one of {sorted(BENCHES)}"

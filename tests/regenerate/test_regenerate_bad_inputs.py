@@ -15,8 +15,8 @@ from pathlib import Path
 import pytest
 from cli_run import run_cli as cli
 
+from eagle_batch.cli.regenerate import regeneration_config
 from eagle_batch.launch.state import DONE, TaskState, write_state
-from eagle_batch.regenerate.cli import regeneration_config
 from eagle_batch.regenerate.plan import plan_regeneration
 from eagle_batch.regenerate.shards import ShardWriter
 

@@ -261,7 +261,7 @@ def test_cancel_midway_duplicate_refused_resume_identical(tmp_path, capsys, synt
     # A duplicate submission through the CLI is refused, and nothing is submitted.
     subs_before = (run / "slurm" / "submissions.jsonl").read_text()
     rc, out, err = cli(capsys, "extract", cfg)
-    assert rc == 1 and "already has" in err and "Nothing was submitted" in err and "eagle-batch cancel" in err
+    assert rc == 2 and "already has" in err and "Nothing was submitted" in err and "eagle-batch cancel" in err
     assert (run / "slurm" / "submissions.jsonl").read_text() == subs_before
 
     # A raw duplicate job of task 0 (bypassing the CLI check) is refused by the store lock.

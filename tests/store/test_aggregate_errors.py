@@ -67,7 +67,7 @@ def test_no_complete_store_writes_nothing_and_keeps_the_index(run, capsys):
     for s in (run / "stores").iterdir():  # both stores unfinished again (a repair in progress)
         (s / "complete").unlink()
     rc, out, err = _run(["aggregate", str(run), "--no-progress"], capsys)
-    assert rc == 1 and out == ""  # no success line
+    assert rc == 2 and out == ""  # no success line
     assert f"no complete task store under {run / 'stores'}" in err and "6 samples committed" in err
     assert f"`eagle-batch resume {run}`" in err and "was left as it was" in err
     assert (run / "dataset.json").read_bytes() == before
@@ -78,7 +78,7 @@ def test_empty_stores_folder_says_nothing_was_extracted(run, capsys):
     shutil.rmtree(run / "stores")
     (run / "stores").mkdir()
     rc, out, err = _run(["aggregate", str(run), "--no-progress"], capsys)
-    assert rc == 1 and out == ""
+    assert rc == 2 and out == ""
     assert "holds no task store: nothing has been extracted yet" in err and "eagle-batch extract CONFIG" in err
     assert (run / "dataset.json").read_bytes() == before
 
@@ -86,7 +86,7 @@ def test_empty_stores_folder_says_nothing_was_extracted(run, capsys):
 def test_complete_stores_without_samples_write_no_index(tmp_path, capsys):
     build_run(tmp_path, SPEC, 2, 0)
     rc, out, err = _run(["aggregate", str(tmp_path), "--no-progress"], capsys)
-    assert rc == 1 and out == "" and "hold no samples: nothing was extracted" in err
+    assert rc == 2 and out == "" and "hold no samples: nothing was extracted" in err
     assert not (tmp_path / "dataset.json").exists()
 
 
@@ -132,7 +132,7 @@ def test_reading_a_run_that_was_not_extracted_says_what_to_run(tmp_path, capsys)
     ):
         open_dataset(tmp_path)
     rc, _, err = _run(["export-data", str(tmp_path), str(tmp_path / "out"), "--format", "speculators"], capsys)
-    assert rc == 1 and f"eagle-batch status {tmp_path}" in err and f"eagle-batch aggregate {tmp_path}" in err
+    assert rc == 2 and f"eagle-batch status {tmp_path}" in err and f"eagle-batch aggregate {tmp_path}" in err
     assert not (tmp_path / "out").exists()
     (tmp_path / "stores").mkdir()
     with pytest.raises(StoreError, match="stores/ holds no task store yet"):

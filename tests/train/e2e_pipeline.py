@@ -28,8 +28,8 @@ from helpers import chat_conversations  # noqa: E402
 
 def servable_smollm2(dest: Path) -> Path:
     """The materialized SmolLM2 as vLLM loads it (see serve_check.servable_target)."""
+    from eagle_batch.evaluate.serve_check import servable_target
     from eagle_batch.models.smollm2 import materialize
-    from eagle_batch.train.serve_check import servable_target
 
     return servable_target(materialize(), dest)
 
@@ -161,7 +161,7 @@ def run(
     metrics = [json.loads(x) for x in (Path(trained["out_dir"]) / "metrics.jsonl").read_text().splitlines()]
     steps_m = [m for m in metrics if "loss" in m]
 
-    from eagle_batch.train.serve_check import measure_acceptance
+    from eagle_batch.evaluate.serve_check import measure_acceptance
 
     prompts = eval_prompts(num_prompts, samples)
     t0 = time.perf_counter()

@@ -11,8 +11,8 @@ import torch
 from e2e_pipeline import run as run_e2e
 from e2e_pipeline import servable_smollm2
 
+from eagle_batch.evaluate.serve_check import measure_acceptance
 from eagle_batch.train.model import Eagle3Draft, draft_config_from_target, export_draft, target_head
-from eagle_batch.train.serve_check import measure_acceptance
 
 
 @pytest.mark.vllm
@@ -73,8 +73,8 @@ def test_evaluate_cli_compares_several_drafts_against_one_run_of_the_target(tmp_
     import argparse
 
     from eagle_batch.cli import main
+    from eagle_batch.cli.evaluate import add_arguments
     from eagle_batch.config import load_config, save_config
-    from eagle_batch.train.cli_evaluate import add_arguments
 
     target = servable_smollm2(tmp_path / "smollm2")
     run = tmp_path / "run"
@@ -103,7 +103,7 @@ def test_evaluate_engine_options_reach_both_engines(tmp_path, monkeypatch):
     the defaults (eager; vLLM's memory share)."""
     import vllm
 
-    from eagle_batch.train import serve_check
+    from eagle_batch.evaluate import serve_check
 
     seen: dict = {}
 
@@ -134,7 +134,8 @@ def test_evaluate_options_become_engine_args(tmp_path, monkeypatch):
     from types import SimpleNamespace
 
     import eagle_batch.config as config
-    from eagle_batch.train import cli_evaluate, serve_check
+    from eagle_batch.cli import evaluate as cli_evaluate
+    from eagle_batch.evaluate import serve_check
 
     draft = tmp_path / "draft"
     draft.mkdir()
@@ -170,7 +171,7 @@ def test_divergences_tell_near_ties_from_errors(monkeypatch):
     """Where an output with the draft parts from the target alone's: a near-tie of the target (its logprob
     gap between the two tokens within the tolerance) passes, a clear preference or a token outside the plain
     run's top 2 fails; identical outputs pass with no divergence."""
-    from eagle_batch.train import serve_check
+    from eagle_batch.evaluate import serve_check
 
     alone = [[5, 6, 7, 8], [1, 2, 3], [4, 4, 4], [9, 9]]
     with_draft = [[5, 6, 7, 8], [1, 2, 30], [4, 40, 4], [9, 90]]
@@ -196,7 +197,7 @@ def test_divergences_tell_near_ties_from_errors(monkeypatch):
     assert r["divergences"][0]["logprob_gap"] == pytest.approx(0.006)
     assert r["divergences"][1]["logprob_gap"] == pytest.approx(1.7) and r["divergences"][2]["logprob_gap"] is None
     assert not r["outputs_verified"]
-    from eagle_batch.train.cli_evaluate import _divergence_line
+    from eagle_batch.cli.evaluate import _divergence_line
 
     line = _divergence_line(r["divergences"], r["tie_tolerance"])
     assert "1 of 3 part at a near-tie" in line and "prompt 2 at token 1 (4 alone, 40 with the draft; gap 1.7)" in line
@@ -234,7 +235,7 @@ def test_reference_logprobs_are_kept_only_where_the_untimed_pass_agrees():
     context, so its logprobs are kept (the passes parting there is a near-tie the draft's run may meet)."""
     from types import SimpleNamespace
 
-    from eagle_batch.train.serve_check import _agreeing_top
+    from eagle_batch.evaluate.serve_check import _agreeing_top
 
     lp = lambda x: SimpleNamespace(logprob=x)  # noqa: E731
     steps = [{7: lp(-0.1), 3: lp(-2.0)}, {8: lp(-0.3), 1: lp(-0.4)}, {9: lp(-0.2), 2: lp(-3.0)}]
@@ -248,8 +249,8 @@ def test_reference_logprobs_are_kept_only_where_the_untimed_pass_agrees():
 def test_a_divergence_past_the_reference_logprobs_says_so():
     """Where the plain run has no logprobs (its second pass parted earlier) the divergence is not a near-tie,
     and the report says the reference is missing rather than that the token was outside its top 2."""
-    from eagle_batch.train.cli_evaluate import _divergence_line
-    from eagle_batch.train.serve_check import divergence
+    from eagle_batch.cli.evaluate import _divergence_line
+    from eagle_batch.evaluate.serve_check import divergence
 
     top = [[[5, -0.1], [6, -3.0]]]  # logprobs for position 0 only
     missing = divergence(0, [5, 7, 8], top, [5, 9, 8], tolerance=0.05)

@@ -32,8 +32,8 @@ from omegaconf import OmegaConf
 
 from eagle_batch.cli import main as cli
 from eagle_batch.demo_data import CHAT_JSONL
+from eagle_batch.evaluate.serve_check import measure_acceptance, servable_target
 from eagle_batch.models.smollm2 import materialize
-from eagle_batch.train.serve_check import measure_acceptance, servable_target
 
 
 def first_user_turns(n: int) -> list[str]:

@@ -12,7 +12,7 @@ FORMATS = ("speculators", "specforge")
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("source", metavar="RUN", help="a run directory (aggregated: RUN/dataset.json) or one task store")
+    p.add_argument("source", metavar="PATH", help="a run folder (aggregated: RUN/dataset.json) or one task store")
     p.add_argument(
         "out", metavar="OUT", help="output folder (new or empty, or an earlier export of the same data to resume)"
     )
@@ -77,7 +77,7 @@ def _peer(args: argparse.Namespace, layers, target: str):
     from eagle_batch.errors import UserError
 
     if args.format == "speculators":
-        from .speculators import SpeculatorsFormat
+        from eagle_batch.interop.speculators import SpeculatorsFormat
 
         return SpeculatorsFormat(layers)
     if not target:
@@ -86,9 +86,8 @@ def _peer(args: argparse.Namespace, layers, target: str):
             "config.yaml names it otherwise)"
         )
     from eagle_batch.config import model_info
+    from eagle_batch.interop.specforge import SpecForgeFormat
     from eagle_batch.train.target import final_norm_weight
-
-    from .specforge import SpecForgeFormat
 
     try:
         weight = final_norm_weight(target)
@@ -99,11 +98,10 @@ def _peer(args: argparse.Namespace, layers, target: str):
 
 def run(args: argparse.Namespace) -> int:
     from eagle_batch.errors import UserError
+    from eagle_batch.interop.export import check_out_folder, export
+    from eagle_batch.interop.layers import peer_layers
     from eagle_batch.progress import progress
     from eagle_batch.store import open_dataset
-
-    from .export import check_out_folder, export
-    from .layers import peer_layers
 
     check_out_folder(Path(args.out), "OUT", "an export")  # before the source is read: nothing is half done
     ds = open_dataset(args.source)

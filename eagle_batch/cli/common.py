@@ -4,8 +4,32 @@ bad values argparse reports as a usage error naming the flag (exit 2), before an
 from __future__ import annotations
 
 import argparse
+from pathlib import Path
 
 from eagle_batch.config import ConfigError, RunConfig, load_config
+from eagle_batch.config.load import RESOLVED_NAME
+from eagle_batch.errors import UserError
+
+# The metavar of a positional argument that is a run folder: the CLI checks it before the command runs.
+RUN = "RUN"
+
+
+def require_run_folder(path: str) -> None:
+    """A RUN argument names a run folder (the config's run_dir: config.yaml, prepared/, stores/), or the
+    command stops here with a usage error (exit 2) that says why not."""
+    folder = Path(path)
+    if not folder.exists():
+        raise UserError(f"RUN folder {path} does not exist: name a run folder (the run_dir of its config)", 2)
+    if not folder.is_dir():
+        raise UserError(f"{path} is a file, not a RUN folder: name the run folder (the run_dir of its config)", 2)
+    # config.yaml: a run; prepared/, stores/, state/ or slurm/ alone: a run's parts (import-data writes stores)
+    parts = ("prepared", "stores", "state", "slurm")
+    if not (folder / RESOLVED_NAME).is_file() and not any((folder / d).is_dir() for d in parts):
+        raise UserError(
+            f"{path} is not a run folder (no {RESOLVED_NAME}): run `eagle-batch prepare CONFIG run_dir={path}` "
+            "first, or name the folder a run was prepared in",
+            2,
+        )
 
 
 def add_config_arguments(p: argparse.ArgumentParser) -> None:

@@ -34,9 +34,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from eagle_batch.interop.importer import import_speculators
     from eagle_batch.progress import progress
-
-    from .importer import import_speculators
 
     bar = functools.partial(progress, desc="import", unit="sample", enabled=not args.no_progress)
     out = import_speculators(

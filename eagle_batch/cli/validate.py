@@ -13,13 +13,13 @@ import json
 import sys
 from pathlib import Path
 
-from eagle_batch.cli_common import int_at_least
+from eagle_batch.cli.common import int_at_least
 from eagle_batch.config.remote_code import engine_remote_code
 from eagle_batch.errors import UserError
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("run_dir", help="run directory (with config.yaml and stores/)")
+    p.add_argument("run_dir", metavar="RUN", help="run folder (with config.yaml and stores/)")
     p.add_argument("--samples", type=int_at_least(1), default=8, help="number of samples to compare (default 8)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--device", default=None, help="torch device for the reference (default: cuda if available)")
@@ -54,12 +54,11 @@ def validate_run(
 ):
     import numpy as np
 
+    from eagle_batch.capture.hf import hf_hidden_states, load_hf_model
+    from eagle_batch.capture.validate import LayerAccumulator
     from eagle_batch.config import load_run_config, model_info, resolve_layer_ids
-    from eagle_batch.progress import progress
+    from eagle_batch.progress import progress, silence_library_progress
     from eagle_batch.store import StoreError
-
-    from .hf import hf_hidden_states, load_hf_model
-    from .validate import LayerAccumulator
 
     run_dir = Path(run_dir)
     cfg = load_run_config(run_dir)
@@ -72,6 +71,8 @@ def validate_run(
         )
     rng = np.random.default_rng(seed)
     picks = sorted(rng.choice(len(index), size=min(k, len(index)), replace=False).tolist())
+    if not show_progress:
+        silence_library_progress()
     model = load_hf_model(cfg.model.path, dtype or cfg.model.dtype, device, engine_remote_code(cfg.model))
     acc = LayerAccumulator(layer_ids)
     for p in progress(picks, desc="validate", unit="sample", enabled=show_progress):

@@ -16,7 +16,7 @@ import io
 import json
 import sys
 
-from eagle_batch.cli_common import add_config_arguments, config_from_args, config_sources
+from eagle_batch.cli.common import add_config_arguments, config_from_args, config_sources
 from eagle_batch.config import RunConfig
 
 
@@ -169,7 +169,7 @@ def followed_steps(cfg: RunConfig, world: int) -> RunConfig:
 
 
 def run(args: argparse.Namespace) -> int:
-    from .submit import resolve_executor
+    from eagle_batch.launch.submit import resolve_executor
 
     cfgs = task_configs(args)
     for note in filter(None, map(untrained_note, cfgs)):
@@ -191,7 +191,7 @@ def run(args: argparse.Namespace) -> int:
         )
         return 2
     if use_slurm:
-        from .train_job import submit_training
+        from eagle_batch.launch.train_job import submit_training
 
         _, ids = submit_training(cfgs, after=args.after)
         print(
@@ -199,7 +199,7 @@ def run(args: argparse.Namespace) -> int:
             + (f" (after {args.after})" if args.after else "")
         )
         return 0
-    from .local_train import run_local
+    from eagle_batch.launch.local_train import run_local
 
     rc = 0
     for c in cfgs:
@@ -209,7 +209,7 @@ def run(args: argparse.Namespace) -> int:
     if len(cfgs) > 1:  # a sweep: its drafts ranked (what `eagle-batch drafts RUN` prints)
         from pathlib import Path
 
-        from .cli_drafts import draft_rows
+        from eagle_batch.cli.drafts import draft_rows
 
         names = {c.train.name for c in cfgs}
         for i, row in enumerate((r for r in draft_rows(Path(cfgs[0].run_dir)) if r["name"] in names), 1):

@@ -7,7 +7,7 @@ import json
 import os
 import sys
 
-from eagle_batch.cli_common import add_config_arguments, config_from_args, int_at_least
+from eagle_batch.cli.common import add_config_arguments, config_from_args, int_at_least
 
 EPILOG = """bad input rows: with data.on_bad_row=skip (the default) every row that cannot be used is counted by
 reason in the summary and listed with its file and line in RUN/prepared/bad_rows.jsonl; data.on_bad_row=error
@@ -43,7 +43,7 @@ def _truncation_line(s: dict) -> str:
 
 
 def _print_summary(s: dict, out_dir: str) -> None:
-    from .tally import reasons_text
+    from eagle_batch.data.tally import reasons_text
 
     pct = s.get("length_percentiles") or {}
     lines = [
@@ -79,7 +79,7 @@ def _print_summary(s: dict, out_dir: str) -> None:
             if s.get("rows_with_unrendered_fields")
             else []
         ),
-        f"  tokens: {s['tokens']:,} ({s['loss_tokens']:,} masked, {s['masked_fraction']:.1%})",
+        f"  tokens: {s['tokens']:,} ({s['loss_tokens']:,} with loss, {s['loss_token_fraction']:.1%}: the assistant tokens the draft learns)",
     ]
     if pct:
         lines.append(
@@ -110,7 +110,7 @@ def _print_summary(s: dict, out_dir: str) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from .preparation import BadRowError, prepare
+    from eagle_batch.data.preparation import BadRowError, prepare
 
     cfg = config_from_args(args)
     workers = args.workers or min(os.cpu_count() or 1, 8)
@@ -118,7 +118,7 @@ def run(args: argparse.Namespace) -> int:
         summary = prepare(cfg, workers=workers, progress=not args.no_progress, force=args.force)
     except BadRowError as e:
         print(f"eagle-batch prepare: bad row: {e}", file=sys.stderr)
-        return 1
+        return e.exit_code
     out_dir = os.path.join(cfg.run_dir, "prepared")
     _print_summary(summary, out_dir)
     if args.json:

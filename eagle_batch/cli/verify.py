@@ -14,6 +14,7 @@ from eagle_batch.cli_common import int_at_least
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "path",
+        metavar="PATH",
         help="a task store (RUN/stores/task-00000.zarr), a run directory (its stores, its dataset.json and its "
         "trained drafts' provenance), or a derived output (an export-data folder, a draft's export folder): "
         "is it stale relative to the stores it was made from?",
@@ -35,11 +36,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from eagle_batch.progress import progress
-
-    from .errors import StoreError
-    from .provenance import SOURCES_NAME, derived_outputs, stale_report
-    from .record import committed_samples
-    from .verify import store_paths, verify
+    from eagle_batch.store.errors import StoreError
+    from eagle_batch.store.provenance import SOURCES_NAME, derived_outputs, stale_report
+    from eagle_batch.store.record import committed_samples
+    from eagle_batch.store.verify import store_paths, verify
 
     stale = [line for out in derived_outputs(Path(args.path)) if (line := stale_report(out))]
     if (Path(args.path) / SOURCES_NAME).is_file():  # a derived output (a draft, an export), not a run
@@ -51,7 +51,7 @@ def run(args: argparse.Namespace) -> int:
         problems = verify(args.path, check_values=not args.no_values, each=bar, jobs=args.jobs)
     except StoreError as e:
         print(f"eagle-batch verify: {e}", file=sys.stderr)
-        return 2
+        return e.exit_code
     samples = sum(committed_samples(s) for s in stores)
     if args.json:
         print(
@@ -88,4 +88,5 @@ def run(args: argparse.Namespace) -> int:
             )
         else:
             print(f"OK: {len(stores)} store(s), {samples} samples verified")
-    return 1 if problems or stale or samples == 0 else 0
+    # nothing extracted yet: the run's stage (2), not damage
+    return 1 if problems or stale else 2 if samples == 0 else 0

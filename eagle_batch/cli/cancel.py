@@ -21,9 +21,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from .local_cancel import stop_local
-    from .slurm_query import is_live, job_states
-    from .state import read_submissions
+    from eagle_batch.launch.local_cancel import stop_local
+    from eagle_batch.launch.slurm_query import is_live, job_states
+    from eagle_batch.launch.state import read_submissions
 
     subs = read_submissions(args.run_dir)
     if not subs:

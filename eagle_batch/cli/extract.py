@@ -6,7 +6,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from eagle_batch.cli_common import add_config_arguments, config_from_args, config_sources
+from eagle_batch.cli.common import add_config_arguments, config_from_args, config_sources
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -33,9 +33,8 @@ def check_before_submit(cfg) -> int:
     config's value checks."""
     from eagle_batch.config import ConfigError, check_config, check_prepared_fits, check_values
     from eagle_batch.data import PreparedDataset
-
-    from .state import plan_num_tasks
-    from .work import UnknownWorkError, resolve_work
+    from eagle_batch.launch.state import plan_num_tasks
+    from eagle_batch.launch.work import UnknownWorkError, resolve_work
 
     try:
         resolve_work(cfg.extract.work)  # an unknown name fails here, not in every task
@@ -53,13 +52,12 @@ def check_before_submit(cfg) -> int:
 
 def run(args: argparse.Namespace) -> int:
     from eagle_batch.config import claim_run_dir, save_config
-
-    from .disk_room import capture_room
-    from .local import local_summary
-    from .run_view import RunView
-    from .state import DONE, arrays_of, read_submissions
-    from .status import writes_stores
-    from .submit import SubmitError, check_slurm_request, live_tasks, resolve_executor, submit_tasks
+    from eagle_batch.launch.disk_room import capture_room
+    from eagle_batch.launch.local import local_summary
+    from eagle_batch.launch.run_view import RunView
+    from eagle_batch.launch.state import DONE, arrays_of, read_submissions
+    from eagle_batch.launch.status import writes_stores
+    from eagle_batch.launch.submit import SubmitError, check_slurm_request, live_tasks, resolve_executor, submit_tasks
 
     cfg = config_from_args(args)
     run_dir = cfg.run_dir
@@ -106,7 +104,7 @@ def run(args: argparse.Namespace) -> int:
         _then_train(args, cfg, train_cfgs, sub.job_id)
     print(f"follow with: eagle-batch status {run_dir}")
     if args.wait:
-        from .follow import follow
+        from eagle_batch.launch.follow import follow
 
         final = follow(run_dir, args.interval, live=not args.no_progress)
         return 0 if final["totals"]["all_done"] else 1
@@ -116,7 +114,7 @@ def run(args: argparse.Namespace) -> int:
 def _training_configs(args: argparse.Namespace, cfg) -> list:
     """The task configs of `--then-train`, checked now: a bad train value must stop the command before the
     extraction is queued, not leave it queued with no training after it."""
-    from .cli_train import followed_steps, sweep_configs, task_ranks
+    from eagle_batch.cli.train import followed_steps, sweep_configs, task_ranks
 
     files, overrides = config_sources(args)
     cfgs = sweep_configs(cfg, files, overrides)
@@ -125,8 +123,8 @@ def _training_configs(args: argparse.Namespace, cfg) -> list:
 
 def _then_train(args: argparse.Namespace, cfg, train_cfgs: list, array_job: str) -> None:
     """The training array of `eagle-batch train CONFIG --after RUN`, depending (afterok) on this array."""
-    from .submit import SubmitError
-    from .train_job import submit_training
+    from eagle_batch.launch.submit import SubmitError
+    from eagle_batch.launch.train_job import submit_training
 
     try:
         sub, ids = submit_training(train_cfgs, after=cfg.run_dir)

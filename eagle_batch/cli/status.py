@@ -20,10 +20,10 @@ def _fmt_eta(s, state: str = "") -> str:
 
 
 def run(args: argparse.Namespace) -> int:
-    from .status import progress_line, run_status
+    from eagle_batch.launch.status import progress_line, run_status
 
     if args.wait:
-        from .follow import follow
+        from eagle_batch.launch.follow import follow
 
         st = follow(args.run_dir, live=not args.no_progress)
     else:

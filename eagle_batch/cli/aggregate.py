@@ -10,7 +10,7 @@ import time
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("run_dir", help="run directory (holds stores/)")
+    p.add_argument("run_dir", metavar="RUN", help="run folder (holds stores/)")
     p.add_argument(
         "--require-all", action="store_true", help="exit 1 if any task store is incomplete (the index is still written)"
     )
@@ -20,9 +20,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from eagle_batch.progress import progress
-
-    from .aggregate import aggregate, left_out, previous_index
-    from .errors import StoreError
+    from eagle_batch.store.aggregate import aggregate, left_out, previous_index
+    from eagle_batch.store.errors import StoreError
 
     t0 = time.perf_counter()
     before = previous_index(args.run_dir)
@@ -32,7 +31,7 @@ def run(args: argparse.Namespace) -> int:
         index = aggregate(args.run_dir, each=bar)
     except StoreError as e:
         print(f"eagle-batch aggregate: {e}", file=sys.stderr)
-        return 1
+        return e.exit_code  # 1: a store is damaged; 2: nothing complete to aggregate yet
     seconds = time.perf_counter() - t0
     n_ok, inc = len(index["stores"]), index["incomplete"]
     # A new index with fewer stores than the one it replaced is the run as it is now (the old one pointed at

@@ -1,7 +1,7 @@
 """`eagle-batch evaluate RUN [--draft DIR] [--prompts FILE]`: serve the exported draft with vLLM and measure it.
 
 The target (the run's model.path) generates greedily twice, alone and with the draft as its EAGLE-3
-drafter (`speculative_config` method `eagle3`), each engine in its own process (train/serve_check.py):
+drafter (`speculative_config` method `eagle3`), each engine in its own process (evaluate/serve_check.py):
 outputs must be identical, or part only where the target alone was near-tied between the two tokens
 (`--tie-tolerance`; the exit status is 1 otherwise); the draft's worth is the mean acceptance length (tokens per target forward)
 and the acceptance per draft position, next to the decode speed with and without it.
@@ -19,7 +19,7 @@ import json
 import sys
 from pathlib import Path
 
-from eagle_batch.cli_common import float_at_least, int_at_least, share_or_default
+from eagle_batch.cli.common import float_at_least, int_at_least, share_or_default
 from eagle_batch.errors import UserError
 
 
@@ -74,7 +74,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--dtype",
         default="",
-        choices=["", "bfloat16", "float16", "float32"],
+        choices=["bfloat16", "float16", "float32"],
         help="both engines' compute dtype (default: the run's model.dtype); float32 makes the draft's "
         "verification forward and plain decoding agree to far more digits, so near-tied greedy tokens "
         "rarely differ between them",
@@ -184,9 +184,8 @@ def run(args: argparse.Namespace) -> int:
     """Every (draft, k) pair on the same prompts; the target alone runs once and its outputs are the
     reference for all of them."""
     from eagle_batch.config import load_run_config
-
-    from .serve_check import BUILTIN_PROMPTS, measure_acceptance
-    from .trainer import output_dir
+    from eagle_batch.evaluate.serve_check import BUILTIN_PROMPTS, measure_acceptance
+    from eagle_batch.train.trainer import output_dir
 
     if args.batch_invariant:
         import torch

@@ -37,12 +37,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     from eagle_batch.config import ConfigError, check_values, load_run_config, save_config
     from eagle_batch.config.validate import check_plan_settings
-
-    from .disk_room import capture_room
-    from .state import arrays_of, read_submissions
-    from .status import RESUMABLE, run_status
-    from .store_match import check_stores_match
-    from .submit import SubmitError, submit_tasks
+    from eagle_batch.launch.disk_room import capture_room
+    from eagle_batch.launch.state import arrays_of, read_submissions
+    from eagle_batch.launch.status import RESUMABLE, run_status
+    from eagle_batch.launch.store_match import check_stores_match
+    from eagle_batch.launch.submit import SubmitError, submit_tasks
 
     bad = [o for o in args.overrides if not o.startswith(("slurm.", "extract.check_disk="))]
     if bad:
@@ -80,14 +79,14 @@ def run(args: argparse.Namespace) -> int:
         sub = submit_tasks(cfg, args.run_dir, todo, kind="resume")
     except SubmitError as e:
         print(f"eagle-batch resume: {e}", file=sys.stderr)
-        return 1
+        return e.exit_code
     if sub.executor == "slurm":
         arrays = arrays_of(read_submissions(args.run_dir), sub)
         print(f"submitted Slurm array{'s' if len(arrays) > 1 else ''} {', '.join(arrays)}")
     else:
         print(f"submitted local job {sub.job_id}")
     if args.wait:
-        from .follow import follow
+        from eagle_batch.launch.follow import follow
 
         return 0 if follow(args.run_dir, args.interval, live=not args.no_progress)["totals"]["all_done"] else 1
     return 0
@@ -98,10 +97,9 @@ def _request_repairs(run_dir: str, dry_run: bool) -> list[int]:
     import json
     import time
 
+    from eagle_batch.launch.state import repair_path, store_path
+    from eagle_batch.launch.status import run_status
     from eagle_batch.store import verify
-
-    from .state import repair_path, store_path
-    from .status import run_status
 
     damaged = []
     for r in run_status(run_dir)["tasks"]:

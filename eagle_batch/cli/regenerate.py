@@ -17,11 +17,10 @@ import json
 import sys
 from pathlib import Path
 
-from eagle_batch.cli_common import add_config_arguments, config_from_args
+from eagle_batch.cli.common import add_config_arguments, config_from_args
 from eagle_batch.config import ConfigError, RunConfig
 from eagle_batch.config.load import REGENERATE_SECTIONS
-
-from .plan import PLAN, PREPARED, regenerate_dir
+from eagle_batch.regenerate.plan import PLAN, PREPARED, regenerate_dir
 
 # The sections that decide what a regeneration run writes: a plan made under other values is not reused.
 IDENTITY = REGENERATE_SECTIONS
@@ -57,7 +56,7 @@ def regeneration_config(cfg: RunConfig) -> RunConfig:
 
 def extraction_config(cfg: RunConfig) -> RunConfig:
     """The user's config reading the regenerated output, rendered as it was generated."""
-    from .plan import template_kwargs
+    from eagle_batch.regenerate.plan import template_kwargs
 
     xcfg = copy.deepcopy(cfg)
     xcfg.data.inputs = [str(regenerate_dir(cfg).resolve() / "output")]
@@ -68,8 +67,8 @@ def extraction_config(cfg: RunConfig) -> RunConfig:
 
 def prepare_and_extract(cfg: RunConfig) -> dict:
     """prepare RUN from the regenerated output, then submit its extraction array (a job of its own on Slurm)."""
+    from eagle_batch.cli.extract import check_before_submit
     from eagle_batch.data import prepare
-    from eagle_batch.launch.cli_extract import check_before_submit
     from eagle_batch.launch.submit import submit_tasks
 
     xcfg = extraction_config(cfg)
@@ -83,8 +82,7 @@ def _claim(cfg: RunConfig, rcfg: RunConfig, force: bool) -> None:
     """Plan the run unless RUN/regenerate already holds this run's plan (then it is resumed)."""
     from eagle_batch.config import load_run_config
     from eagle_batch.config.validate import plan_differences, planned_config
-
-    from .plan import plan_regeneration
+    from eagle_batch.regenerate.plan import plan_regeneration
 
     run_dir = Path(rcfg.run_dir)
     _check_not_another_run(cfg, rcfg)
@@ -173,8 +171,7 @@ def run(args: argparse.Namespace) -> int:
 
 def _follow_and_finish(args: argparse.Namespace, cfg: RunConfig, run_dir: Path, chain: bool) -> int:
     from eagle_batch.launch.follow import follow
-
-    from .summary import nothing_written, regeneration_summary, summary_lines
+    from eagle_batch.regenerate.summary import nothing_written, regeneration_summary, summary_lines
 
     final = follow(run_dir, args.interval, live=not args.no_progress)
     summary = regeneration_summary(run_dir)

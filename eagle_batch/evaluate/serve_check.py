@@ -1,6 +1,6 @@
 """Serve an exported draft with vLLM as the EAGLE-3 drafter and measure what it buys.
 
-    from eagle_batch.train.serve_check import measure_acceptance
+    from eagle_batch.evaluate.serve_check import measure_acceptance
     r = measure_acceptance(target_path, draft_dir, prompts, k=3)
     r["mean_acceptance_length"], r["identical_outputs"]
 
@@ -33,6 +33,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
+from eagle_batch import environment
 from eagle_batch.ownership import user_temp_dir
 
 # Short, varied prompts for a quick look at a draft (the demo, `eagle-batch evaluate` without --prompts);
@@ -84,7 +85,7 @@ def divergence(prompt: int, target: list[int], top: list, with_draft: list[int],
 
 
 def _engine_env(extra: dict[str, str] | None = None) -> dict[str, str]:
-    env = dict(os.environ, **(extra or {}))
+    env = environment.child_environment(extra)
     env.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
     env.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
     env.setdefault("HF_HUB_OFFLINE", "1")
@@ -127,7 +128,7 @@ def _run_engine(spec: dict, timeout_s: float, env: dict[str, str] | None = None)
         inp, out = Path(d) / "in.json", Path(d) / "out.json"
         inp.write_text(json.dumps(spec))
         proc = subprocess.run(
-            [sys.executable, "-m", "eagle_batch.train.serve_check", str(inp), str(out)],
+            [sys.executable, "-m", "eagle_batch.evaluate.serve_check", str(inp), str(out)],
             env=_engine_env(env),
             capture_output=True,
             text=True,
@@ -261,8 +262,10 @@ def _engine_main(inp: Path, out: Path) -> None:
     from vllm import LLM, SamplingParams
     from vllm.inputs import TokensPrompt
 
-    from eagle_batch.capture.vllm_compat import cpu_mla_engine_args
+    from eagle_batch.capture.vllm_compat import cpu_mla_engine_args, quiet_expected_warnings
     from eagle_batch.config import model_info
+
+    quiet_expected_warnings()
 
     spec = json.loads(inp.read_text())
     kwargs: dict[str, Any] = dict(
