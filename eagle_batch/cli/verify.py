@@ -8,7 +8,7 @@ import json
 import sys
 from pathlib import Path
 
-from eagle_batch.cli_common import int_at_least
+from eagle_batch.cli.common import int_at_least
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
