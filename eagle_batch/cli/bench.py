@@ -15,6 +15,7 @@ BENCHES = {
     "slurm_run": "a synthetic run on Slurm split at MaxArraySize, tasks killed and cancelled, resume, read back",
     "loader": "samples/s and MB/s of the training data path",
     "scale": "metadata calls, wall time and memory of each verb on runs of N tasks",
+    "pipeline": "extract-to-draft time and held-out loss: train --follow against training after extraction",
 }
 
 
