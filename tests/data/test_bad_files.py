@@ -26,7 +26,7 @@ def _prepare(tmp_path: Path, model: Path, inputs, *overrides: str, capsys) -> tu
         "run_dir": str(tmp_path / "run"),
         "model": {"path": str(model), "max_model_len": 512},
         "data": {"inputs": [str(p) for p in inputs], "max_length": 256},
-        "extract": {"num_tasks": 2},
+        "extract": {"num_tasks": 1},
     }
     path = tmp_path / "cfg.yaml"
     path.write_text(yaml.safe_dump(cfg))

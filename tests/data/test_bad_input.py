@@ -37,7 +37,7 @@ def prepare(tmp_path: Path, model: Path, inputs: list[Path], *overrides: str, ru
         "run_dir": str(tmp_path / run),
         "model": {"path": str(model), "max_model_len": 512},
         "data": {"inputs": [str(p) for p in inputs], "max_length": 256},
-        "extract": {"num_tasks": 2},
+        "extract": {"num_tasks": 1},
         "slurm": {"executor": "local", "gpus_per_node": 0},
     }
     path = tmp_path / f"{run}.yaml"
@@ -194,7 +194,8 @@ def test_tool_call_only_turn_is_not_trained_as_an_empty_answer(tmp_path, model):
     from transformers import AutoTokenizer
 
     tok = AutoTokenizer.from_pretrained(model)
-    (s,) = [x for t in range(2) for x in PreparedDataset(tmp_path / "run").task_samples(t)]
+    ds = PreparedDataset(tmp_path / "run")
+    (s,) = [x for t in range(ds.num_tasks) for x in ds.task_samples(t)]
     trained = tok.decode(s.input_ids[s.loss_mask == 1])
     assert trained.count("<|im_end|>") == 1 and "Hello Ann." in trained  # only the real answer's end
     # data.empty_assistant_turns=skip: the row is skipped under its own reason instead.

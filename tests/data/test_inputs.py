@@ -23,7 +23,7 @@ def make_cfg(tmp_path, smollm2_path, inputs, name="run", **data) -> RunConfig:
         run_dir=str(tmp_path / name),
         model=ModelConfig(path=str(smollm2_path)),
         data=DataConfig(inputs=[str(p) for p in inputs], **data),
-        extract=ExtractConfig(num_tasks=2),
+        extract=ExtractConfig(num_tasks=1),
     )
 
 

@@ -130,7 +130,14 @@ def test_prepare_on_a_50_mb_message_keeps_the_good_rows_in_bounded_memory(tmp_pa
         "try:\n    runpy.run_module('eagle_batch.cli', run_name='__main__')\n"
         "finally:\n    print('MAXRSS_KB', resource.getrusage(resource.RUSAGE_SELF).ru_maxrss, file=sys.stderr)\n"
     )
-    argv = ["prepare", "configs/demo.yaml", f"model.path={smollm2_path}", f"data.inputs=[{data}]", f"run_dir={run}"]
+    argv = [
+        "prepare",
+        "configs/demo.yaml",
+        f"model.path={smollm2_path}",
+        f"data.inputs=[{data}]",
+        f"run_dir={run}",
+        "extract.num_tasks=1",
+    ]
     r = subprocess.run(
         [sys.executable, "-c", code, *argv, "data.format=auto", "--workers", "1", "--no-progress"],
         capture_output=True,
