@@ -19,6 +19,7 @@ import time
 from pathlib import Path
 
 from eagle_batch.errors import UserError
+from eagle_batch.ownership import check_run
 
 from . import state as S
 from .run_view import RunView, list_stores, read_one
@@ -67,6 +68,7 @@ class Follower:
         self.slurm_seen: dict[int, str] = {}
 
     def _full_read(self) -> None:
+        check_run(self.run_dir)  # the run's control files are the owner's own (ownership.py), checked at each full read
         self.tail.mark()  # first: whatever is appended from here on is news at the next poll
         self.view = RunView.read(self.run_dir, self.num_tasks)
         self.last_full = time.monotonic()

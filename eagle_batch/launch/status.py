@@ -398,7 +398,8 @@ def latest_submissions(subs: list[S.Submission]) -> dict[int, tuple[S.Submission
 
 
 def run_status(run_dir: str | os.PathLike, view: RunView | None = None) -> dict:
-    check_run(run_dir)  # what the run's config and state say is read only from files of the owner's own
+    if view is None:  # a follower's view was read after its own check (Follower._full_read)
+        check_run(run_dir)  # what the run's config and state say is read only from files of the owner's own
     num_tasks = S.plan_num_tasks(run_dir)
     view = view if view is not None else RunView.read(run_dir, num_tasks)
     rows = task_rows(run_dir, num_tasks, view)

@@ -19,9 +19,10 @@ def test_a_done_task_shows_its_average_over_its_attempts():
 
 
 def test_a_finished_run_shows_its_wall_average(tmp_path):
-    S.write_state(tmp_path, _done(0, 1000, [(100.0, 110.0)]))
-    S.write_state(tmp_path, _done(1, 1000, [(110.0, 120.0)]))  # one after the other: 2000 tokens in 20 s
-    assert run_average_rate(tmp_path, [0, 1], 2000) == 100.0
+    states = [_done(0, 1000, [(100.0, 110.0)]), _done(1, 1000, [(110.0, 120.0)])]  # one after the other
+    for st in states:
+        S.write_state(tmp_path, st)
+    assert run_average_rate([S.read_state(tmp_path, t) for t in (0, 1)], 2000) == 100.0  # 2000 tokens in 20 s
     line = progress_line(
         {
             "totals": {

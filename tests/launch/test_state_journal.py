@@ -35,6 +35,8 @@ def run(tmp_path_factory):
 def _bump(run, t: int, tok_s: float) -> None:
     st = S.read_state(run, t)
     st.tok_s = tok_s
+    # What a row shows of it whatever the task's state (a done task's rate is its attempts' average).
+    st.last_error = f"rate {tok_s}"
     S.write_state(run, st)
 
 
@@ -45,7 +47,7 @@ def test_write_state_appends_one_line_per_write(run):
     lines = path.read_bytes()[before:].splitlines()
     assert len(lines) == 1
     d = json.loads(lines[0])
-    assert d["task_id"] == 0 and d["tok_s"] == 11.0 and "history" not in d["extra"]
+    assert d["task_id"] == 0 and d["last_error"] == "rate 11.0" and "history" not in d["extra"]
 
 
 def test_idle_poll_is_one_stat_and_changes_are_read_from_the_journal(run):
@@ -62,7 +64,7 @@ def test_idle_poll_is_one_stat_and_changes_are_read_from_the_journal(run):
     # the journal, the plan, the submissions and the config.
     assert busy.counts.get("io.open", 0) + busy.counts.get("builtins.open", 0) <= 8
     rows = {r["task_id"]: r for r in status["tasks"]}
-    assert rows[3]["tok_s"] == 42.0 and rows[4]["tok_s"] == 43.0
+    assert rows[3]["last_error"] == "rate 42.0" and rows[4]["last_error"] == "rate 43.0"
     assert _rows(status) == _rows(run_status(run))
 
 
@@ -76,7 +78,7 @@ def test_torn_line_makes_the_follower_read_every_state_file(run):
     last_full = follower.last_full
     status = follower.poll()
     assert follower.last_full > last_full  # the torn line made this poll a full read
-    assert {r["task_id"]: r for r in status["tasks"]}[6]["tok_s"] == 77.0
+    assert {r["task_id"]: r for r in status["tasks"]}[6]["last_error"] == "rate 77.0"
     assert _rows(status) == _rows(run_status(run))
     _bump(run, 7, 78.0)  # past the torn line, the journal is news again
     assert set(follower.tail.news()) == {7}
@@ -87,13 +89,14 @@ def test_state_written_without_its_line_is_caught_by_the_full_read(run):
     follower.poll()
     st = S.read_state(run, 8)
     st.tok_s = 99.0
+    st.last_error = "rate 99.0"
     p = S.state_path(run, 8)  # a task killed between its state write and its journal line
     p.write_text(json.dumps(st.to_json()))
     status = follower.poll()
-    assert {r["task_id"]: r for r in status["tasks"]}[8]["tok_s"] != 99.0  # the journal said nothing yet
+    assert {r["task_id"]: r for r in status["tasks"]}[8]["last_error"] != "rate 99.0"  # the journal said nothing yet
     follower.last_full -= follower.full_every_s  # the full read is due
     status = follower.poll()
-    assert {r["task_id"]: r for r in status["tasks"]}[8]["tok_s"] == 99.0
+    assert {r["task_id"]: r for r in status["tasks"]}[8]["last_error"] == "rate 99.0"
 
 
 def test_rotation_makes_the_follower_read_everything_once(run, monkeypatch):
@@ -109,7 +112,7 @@ def test_rotation_makes_the_follower_read_everything_once(run, monkeypatch):
     status = follower.poll()
     assert follower.last_full > last_full  # the rotation made this poll a full read
     rows = {r["task_id"]: r for r in status["tasks"]}
-    assert rows[9]["tok_s"] == 55.0 and rows[10]["tok_s"] == 56.0
+    assert rows[9]["last_error"] == "rate 55.0" and rows[10]["last_error"] == "rate 56.0"
 
 
 WRITER = """
