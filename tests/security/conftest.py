@@ -76,7 +76,9 @@ def two_users(smollm2_path) -> TwoUsers:
         pytest.skip("needs useradd and groupadd to create the two users")
     _ensure_users()
     gid = grp.getgrnam(GROUP).gr_gid
-    base = Path(tempfile.mkdtemp(prefix="eb-two-users-"))
+    # Under /tmp itself, not $TMPDIR: the test users must traverse every folder above it, and the suite's
+    # TMPDIR is a root-only folder (scripts/test.sh makes it with mktemp -d).
+    base = Path(tempfile.mkdtemp(prefix="eb-two-users-", dir="/tmp"))
     base.chmod(0o755)
     project = base / "project"
     project.mkdir()
