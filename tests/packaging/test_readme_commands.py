@@ -287,8 +287,11 @@ def test_bench_store_prepare_loader(tmp_path, capsys):
         str(tmp_path / "loader"),
     )
     assert r["bench"] == "loader" and r["store"]["samples"] == 8
-    (m,) = r["loader"]
-    assert m["workers"] == 0 and m["samples"] == 8 and m["samples_s"] > 0 and m["mb_s"] > 0
+    # One measurement with chunk checksums on and one with them off per repeat, side by side, and their ratio.
+    assert {m["checksums"] for m in r["loader"]} == {True, False}
+    for m in r["loader"]:
+        assert m["workers"] == 0 and m["samples"] == 8 and m["samples_s"] > 0 and m["mb_s"] > 0
+    assert r["checksum_ratio"]["0"]["estimated_ratio"] > 0
 
 
 @pytest.mark.slurm
