@@ -34,6 +34,7 @@ from pathlib import Path
 from typing import Any
 
 from eagle_batch import environment
+from eagle_batch.errors import UserError
 from eagle_batch.ownership import user_temp_dir
 
 # Short, varied prompts for a quick look at a draft (the demo, `eagle-batch evaluate` without --prompts);
@@ -127,13 +128,24 @@ def _run_engine(spec: dict, timeout_s: float, env: dict[str, str] | None = None)
     with tempfile.TemporaryDirectory(prefix="eagle-serve-") as d:
         inp, out = Path(d) / "in.json", Path(d) / "out.json"
         inp.write_text(json.dumps(spec))
-        proc = subprocess.run(
-            [sys.executable, "-m", "eagle_batch.evaluate.serve_check", str(inp), str(out)],
-            env=_engine_env(env),
-            capture_output=True,
-            text=True,
-            timeout=timeout_s,
-        )
+        try:
+            proc = subprocess.run(
+                [sys.executable, "-m", "eagle_batch.evaluate.serve_check", str(inp), str(out)],
+                env=_engine_env(env),
+                capture_output=True,
+                text=True,
+                timeout=timeout_s,
+            )
+        except subprocess.TimeoutExpired as e:  # the machine, not the input: one line, no traceback
+            what = f"the draft {spec['draft']}" if spec.get("draft") else "the target alone"
+            said = (e.stderr or b"")[-300:]
+            said = said.decode(errors="replace") if isinstance(said, bytes) else said
+            raise UserError(
+                f"the vLLM engine serving {what} did not finish in {timeout_s:.0f} s and was stopped (a machine "
+                f"loaded by other work, or an engine that hung); run the command again on a less loaded machine. "
+                f"Its last output: {said.strip().splitlines()[-1] if said.strip() else '(none)'}",
+                1,
+            ) from None
         if proc.returncode != 0 or not out.is_file():
             tail = (proc.stdout[-3000:] + "\n" + proc.stderr[-6000:]).strip()
             raise RuntimeError(f"vLLM engine subprocess failed (rc={proc.returncode}):\n{tail}")
