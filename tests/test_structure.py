@@ -31,17 +31,17 @@ def test_the_tree_passes():
         (
             "train/loss.py",
             "from eagle_batch.capture import vllm_compat",
-            "layer: eagle_batch.train.loss (layer 3) imports eagle_batch.capture.vllm_compat (a sibling of its layer",
+            "layer: eagle_batch.train.loss (layer 4) imports eagle_batch.capture.vllm_compat (a sibling of its layer",
         ),
         (
             "train/model.py",
             "def f():\n    from eagle_batch.data.template import prompt_ids",
-            "layer: eagle_batch.train.model (layer 3) imports eagle_batch.data.template",
+            "layer: eagle_batch.train.model (layer 4) imports eagle_batch.data.template",
         ),
         (
             "store/reader.py",
             "import eagle_batch.launch.state",
-            "layer: eagle_batch.store.reader (layer 2) imports eagle_batch.launch.state (a higher layer",
+            "layer: eagle_batch.store.reader (layer 3) imports eagle_batch.launch.state (a higher layer",
         ),
         (
             "train/fit.py",

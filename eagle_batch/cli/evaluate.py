@@ -24,6 +24,7 @@ from eagle_batch.errors import UserError
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--no-progress", action="store_true", help="no line when each engine starts and ends")
     p.add_argument("run_dir", metavar="RUN", help="run directory (its config.yaml names the target model)")
     p.add_argument(
         "--draft",

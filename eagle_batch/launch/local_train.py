@@ -55,7 +55,9 @@ _POLL_S = 0.5  # how often the parent looks at should_stop() while the ranks run
 
 class TrainingCrashed(UserError):
     """The trainer crashed more often than `train.max_restarts` allows; the message names the last
-    checkpoint, which a new `eagle-batch train` with the same config resumes from."""
+    checkpoint, which a new `eagle-batch train` with the same config resumes from. The work failed: exit 1."""
+
+    exit_code = 1
 
 
 @dataclass(frozen=True)

@@ -56,7 +56,7 @@ class TrainProgress:
                     unit="step",
                     file=self.stream,
                     dynamic_ncols=sized,
-                    ncols=None if sized else 120,
+                    ncols=None if sized else 160,
                     nrows=None if sized else 24,
                     smoothing=0.05,
                 )
@@ -92,7 +92,7 @@ class TrainProgress:
             acc += f", train-time accept {rec['expected_acceptance_length']:.2f}"
         if self.bar is not None:
             self.bar.set_postfix_str(
-                f"loss {rec['loss']:.3f}, acc {acc}, {rec['tokens_per_s'] / 1e3:.1f}k training tok/s",
+                f"loss {rec['loss']:.3f}, acc {acc}, {rec['tokens_per_s'] / 1e3:.1f}k train tok/s",
                 refresh=False,
             )
             return
