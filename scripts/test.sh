@@ -38,18 +38,27 @@ python -m eagle_batch.reference --check || rc=1  # docs/reference/ matches the p
 if [ "${EB_TEST_SPLIT:-1}" = 1 ]; then
   tmp=$(mktemp -d)
   export TORCHINDUCTOR_CACHE_DIR=${TORCHINDUCTOR_CACHE_DIR:-${TMPDIR:-/tmp}/torchinductor_$(id -un)}
+  # Each half runs in a session of its own (setsid): a test that signals its process group, as Slurm signals
+  # every process of a job step, reaches that half's processes only, never this script or the other half; the
+  # exit status of each comes from `wait` on its own process.
+  export -f run_pytest
+  pids=()
   for half in vllm rest; do
     mkdir -p "$tmp/$half"
     marks=vllm
     [ "$half" = rest ] && marks="not vllm"
-    (set -o pipefail; TMPDIR=$tmp/$half run_pytest -m "$marks" --ignore=tests/faults 2>&1 | sed -u "s/^/[$half] /"
-     echo $? > "$tmp/$half.rc") &
+    # shellcheck disable=SC2016  # $1 and $2 are the inner shell's arguments
+    TMPDIR=$tmp/$half setsid --wait bash -c \
+      'set -o pipefail; run_pytest -m "$1" --ignore=tests/faults 2>&1 | sed -u "s/^/[$2] /"' _ "$marks" "$half" &
+    pids+=("$!")
   done
-  wait
+  i=0
   for half in vllm rest; do
-    half_rc=$(cat "$tmp/$half.rc")
+    half_rc=0
+    wait "${pids[$i]}" || half_rc=$?
     echo "[$half] exit $half_rc"
     [ "$half_rc" = 0 ] || rc=$half_rc
+    i=$((i + 1))
   done
   rm -rf "$tmp"
 else
