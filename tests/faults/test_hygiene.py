@@ -87,11 +87,18 @@ def test_no_secrets_or_foreign_paths_and_umask_honoured(tmp_path):
         f"  {k}  in {sorted(v)[:3]}" for k, v in sorted(foreign.items())
     )
 
-    # 3. Every file and directory created with umask 027: files 0640 (0750 if executable), dirs 0750.
+    # 3. Every shareable file and directory created with umask 027: files 0640 (0750 if executable), dirs 0750;
+    # the run's control plane (what is executed, unpickled or signalled: config.yaml, slurm/, state/) is the
+    # owner's alone whatever the umask (eagle_batch/ownership.py): files 0600, dirs 0700. What lies inside those
+    # folders is behind them: its own mode may follow the umask or be the owner's alone.
+    control = {run / "config.yaml", run / "slurm", run / "state"}
     bad = []
     for p in [run, *run.rglob("*"), *(tmp_path / "model-umask").rglob("*"), tmp_path / "model-umask"]:
         mode = stat.S_IMODE(p.lstat().st_mode)
-        want = (0o777 if p.is_dir() or mode & 0o100 else 0o666) & ~UMASK
+        full = 0o777 if p.is_dir() or mode & 0o100 else 0o666
+        want = full & ~(0o077 if p in control else UMASK)
+        if any(c in p.parents for c in control) and mode == full & ~0o077:
+            continue
         if mode != want:
             bad.append(f"{oct(mode)} (want {oct(want)}) {p}")
     assert not bad, "modes not following umask 027:\n" + "\n".join(bad[:20])
