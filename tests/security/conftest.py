@@ -14,6 +14,7 @@ import pwd
 import shutil
 import subprocess
 import sys
+import sysconfig
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
@@ -74,6 +75,13 @@ def two_users(smollm2_path) -> TwoUsers:
         pytest.skip("needs root to create a second user and switch to it (CI runs as root)")
     if not shutil.which("useradd") or not shutil.which("groupadd"):
         pytest.skip("needs useradd and groupadd to create the two users")
+    for need in (REPO, Path(sysconfig.get_paths()["purelib"])):
+        closed = [p for p in [need, *need.parents] if not os.stat(p).st_mode & 0o005]
+        if closed:
+            pytest.skip(
+                f"the other users cannot read {need}: {closed[-1]} is closed to them (mode "
+                f"{oct(os.stat(closed[-1]).st_mode & 0o777)}); put the checkout where others may read it"
+            )
     _ensure_users()
     gid = grp.getgrnam(GROUP).gr_gid
     # Under /tmp itself, not $TMPDIR: the test users must traverse every folder above it, and the suite's
