@@ -106,3 +106,14 @@ def int_list_at_least(low: int):
 
 # A share of something, as vLLM's gpu_memory_utilization: in (0, 1] (0 itself means "the default" where used).
 share_or_default = _number(float, 0.0, 1.0, "a share in (0, 1], or 0 for the default")
+
+
+def add_interval_argument(p: argparse.ArgumentParser) -> None:
+    """`--interval` of the commands that follow a run with --wait (launch/follow.py's default rule)."""
+    p.add_argument(
+        "--interval",
+        type=float,
+        default=None,
+        help="seconds between progress updates (--wait); default 5 s, growing with the run's size (a second "
+        "per 500 tasks above 2,500) to keep the load on a parallel file system's metadata server bounded",
+    )

@@ -6,19 +6,13 @@ import argparse
 import sys
 from pathlib import Path
 
-from eagle_batch.cli.common import add_config_arguments, config_from_args, config_sources
+from eagle_batch.cli.common import add_config_arguments, add_interval_argument, config_from_args, config_sources
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     add_config_arguments(p)
     p.add_argument("--wait", action="store_true", help="follow the array to the end with a live progress line")
-    p.add_argument(
-        "--interval",
-        type=float,
-        default=None,
-        help="seconds between progress updates (--wait); default 5 s, growing with the run's size (a second "
-        "per 500 tasks above 2,500) to keep the load on a parallel file system's metadata server bounded",
-    )
+    add_interval_argument(p)
     p.add_argument(
         "--then-train",
         action="store_true",

@@ -17,7 +17,7 @@ import json
 import sys
 from pathlib import Path
 
-from eagle_batch.cli.common import add_config_arguments, config_from_args
+from eagle_batch.cli.common import add_config_arguments, add_interval_argument, config_from_args
 from eagle_batch.config import ConfigError, RunConfig
 from eagle_batch.config.load import REGENERATE_SECTIONS
 from eagle_batch.regenerate.plan import PLAN, PREPARED, regenerate_dir
@@ -29,13 +29,7 @@ IDENTITY = REGENERATE_SECTIONS
 def add_arguments(p: argparse.ArgumentParser) -> None:
     add_config_arguments(p)
     p.add_argument("--wait", action="store_true", help="follow the array to the end, then print the summary")
-    p.add_argument(
-        "--interval",
-        type=float,
-        default=None,
-        help="seconds between progress updates (--wait); default 5 s, growing with the run's size (a second "
-        "per 500 tasks above 2,500) to keep the load on a parallel file system's metadata server bounded",
-    )
+    add_interval_argument(p)
     p.add_argument(
         "--then-prepare",
         action="store_true",

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import sys
 
+from eagle_batch.cli.common import add_interval_argument
 from eagle_batch.ownership import private_dir, write_private
 
 
@@ -18,13 +19,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "submits without the disk check",
     )
     p.add_argument("--wait", action="store_true", help="follow the new array to the end")
-    p.add_argument(
-        "--interval",
-        type=float,
-        default=None,
-        help="seconds between progress updates (--wait); default 5 s, growing with the run's size (a second "
-        "per 500 tasks above 2,500) to keep the load on a parallel file system's metadata server bounded",
-    )
+    add_interval_argument(p)
     p.add_argument("--dry-run", action="store_true", help="only print which tasks would be resubmitted")
     p.add_argument(
         "--repair",
