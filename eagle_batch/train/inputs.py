@@ -57,6 +57,7 @@ class TrainingInputs:
     follow: FollowPlan | None
     heldout: tuple[np.ndarray, np.ndarray]
     total_steps: int
+    size: tuple[int, int] = (0, 0)  # (samples, tokens up to train.max_length) of `checks`, for the start-up line
 
 
 def _total_steps(tc, steps_per_epoch: int) -> int:
@@ -96,9 +97,9 @@ def training_inputs(cfg, dataset: TrainingData | None, out: Path, rank: int, wor
     plan: Any = BatchPlan(lengths[~held], tc.batch_tokens, tc.seed, world)
     if held.any():
         plan = TrainSubset(plan, idx[~held])
-    return TrainingInputs(
-        dataset, dataset, plan, None, (idx[held], lengths[held]), _total_steps(tc, plan.steps_per_epoch())
-    )
+    total = _total_steps(tc, plan.steps_per_epoch())
+    size = (len(lengths), int(lengths.sum()))
+    return TrainingInputs(dataset, dataset, plan, None, (idx[held], lengths[held]), total, size)
 
 
 def _followed(cfg, out: Path, rank: int, world: int, note) -> TrainingInputs:
@@ -117,8 +118,10 @@ def _followed(cfg, out: Path, rank: int, world: int, note) -> TrainingInputs:
     snap = stores.snapshot() if latest_checkpoint(out) is not None else plan.epoch_snapshot(0)
     if not snap.num_samples:
         snap = plan.epoch_snapshot(0)
-    checks = stores.view(snap)
-    return TrainingInputs(checks, stores, plan, plan, (np.zeros(0, np.int64), np.zeros(0, np.int64)), tc.steps)
+    lengths = stores.ids_and_lengths(snap)[1]
+    size = (len(lengths), int(np.minimum(lengths, tc.max_length).sum() if tc.max_length else lengths.sum()))
+    none = (np.zeros(0, np.int64), np.zeros(0, np.int64))
+    return TrainingInputs(stores.view(snap), stores, plan, plan, none, tc.steps, size)
 
 
 def heldout_of(inputs: TrainingInputs) -> tuple[np.ndarray, np.ndarray]:

@@ -199,9 +199,8 @@ def _setup(cfg, dataset, progress_enabled: bool) -> tuple[_Run, TrainProgress, d
     aux_ids, last_id = resolve_layers(cfg, list(dataset.layer_ids))
     samples = TrainSamples(inputs.data, aux_ids, last_id, tc.max_length, tc.on_damaged)
     progress = TrainProgress(total_steps, 0, enabled=progress_enabled and rank == 0)
-    checked = TrainSamples(dataset, aux_ids, last_id, tc.max_length).lengths()
     progress.note(
-        f"{len(checked)} samples, {int(checked.sum()):,} tokens (max_length {tc.max_length})"
+        f"{inputs.size[0]} samples, {inputs.size[1]:,} tokens (max_length {tc.max_length})"
         + (" committed so far (train.follow: more join at each epoch)" if inputs.follow else "")
         + f"; {plan.steps_per_epoch()} steps per epoch of <= {tc.batch_tokens} tokens x {world} rank(s); "
         f"{total_steps} steps"
