@@ -31,10 +31,11 @@ python -m eagle_batch.reference --check || rc=1  # docs/reference/ matches the p
 # The fault-injection suite forks task processes from the test process; it runs in a pytest process of
 # its own so that no thread left behind by earlier in-process vLLM engines is inherited by a fork.
 # Two pytest processes side by side (EB_TEST_SPLIT=0 runs one): the tests that start vLLM engines in one, one at
-# a time (two CPU engines on two cores slow each other several-fold), everything else in the other (the Slurm
-# tests among them one at a time, as they share the one node). Each has a temporary folder of its own, so the
-# local executor's machine-wide device slot (launch/local.py) does not make one's jobs wait for the other's;
-# torch's compile cache stays the one shared folder. Their lines are prefixed [vllm] and [rest].
+# a time (two CPU engines on two cores slow each other several-fold), with the tests marked engine_half that even
+# the two halves' wall time, everything else in the other (the Slurm tests among them one at a time, as they share
+# the one node). Each has a temporary folder of its own, so the local executor's machine-wide device slot
+# (launch/local.py) does not make one's jobs wait for the other's; torch's compile cache stays the one shared
+# folder. Their lines are prefixed [vllm] and [rest].
 if [ "${EB_TEST_SPLIT:-1}" = 1 ]; then
   tmp=$(mktemp -d)
   export TORCHINDUCTOR_CACHE_DIR=${TORCHINDUCTOR_CACHE_DIR:-${TMPDIR:-/tmp}/torchinductor_$(id -un)}
@@ -45,8 +46,8 @@ if [ "${EB_TEST_SPLIT:-1}" = 1 ]; then
   pids=()
   for half in vllm rest; do
     mkdir -p "$tmp/$half"
-    marks=vllm
-    [ "$half" = rest ] && marks="not vllm"
+    marks="vllm or engine_half"
+    [ "$half" = rest ] && marks="not vllm and not engine_half"
     # shellcheck disable=SC2016  # $1 and $2 are the inner shell's arguments
     TMPDIR=$tmp/$half setsid --wait bash -c \
       'set -o pipefail; run_pytest -m "$1" --ignore=tests/faults 2>&1 | sed -u "s/^/[$2] /"' _ "$marks" "$half" &

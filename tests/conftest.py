@@ -44,6 +44,9 @@ def pytest_collection_modifyitems(config, items):
     skip_slurm = pytest.mark.skip(reason="no Slurm here: .ci/run installs and starts one (sbatch not on PATH)")
     skip_vllm = pytest.mark.skip(reason="vLLM is not installed (pip install -e .[cpu])")
     for item in items:
+        if "engine_half" in item.keywords and "slurm" in item.keywords:
+            # The Slurm tests share the one node and so run one at a time, all in the other half.
+            raise pytest.UsageError(f"{item.nodeid}: a Slurm test cannot be marked engine_half")
         if "gpu" in item.keywords and not _has_cuda():
             item.add_marker(skip_gpu)
         if "slurm" in item.keywords and shutil.which("sbatch") is None:

@@ -19,6 +19,9 @@ from pathlib import Path
 import pytest
 from cli_run import run_cli as cli
 
+# Runs in the test half that starts the vLLM engines (scripts/test.sh): evens the two halves' wall time.
+pytestmark = pytest.mark.engine_half
+
 REPO = Path(__file__).resolve().parents[2]
 DATA = REPO / "configs" / "data" / "demo-chat.jsonl"
 # 20 chats of ~1,260 tokens in all: 1.9 MB of bf16 states for the tiny Llama, 1.2 MB at the best compression

@@ -309,7 +309,11 @@ def test_the_time_limit_signal_reaches_every_process_of_the_task_and_ends_none(t
     st = wait_for(lambda: (s := status(run, env))["totals"]["active"] == 0 and s, 120, "the job to end")
     assert st["totals"]["all_done"], st["tasks"]
     s = json.loads(state.read_text())
-    assert [a["outcome"] for a in s["attempts"]] == ["checkpointed", "done"], s
+    # Each attempt gets the signal 8 s in; on a loaded machine a second attempt may not finish its 12 short
+    # samples by then and is checkpointed again: any number of checkpoints, then done, and no failure.
+    outcomes = [a["outcome"] for a in s["attempts"]]
+    assert len(outcomes) >= 2 and outcomes[-1] == "done", s
+    assert set(outcomes[:-1]) == {"checkpointed"}, s
     assert s["failures"] == 0
 
 

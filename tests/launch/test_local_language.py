@@ -16,7 +16,12 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from tests.launch.test_local_executor import REPO, cli, make_run, no_traceback, status, wait_for
+
+# Runs in the test half that starts the vLLM engines (scripts/test.sh): evens the two halves' wall time.
+pytestmark = pytest.mark.engine_half
 
 
 def _extract_wait_in_a_terminal_group(cfg: Path) -> subprocess.Popen:
@@ -27,10 +32,31 @@ def _extract_wait_in_a_terminal_group(cfg: Path) -> subprocess.Popen:
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
-        env=dict(os.environ, PYTHONPATH=str(REPO)),
+        env=dict(os.environ, PYTHONPATH=str(REPO), PYTHONFAULTHANDLER="1"),
         cwd=str(REPO),
         start_new_session=True,
     )
+
+
+def _output_after_ctrl_c(p: subprocess.Popen, timeout: float = 60) -> tuple[str, str]:
+    """What `--wait` printed once it ended; if it has not ended in `timeout`, a failure that says where it was
+    (its threads' stacks, PYTHONFAULTHANDLER on SIGABRT) or, if it did exit, which processes hold its pipes."""
+    try:
+        return p.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        exited = p.poll() is not None
+        ps = subprocess.run(["ps", "-eo", "pid,ppid,pgid,sid,stat,args"], capture_output=True, text=True).stdout
+        if not exited:
+            p.send_signal(signal.SIGABRT)
+        try:
+            out, err = p.communicate(timeout=30)
+        except subprocess.TimeoutExpired:
+            p.kill()
+            out, err = p.communicate()
+        pytest.fail(
+            f"`extract --wait` {'exited but its pipes stayed open' if exited else 'did not end'} {timeout:.0f} s "
+            f"after Ctrl-C\nstderr:\n{err[-8000:]}\nstdout tail:\n{out[-1500:]}\nprocesses:\n{ps}"
+        )
 
 
 def test_ctrl_c_cancel_and_status_of_a_local_run_then_state_rebuilt_from_the_stores(tmp_path):
@@ -42,7 +68,7 @@ def test_ctrl_c_cancel_and_status_of_a_local_run_then_state_rebuilt_from_the_sto
     p = _extract_wait_in_a_terminal_group(cfg)
     wait_for(lambda: status(run, env)["tasks"][0]["samples_committed"] >= 1, 120, "task 0 to commit")
     os.killpg(p.pid, signal.SIGINT)  # what the terminal does on Ctrl-C
-    out, err = p.communicate(timeout=60)
+    out, err = _output_after_ctrl_c(p)
     assert p.returncode == 130, out + err
     assert "Traceback" not in out + err, err
     (line,) = err.strip().splitlines()

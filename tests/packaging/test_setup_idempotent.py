@@ -8,6 +8,9 @@ from pathlib import Path
 
 import pytest
 
+# Runs in the test half that starts the vLLM engines (scripts/test.sh): evens the two halves' wall time.
+pytestmark = pytest.mark.engine_half
+
 REPO = Path(__file__).resolve().parents[2]
 
 

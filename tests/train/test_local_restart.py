@@ -19,6 +19,9 @@ from test_cli_export import ROOT, _train_config
 
 from eagle_batch.launch.local_train import _crash_of
 
+# Runs in the test half that starts the vLLM engines (scripts/test.sh): evens the two halves' wall time.
+pytestmark = pytest.mark.engine_half
+
 
 def _children(pid: int) -> list[int]:
     kids = []
