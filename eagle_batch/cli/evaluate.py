@@ -21,6 +21,7 @@ from pathlib import Path
 
 from eagle_batch.cli.common import float_at_least, int_at_least, share_or_default
 from eagle_batch.errors import UserError
+from eagle_batch.evaluate.serve_check import REFERENCE_TOP
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -274,9 +275,9 @@ def _divergence_line(divergences: list[dict], tolerance: float) -> str:
         gap = f"gap {bad['logprob_gap']:.3g}"
     else:
         gap = {
-            "none": "no logprobs of the target alone there: its untimed second pass had parted earlier",
+            "none": "no logprobs of the target alone there",
             "ended": "one output ended first",
-        }.get(bad.get("reference", ""), "outside its top 2")
+        }.get(bad.get("reference", ""), f"outside its top {REFERENCE_TOP}")
     return (
         head + f"; the others are errors: e.g. prompt {bad['prompt']} at token {bad['position']} "
         f"({bad['target_token']} alone, {bad['with_draft_token']} with the draft; {gap})"

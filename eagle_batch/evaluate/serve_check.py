@@ -9,11 +9,15 @@ fully release their distributed state / memory when deleted, and only one engine
 the shared CPU box. Greedy decoding in both; `identical_outputs` compares the generated token ids.
 
 Where the outputs differ, `divergences` says where each prompt's two outputs part and how close the target
-alone was to the token the run with the draft chose there (its top-2 logprobs, recorded by the plain run):
-a run with the draft emits the target's argmax from a (k+1)-token verification forward, plain decoding from
-a one-token step, and the two round differently, so where the target's top two tokens are closer than that
-rounding either may win. A divergence within TIE_TOLERANCE is such a near-tie (`outputs_verified`); one
-beyond it means the run with the draft did not emit what the target would have.
+alone was to the token the run with the draft chose there: a run with the draft emits the target's argmax
+from a (k+1)-token verification forward, plain decoding from a one-token step, and the two round
+differently, so where the target's top two tokens are closer than that rounding either may win. A
+divergence within TIE_TOLERANCE is such a near-tie (`outputs_verified`); one beyond it means the run with
+the draft did not emit what the target would have. The target's logprobs there come from scoring the
+plain output: one untimed prefill of prompt + output in the plain engine (`prompt_logprobs`), so they are
+the target's at exactly the context both runs shared up to where they part, at every generated position.
+(A second decoding pass would not do: on a target with many near-ties, a random-weight one above all, it
+parts from the first pass itself and leaves the later positions without logprobs.)
 
 Mean acceptance length = 1 + accepted draft tokens / drafts (the tokens each target forward yields,
 the number EAGLE papers report), from vLLM's spec-decode counters (`llm.get_metrics()`:
@@ -57,13 +61,13 @@ BUILTIN_PROMPTS = [
 # 0.0017 and 0.0065 (SmolLM2-135M, 80 prompts: docs/explanation/training.md, "Serving check"), 30 layers of differently
 # ordered reductions apart.
 TIE_TOLERANCE = {"float32": 0.05, "float16": 0.1, "bfloat16": 0.25}
-REFERENCE_TOP = 2  # logprobs per generated position the plain run records
+REFERENCE_TOP = 5  # the target's top logprobs kept per generated position (and the generated token's own)
 
 
 def divergence(prompt: int, target: list[int], top: list, with_draft: list[int], tolerance: float) -> dict:
     """Where one prompt's two greedy outputs part: the position, both tokens, and the target's logprob gap
-    between them there (from the plain run's top-REFERENCE_TOP; None when the run with the draft chose a
-    token outside it, when one output ended first, or when the plain run has no logprobs for that position:
+    between them there (from the scored plain output's top-REFERENCE_TOP; None when the run with the draft
+    chose a token outside it, when one output ended first, or when there are no logprobs for that position:
     `reference` says which)."""
     j = next((i for i, (a, b) in enumerate(zip(target, with_draft)) if a != b), min(len(target), len(with_draft)))
     gap, reference = None, "ended"
@@ -80,7 +84,7 @@ def divergence(prompt: int, target: list[int], top: list, with_draft: list[int],
         "target_token": target[j] if j < len(target) else None,
         "with_draft_token": with_draft[j] if j < len(with_draft) else None,
         "logprob_gap": gap,
-        "reference": reference,  # top<n>: the plain run's top-n logprobs there; none: no logprobs; ended
+        "reference": reference,  # top<n>: the target's top-n logprobs there; none: no logprobs; ended
         "near_tie": gap is not None and gap <= tolerance,
     }
 
@@ -303,14 +307,16 @@ def _engine_main(inp: Path, out: Path) -> None:
     outputs = [list(r.outputs[0].token_ids) for r in res]
     top = None
     if not spec.get("draft"):
-        # The plain run's top logprobs, which tell a near-tie from an error where the run with the draft parts
-        # from it (divergence()), come from a second, untimed pass: building them per token costs the host
-        # enough to slow a small target's decoding (the H200: ~1.4x). Kept up to where both passes agree.
-        sp_top = SamplingParams(
-            temperature=0.0, max_tokens=spec["max_tokens"], ignore_eos=False, logprobs=REFERENCE_TOP
+        # The target's logprobs at each generated position, which tell a near-tie from an error where the run
+        # with the draft parts (divergence()): prompt + output scored in one untimed prefill (asking for
+        # logprobs while decoding costs the host enough to slow a small target's decoding: the H200, ~1.4x).
+        score = SamplingParams(temperature=0.0, max_tokens=1, prompt_logprobs=REFERENCE_TOP)
+        scored = llm.generate(
+            [TokensPrompt(prompt_token_ids=list(p) + o) for p, o in zip(spec["prompts"], outputs)],
+            score,
+            use_tqdm=False,
         )
-        again = llm.generate(prompts, sp_top, use_tqdm=False)
-        top = [_agreeing_top(o, r.outputs[0]) for o, r in zip(outputs, again)]
+        top = [_scored_top(len(p), r.prompt_logprobs) for p, r in zip(spec["prompts"], scored)]
     metrics: dict[str, Any] = {}
     for mt in llm.get_metrics():
         if mt.name.startswith("vllm:spec_decode"):
@@ -331,16 +337,12 @@ def _engine_main(inp: Path, out: Path) -> None:
     )
 
 
-def _agreeing_top(tokens: list[int], completion) -> list[list[list]]:
-    """`completion`'s per-position {token id: Logprob} as [[token, logprob], ...], best first, for the
-    positions whose context (the tokens before them) is `tokens`': up to and including the first position
-    where its tokens part from `tokens` (past that they describe another text). That first position is
-    kept because both passes chose there from the same context: the two plain passes themselves parting
-    there is a near-tie of the target, which is where a run with the draft parts most often too."""
-    same = next((i for i, (a, b) in enumerate(zip(tokens, completion.token_ids)) if a != b), len(tokens) - 1)
+def _scored_top(prompt_len: int, prompt_logprobs) -> list[list[list]]:
+    """The generated positions' `prompt_logprobs` ({token id: Logprob} per position of prompt + output; the
+    first None) as [[token, logprob], ...], best first: the target's top REFERENCE_TOP and the token there."""
     return [
         [[int(t), float(lp.logprob)] for t, lp in sorted((d or {}).items(), key=lambda kv: -kv[1].logprob)]
-        for d in list(completion.logprobs or [])[: same + 1]
+        for d in list(prompt_logprobs or [])[prompt_len:]
     ]
 
 
