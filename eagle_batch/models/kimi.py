@@ -42,6 +42,7 @@ from pathlib import Path
 from typing import Any
 
 from .folder import is_complete, write_model_folder
+from .next_token_rule import NextTokenRule, most_frequent_tokens
 
 ARCHITECTURE = "KimiK25ForConditionalGeneration"
 MODEL_TYPE = "kimi_k25"
@@ -192,6 +193,7 @@ MEDIA_PROC_CFG: dict[str, Any] = {
 }
 
 WEIGHT_PREFIX = "language_model."  # the text model's weights in the checkpoint (as in the real one)
+RULE_FILE = "next_token_rule.json"  # a built target's next-token rule (next_token_rule.py), when it has one
 
 
 def kimi_tokenizer(base: str | os.PathLike | None = None):
@@ -304,6 +306,15 @@ def _vision_weights(vc: dict, text_hidden: int, dtype, std: float, gen) -> dict:
     return out
 
 
+def _special_ids(tok) -> dict[str, int]:
+    return {
+        "bos": tok.convert_tokens_to_ids("[BOS]"),
+        "eos": tok.convert_tokens_to_ids("<|im_end|>"),
+        "pad": tok.convert_tokens_to_ids("[PAD]"),
+        "media": tok.convert_tokens_to_ids("<|media_pad|>"),
+    }
+
+
 def build_kimi_model(
     dest: str | os.PathLike,
     fixed_route: bool = False,
@@ -315,6 +326,7 @@ def build_kimi_model(
     vision: dict | None = None,
     int4_experts: bool = False,
     device: str | None = None,
+    next_token_rule: NextTokenRule | None = None,
 ) -> Path:
     """Build (once; `.complete` marker) the checkpoint folder and return its path.
 
@@ -327,6 +339,7 @@ def build_kimi_model(
     `init_std`: std of the random matrices (0.02 = DeepSeek-V3's initializer_range, which keeps a 1024-wide
     model's activations in range). `device`: where the weights are drawn (default: cuda if available);
     `kimi_weights` says what the values are. The same seed on the same device type builds the same model.
+    `next_token_rule`: a known greedy next token (next_token_rule.py), also written as RULE_FILE.
     """
     dest = Path(dest)
     if is_complete(dest):
@@ -336,12 +349,7 @@ def build_kimi_model(
     from . import kimi_weights
 
     tok = kimi_tokenizer(tokenizer)
-    ids = {
-        "bos": tok.convert_tokens_to_ids("[BOS]"),
-        "eos": tok.convert_tokens_to_ids("<|im_end|>"),
-        "pad": tok.convert_tokens_to_ids("[PAD]"),
-        "media": tok.convert_tokens_to_ids("<|media_pad|>"),
-    }
+    ids = _special_ids(tok)
     text = dict(text or {})
     vocab = int(text.pop("vocab_size", 0) or _round_up(len(tok), 64))
     if vocab < len(tok):
@@ -357,7 +365,9 @@ def build_kimi_model(
 
     def tensors():
         tc = cfg["text_config"]
-        for name, t in kimi_weights.text_tensors(tc, torch_dtype, init_std, seed, fixed_route, len(tok), device):
+        for name, t in kimi_weights.text_tensors(
+            tc, torch_dtype, init_std, seed, fixed_route, len(tok), device, next_token_rule
+        ):
             yield WEIGHT_PREFIX + name, t
         gen = torch.Generator().manual_seed(seed + 1)
         yield from _vision_weights(cfg["vision_config"], tc["hidden_size"], torch_dtype, init_std, gen).items()
@@ -372,9 +382,12 @@ def build_kimi_model(
         gen_cfg = {"bos_token_id": ids["bos"], "eos_token_id": ids["eos"], "pad_token_id": ids["pad"]}
         (tmp / "generation_config.json").write_text(json.dumps(gen_cfg, indent=2) + "\n")
         tok.save_pretrained(tmp)
+        if next_token_rule is not None:
+            (tmp / RULE_FILE).write_text(json.dumps(next_token_rule.to_json()) + "\n")
 
     routing = "fixed-route" if fixed_route else "free routing"
     experts = ", INT4 experts" if int4_experts else ""
+    experts += f", next-token rule over {len(next_token_rule.outputs)} outputs" if next_token_rule else ""
     tc = cfg["text_config"]
     shape = (
         f"hidden {tc['hidden_size']}, {tc['num_hidden_layers']} layers, {tc['n_routed_experts']} experts, vocab {vocab}"
@@ -409,7 +422,19 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--init-std", type=float, default=0.02)
     ap.add_argument("--device", default=None, help="where the weights are drawn (default: cuda if available)")
+    ap.add_argument(
+        "--next-token-rule",
+        metavar="CHATS",
+        default=None,
+        help="give the target a known greedy next token: one of the --rule-outputs most frequent tokens of this "
+        "messages-JSONL file, chosen by the current token (models/next_token_rule.py)",
+    )
+    ap.add_argument("--rule-outputs", type=int, default=128, help="output tokens of --next-token-rule")
     a = ap.parse_args(argv)
+    rule = None
+    if a.next_token_rule:
+        outputs = most_frequent_tokens(a.next_token_rule, kimi_tokenizer(a.tokenizer), a.rule_outputs)
+        rule = NextTokenRule(outputs, seed=a.seed)
     text: dict[str, Any] = dict(REAL_WIDTH) if a.real_width else {}
     given = dict(
         num_hidden_layers=a.layers, hidden_size=a.hidden, n_routed_experts=a.experts, num_experts_per_tok=a.top_k
@@ -429,6 +454,7 @@ def main(argv: list[str] | None = None) -> int:
         text=text,
         int4_experts=a.int4_experts,
         device=a.device,
+        next_token_rule=rule,
     )
     print(path)
     return 0

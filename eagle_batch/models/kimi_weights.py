@@ -28,6 +28,8 @@ from typing import Any
 
 import torch
 
+from .next_token_rule import NextTokenRule
+
 # At most this many bytes per safetensors file (the real checkpoint's shards are ~4-10 GB).
 SHARD_BYTES = 4 << 30
 
@@ -85,13 +87,22 @@ def text_tensors(
     fixed_route: bool,
     tokenizer_len: int,
     device: str | torch.device = "cpu",
+    rule: NextTokenRule | None = None,
 ) -> Iterator[tuple[str, torch.Tensor]]:
     """(name, host tensor) of every text weight, drawn on `device` one at a time (see the module docstring).
 
     `fixed_route`: every router's correction bias is the ramp E..1, spaced wider than sigmoid's range, so
-    every token picks experts 0..top_k-1 (`tiny.fix_expert_routing`: the validation variant)."""
+    every token picks experts 0..top_k-1 (`tiny.fix_expert_routing`: the validation variant).
+    `rule`: the embedding and lm_head give the target a known greedy next token (next_token_rule.py); the
+    decoder layers are drawn as without it."""
     gen = torch.Generator(device=device).manual_seed(seed)
     for name, shape in text_weight_shapes(tc).items():
+        if rule is not None and name == "model.embed_tokens.weight":
+            yield name, rule.embedding(shape[0], shape[1], dtype, device, gen).cpu()
+            continue
+        if rule is not None and name == "lm_head.weight":
+            yield name, rule.lm_head(shape[0], shape[1], dtype, device).cpu()
+            continue
         if name.endswith("e_score_correction_bias"):  # float32, as the real checkpoint keeps it
             n = shape[0]
             t = torch.arange(n, 0, -1, dtype=torch.float32) if fixed_route else torch.zeros(n, dtype=torch.float32)

@@ -23,8 +23,9 @@
 # Knobs: LAYERS (8), EXPERTS (16), CHATS (120 chats of TURNS=10 exchanges from the demo chats, one sample per
 # assistant turn: 56k tokens), STEPS (training steps, 0 = two epochs), PROMPTS (bench prompts of 512
 # tokens, 512), BENCH_EXTRA (more bench arguments), PROBE_S (150), EXTRA (key=value overrides for every
-# command), WORK (/root/ebwide); for a CPU dry run: HIDDEN (a narrower width), DROP_CACHES=0 (leave the
-# page cache of a shared machine alone). Results and commands: benchmarks/kimi-width-7168-h100/.
+# command), WORK (/root/ebwide), RULE (1: a target with a known greedy next token); for a CPU dry run:
+# HIDDEN (a narrower width), DROP_CACHES=0 (leave the page cache of a shared machine alone). Results and
+# commands: benchmarks/kimi-width-7168-h100/ (RULE=1: benchmarks/kimi-width-7168-rule-h100/).
 set -euo pipefail
 out=${1:?output folder}
 shift
@@ -40,6 +41,7 @@ STEPS=${STEPS:-0}
 PROMPTS=${PROMPTS:-512}
 PROBE_S=${PROBE_S:-150}
 DROP_CACHES=${DROP_CACHES:-1}
+RULE=${RULE:-0}
 mkdir -p "$out" "$work"
 NAME=kimi-width
 # shellcheck source=scripts/gpu/cli_run.sh
@@ -95,12 +97,6 @@ for stage in $stages; do
       { print_versions; df -h "$work" | tail -n1; nproc; free -g | head -2; } > "$out/env.txt" 2>&1
       cat "$out/env.txt"
       install_eagle_batch
-      # shellcheck disable=SC2086
-      step build python3 -m eagle_batch.models.kimi "$model" --fixed-route --real-width --layers "$LAYERS" \
-        --experts "$EXPERTS" --tokenizer "$tok" ${HIDDEN:+--hidden $HIDDEN}
-      du -sb "$model" > "$out/model-bytes.txt"
-      python3 -c "import json, sys; c = json.load(open(sys.argv[1])); print(json.dumps(c['text_config']))" \
-        "$model/config.json" > "$out/model-config.txt"
       # More chat data than the 300 demo chats (27.7k tokens): CHATS chats of TURNS exchanges drawn from
       # theirs (seeded); per_turn (the shipped setting) gives one sample per assistant turn.
       python3 - "$repo/eagle_batch/demo_data/chat.jsonl" "$work/chats.jsonl" "$CHATS" "$TURNS" <<'PY'
@@ -120,6 +116,16 @@ with open(dst, "w") as f:
         f.write(json.dumps({"messages": msgs}) + "\n")
 print(f"{n} chats of {turns} exchanges from {len(pairs)} demo exchanges")
 PY
+      # RULE=1: the target's greedy next token follows a known rule (models/next_token_rule.py) into the 128
+      # most frequent tokens of these chats, so that a draft can learn it and outputs part at no near-tie.
+      rule=()
+      [ "$RULE" = 1 ] && rule=(--next-token-rule "$work/chats.jsonl")
+      # shellcheck disable=SC2086
+      step build python3 -m eagle_batch.models.kimi "$model" --fixed-route --real-width --layers "$LAYERS" \
+        --experts "$EXPERTS" --tokenizer "$tok" ${HIDDEN:+--hidden $HIDDEN} "${rule[@]}"
+      du -sb "$model" > "$out/model-bytes.txt"
+      python3 -c "import json, sys; c = json.load(open(sys.argv[1])); print(json.dumps(c['text_config']))" \
+        "$model/config.json" > "$out/model-config.txt"
       cat > "$cfg" <<EOF
 model:
   name: random-kimi-k2.5-width-7168
