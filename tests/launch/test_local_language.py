@@ -26,16 +26,22 @@ pytestmark = pytest.mark.engine_half
 
 def _extract_wait_in_a_terminal_group(cfg: Path) -> subprocess.Popen:
     """`extract --wait` as a shell starts it: leading the terminal's foreground process group, which Ctrl-C
-    signals as a whole."""
-    return subprocess.Popen(
-        [sys.executable, "-m", "eagle_batch.cli", "extract", str(cfg), "--wait", "--interval", "0.3"],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        env=dict(os.environ, PYTHONPATH=str(REPO), PYTHONFAULTHANDLER="1"),
-        cwd=str(REPO),
-        start_new_session=True,
-    )
+    signals as a whole, with SIGINT at its default action. The test process may have SIGINT ignored (a
+    background job of a non-interactive shell, as each half of scripts/test.sh is), and exec keeps an ignored
+    signal ignored: SIGINT gets a handler here for the fork, which exec resets to the default."""
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        return subprocess.Popen(
+            [sys.executable, "-m", "eagle_batch.cli", "extract", str(cfg), "--wait", "--interval", "0.3"],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            env=dict(os.environ, PYTHONPATH=str(REPO), PYTHONFAULTHANDLER="1"),
+            cwd=str(REPO),
+            start_new_session=True,
+        )
+    finally:
+        signal.signal(signal.SIGINT, previous)
 
 
 def _output_after_ctrl_c(p: subprocess.Popen, timeout: float = 60) -> tuple[str, str]:
