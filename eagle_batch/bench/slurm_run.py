@@ -34,6 +34,7 @@ import subprocess
 import tempfile
 import time
 from collections import Counter
+from collections.abc import Iterable
 from pathlib import Path
 
 from eagle_batch import environment
@@ -142,20 +143,22 @@ def live_elements(arrays: list[str]) -> dict[str, str]:
 
 
 class Faults:
-    """Kills and cancels `kill_n` / `cancel_n` tasks, spread over the run as its elements drain."""
+    """Kills and cancels `kill_n` / `cancel_n` tasks, spread over the run as its elements drain; never one of
+    `spared` (tasks the caller interrupts itself)."""
 
-    def __init__(self, run: Path, n: int, kill_n: int, cancel_n: int, rng: random.Random):
+    def __init__(self, run: Path, n: int, kill_n: int, cancel_n: int, rng: random.Random, spared: Iterable[int] = ()):
         self.run, self.n, self.rng = run, n, rng
         self.kill_n, self.cancel_n = kill_n, cancel_n
         self.killed: set[int] = set()
         self.cancelled: set[int] = set()
+        self.spared = set(spared)
 
     def step(self, live: dict[str, str], tasks: dict[str, int]) -> None:
         from eagle_batch.launch import proc
         from eagle_batch.launch.state import read_state
 
         share = 1.0 - len(live) / self.n  # how far the run has drained: faults keep pace with it
-        touched = self.killed | self.cancelled
+        touched = self.killed | self.cancelled | self.spared
         pending = [e for e, st in live.items() if st == "PENDING" and tasks[e] not in touched]
         running = [e for e, st in live.items() if st == "RUNNING" and tasks[e] not in touched]
         # Half the cancels hit pending elements at once, the others running ones as the run goes.
@@ -173,7 +176,7 @@ class Faults:
             st = read_state(self.run, t)
             att = st.attempt if st else None
             # Its writer holds the lock and has reported (the attempt is recorded): kill it mid-write.
-            if t in self.cancelled or att is None or att.job_id != e or att.outcome != "running":
+            if t in touched or att is None or att.job_id != e or att.outcome != "running":
                 continue
             if proc.alive(att.pid, att.ticks):
                 with contextlib.suppress(ProcessLookupError):
