@@ -14,6 +14,9 @@ from conftest import tiny_cfg
 from eagle_batch.train.data import BatchPlan
 from eagle_batch.train.trainer import latest_checkpoint, train
 
+# Runs in the test half that starts the vLLM engines (scripts/test.sh): evens the two halves' wall time.
+pytestmark = pytest.mark.engine_half
+
 
 def test_batch_plan_budget_determinism_and_sharding():
     lengths = np.random.default_rng(0).integers(5, 200, 500)
