@@ -176,7 +176,7 @@ class Faults:
             st = read_state(self.run, t)
             att = st.attempt if st else None
             # Its writer holds the lock and has reported (the attempt is recorded): kill it mid-write.
-            if t in touched or att is None or att.job_id != e or att.outcome != "running":
+            if t in self.cancelled or att is None or att.job_id != e or att.outcome != "running":
                 continue
             if proc.alive(att.pid, att.ticks):
                 with contextlib.suppress(ProcessLookupError):

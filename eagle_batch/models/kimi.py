@@ -39,10 +39,12 @@ from __future__ import annotations
 import json
 import os
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from .folder import is_complete, write_model_folder
-from .next_token_rule import NextTokenRule, most_frequent_tokens
+
+if TYPE_CHECKING:  # torch: imported where the weights are drawn, not with the config helpers
+    from .next_token_rule import NextTokenRule
 
 ARCHITECTURE = "KimiK25ForConditionalGeneration"
 MODEL_TYPE = "kimi_k25"
@@ -433,6 +435,8 @@ def main(argv: list[str] | None = None) -> int:
     a = ap.parse_args(argv)
     rule = None
     if a.next_token_rule:
+        from .next_token_rule import NextTokenRule, most_frequent_tokens
+
         outputs = most_frequent_tokens(a.next_token_rule, kimi_tokenizer(a.tokenizer), a.rule_outputs)
         rule = NextTokenRule(outputs, seed=a.seed)
     text: dict[str, Any] = dict(REAL_WIDTH) if a.real_width else {}
