@@ -144,7 +144,7 @@ def followed_steps(cfg: RunConfig, world: int) -> RunConfig:
     """A pipelined task's steps: train.epochs over the prepared data (all of it once extracted, held-out
     samples left out), so it trains as many steps as the same training after extraction would."""
     from eagle_batch.data.dataset import PreparedDataset
-    from eagle_batch.train.data import BatchPlan
+    from eagle_batch.train.data import BatchPlan, trained_lengths
     from eagle_batch.train.follow import is_heldout
 
     tc = cfg.train
@@ -156,7 +156,7 @@ def followed_steps(cfg: RunConfig, world: int) -> RunConfig:
         return cfg
     ids, lengths = prepared.sample_lengths()
     keep = np.array([not is_heldout(s, tc.holdout_fraction) for s in ids], dtype=bool)
-    lengths = np.minimum(lengths[keep], tc.max_length) if tc.max_length else lengths[keep]
+    lengths = trained_lengths(lengths[keep], tc.max_length)
     per_epoch = BatchPlan(lengths, tc.batch_tokens, tc.seed, world).steps_per_epoch()
     out = copy.deepcopy(cfg)
     out.train.steps, out.train.epochs = tc.epochs * per_epoch, 0

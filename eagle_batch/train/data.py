@@ -131,9 +131,7 @@ class TrainSamples(Dataset):
 
     def lengths(self) -> np.ndarray:
         if self._lengths is None:
-            self._lengths = np.asarray(self.ds.lengths(), dtype=np.int64)
-            if self.max_length:
-                self._lengths = np.minimum(self._lengths, self.max_length)
+            self._lengths = trained_lengths(self.ds.lengths(), self.max_length)
         return self._lengths
 
     def __getitem__(self, i: int) -> dict:
@@ -187,6 +185,12 @@ def collate(samples: list[dict]) -> dict:
         out["last"][j, :n] = s["last"]
         out["lengths"][j] = n
     return out
+
+
+def trained_lengths(lengths, max_length: int) -> np.ndarray:
+    """The tokens each sample trains on: its length, cut at `max_length` (0: no cut), as TrainSamples cuts it."""
+    lengths = np.asarray(lengths, dtype=np.int64)
+    return np.minimum(lengths, max_length) if max_length else lengths
 
 
 @dataclass

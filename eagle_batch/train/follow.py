@@ -30,7 +30,7 @@ import numpy as np
 from eagle_batch.store.durable import write_json_atomic
 from eagle_batch.store.follow import CommitSnapshot, RunStores
 
-from .data import BatchPlan
+from .data import BatchPlan, trained_lengths
 
 FOLLOW_DIR = "follow"
 HOLDOUT_BUCKETS = 10_000
@@ -106,8 +106,7 @@ class FollowPlan:
     def _subset(self, snap: CommitSnapshot, epoch: int | None = None) -> TrainSubset:
         ids, lengths = self.training_samples(snap)
         tc = self.tc
-        if tc.max_length:
-            lengths = np.minimum(lengths, tc.max_length)
+        lengths = trained_lengths(lengths, tc.max_length)
         subset = TrainSubset(BatchPlan(lengths, tc.batch_tokens, tc.seed, self.world), ids)
         if epoch is not None and self.rank == 0:
             rec = {

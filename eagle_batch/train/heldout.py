@@ -19,7 +19,7 @@ import numpy as np
 import torch
 from torch.utils.data import DataLoader
 
-from .data import BatchPlan, TrainSamples, collate
+from .data import BatchPlan, TrainSamples, collate, trained_lengths
 from .follow import TrainSubset
 from .loss import CrossEntropyKernels, plan_to, ttt_loss, ttt_plan
 
@@ -31,7 +31,7 @@ def evaluate_heldout(
     if not len(ids):
         return None
     k = tc.ttt_steps
-    lengths = np.minimum(lengths, tc.max_length) if tc.max_length else lengths
+    lengths = trained_lengths(lengths, tc.max_length)
     batches = TrainSubset(BatchPlan(lengths, tc.batch_tokens, seed=0, world_size=1), ids).rank_batches(0, 0)
     loader = DataLoader(samples, batch_sampler=batches, collate_fn=collate, num_workers=0)
     loss_sum = torch.zeros(k)

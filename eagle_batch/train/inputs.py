@@ -17,7 +17,7 @@ import numpy as np
 from eagle_batch.config.load import ConfigError
 
 from .checkpoint import latest_checkpoint
-from .data import BatchPlan, TrainingData
+from .data import BatchPlan, TrainingData, trained_lengths
 from .follow import FollowPlan, TrainSubset, is_heldout
 
 
@@ -57,7 +57,7 @@ class TrainingInputs:
     follow: FollowPlan | None
     heldout: tuple[np.ndarray, np.ndarray]
     total_steps: int
-    size: tuple[int, int] = (0, 0)  # (samples, tokens up to train.max_length) of `checks`, for the start-up line
+    size: tuple[int, int]  # (samples, tokens up to train.max_length) of `checks`, for the start-up line
 
 
 def _total_steps(tc, steps_per_epoch: int) -> int:
@@ -87,9 +87,7 @@ def training_inputs(cfg, dataset: TrainingData | None, out: Path, rank: int, wor
     if tc.follow:
         return _followed(cfg, out, rank, world, note)
     dataset = load_dataset(cfg, dataset)
-    lengths = np.asarray(dataset.lengths(), dtype=np.int64)
-    if tc.max_length:
-        lengths = np.minimum(lengths, tc.max_length)
+    lengths = trained_lengths(dataset.lengths(), tc.max_length)
     held = np.zeros(len(lengths), dtype=bool)
     if tc.holdout_fraction > 0:
         held = np.array([is_heldout(dataset.sample_id(i), tc.holdout_fraction) for i in range(len(lengths))])
@@ -118,8 +116,8 @@ def _followed(cfg, out: Path, rank: int, world: int, note) -> TrainingInputs:
     snap = stores.snapshot() if latest_checkpoint(out) is not None else plan.epoch_snapshot(0)
     if not snap.num_samples:
         snap = plan.epoch_snapshot(0)
-    lengths = stores.ids_and_lengths(snap)[1]
-    size = (len(lengths), int(np.minimum(lengths, tc.max_length).sum() if tc.max_length else lengths.sum()))
+    lengths = trained_lengths(stores.ids_and_lengths(snap)[1], tc.max_length)
+    size = (len(lengths), int(lengths.sum()))
     none = (np.zeros(0, np.int64), np.zeros(0, np.int64))
     return TrainingInputs(stores.view(snap), stores, plan, plan, none, tc.steps, size)
 
